@@ -1,0 +1,3 @@
+"""gradstore: a content-addressed gradient store on IPFS."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,112 @@
+"""Every exception gradstore raises, in one tree so callers can catch by layer.
+
+    GradstoreError
+    ├── FormatError (ValueError)          bytes are not a valid gradstore/1 document
+    │   ├── MalformedDocumentError        not well formed; carries the byte ``offset``
+    │   └── InvalidDocumentError          well formed but wrong; carries a ``path``
+    ├── LimitExceededError (ValueError)   a declared size is over a caller-set limit
+    ├── CIDError (ValueError)             a CID that cannot be parsed or is outside the profile
+    ├── DAGError (ValueError)             a malformed dag-pb/UnixFS node or CAR stream
+    ├── IntegrityError                    a block does not hash to its CID (names the CID)
+    ├── NodeError                         talking to an IPFS node failed
+    │   ├── NodeUnreachableError          connection refused, DNS failure, ...
+    │   ├── NodeTimeoutError              the node did not answer in time
+    │   ├── BlockNotFoundError            the node does not have / cannot find a block
+    │   └── KuboCommandError              Kubo answered with an error body
+    ├── MessageError (ValueError)         a signed message was refused; carries ``reason``
+    ├── AggregationError (ValueError)     inputs an aggregator cannot honestly combine
+    └── CoordinatorError                  a job or round cannot proceed
+"""
+
+from __future__ import annotations
+
+
+class GradstoreError(Exception):
+    """Base class of every error gradstore raises on purpose."""
+
+
+class FormatError(GradstoreError, ValueError):
+    """The bytes are not a valid gradstore/1 document."""
+
+
+class MalformedDocumentError(FormatError):
+    """The bytes are not well formed (or not canonical) at ``offset``."""
+
+    def __init__(self, message: str, offset: int | None = None) -> None:
+        self.offset = offset
+        super().__init__(message if offset is None else f"{message} - at byte {offset}")
+
+
+class InvalidDocumentError(FormatError):
+    """The document is well formed but its content is wrong at ``path`` (e.g. ``$.tensors[3].shape``)."""
+
+    def __init__(self, message: str, path: str | None = None) -> None:
+        self.path = path
+        super().__init__(message if path is None else f"{message} - at `{path}`")
+
+
+class LimitExceededError(GradstoreError, ValueError):
+    """A declared size (bytes, tensors, rank, elements) is over the caller's limit."""
+
+
+class CIDError(GradstoreError, ValueError):
+    """A CID string or binary CID that cannot be parsed, or that the profile does not allow."""
+
+
+class DAGError(GradstoreError, ValueError):
+    """A malformed dag-pb / UnixFS node, an unexpected block, or a malformed CAR stream."""
+
+
+class IntegrityError(GradstoreError):
+    """A block's bytes do not hash to its CID: the source served wrong data."""
+
+    def __init__(self, cid: object, message: str | None = None) -> None:
+        self.cid = str(cid)
+        super().__init__(message or f"integrity check failed: block {self.cid} does not match its hash")
+
+
+class NodeError(GradstoreError):
+    """Talking to an IPFS node failed."""
+
+
+class NodeUnreachableError(NodeError):
+    """The node's API could not be reached (connection refused, bad address, ...)."""
+
+
+class NodeTimeoutError(NodeError):
+    """The node did not answer within the timeout."""
+
+
+class BlockNotFoundError(NodeError):
+    """The node does not have the block and could not find it."""
+
+    def __init__(self, cid: object, message: str | None = None) -> None:
+        self.cid = str(cid)
+        super().__init__(message or f"block not found: {self.cid}")
+
+
+class KuboCommandError(NodeError):
+    """Kubo answered an RPC call with an error (``{"Message","Code","Type"}`` or plain text)."""
+
+    def __init__(self, command: str, message: str, code: int | None = None, status: int | None = None) -> None:
+        self.command = command
+        self.message = message
+        self.code = code
+        self.status = status
+        super().__init__(f"kubo {command}: {message}" + (f" (HTTP {status})" if status else ""))
+
+
+class MessageError(GradstoreError, ValueError):
+    """A signed message was refused; ``reason`` is a short machine-readable word."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        self.reason = reason
+        super().__init__(f"{reason}: {message}")
+
+
+class AggregationError(GradstoreError, ValueError):
+    """The inputs cannot be aggregated honestly with the requested method and parameters."""
+
+
+class CoordinatorError(GradstoreError):
+    """A job or a round cannot proceed (bad config, failed round, ...)."""
