@@ -1,0 +1,48 @@
+"""UnixFS file DAGs under the unixfs-v1-2025 profile: chunk, build, verify, reassemble; CAR v1 I/O.
+
+Pure and offline: ``file_cid(pieces)`` equals ``ipfs add --only-hash`` on a
+Kubo node initialised with ``--profile=unixfs-v1-2025``.
+"""
+
+from .assemble import MAX_DEPTH, FileAssembler
+from .block import Block, block_links
+from .builder import EMPTY_FILE, build_file, file_cid, layout
+from .car import CarReader, decode_header, encode_header, write_car
+from .chunker import chunks
+from .cid import CID, DAG_CBOR, DAG_PB, RAW, verify_block
+from .dagpb import PBLink, PBNode, decode_pbnode, encode_pbnode
+from .profile import CHUNK_SIZE, MAX_LINKS, UNIXFS_V1_2025, Profile
+from .unixfs import DataType, UnixFSData, decode_unixfs, encode_unixfs_file
+
+__all__ = [
+    "CHUNK_SIZE",
+    "CID",
+    "DAG_CBOR",
+    "DAG_PB",
+    "EMPTY_FILE",
+    "MAX_DEPTH",
+    "MAX_LINKS",
+    "RAW",
+    "UNIXFS_V1_2025",
+    "Block",
+    "CarReader",
+    "DataType",
+    "FileAssembler",
+    "PBLink",
+    "PBNode",
+    "Profile",
+    "UnixFSData",
+    "block_links",
+    "build_file",
+    "chunks",
+    "decode_header",
+    "decode_pbnode",
+    "decode_unixfs",
+    "encode_header",
+    "encode_pbnode",
+    "encode_unixfs_file",
+    "file_cid",
+    "layout",
+    "verify_block",
+    "write_car",
+]

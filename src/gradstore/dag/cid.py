@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import hashlib
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, TypeAlias
 
 from ..errors import CIDError
 
@@ -19,6 +19,8 @@ DAG_CBOR: Final = 0x71
 SHA2_256: Final = 0x12
 SHA2_256_LEN: Final = 32
 _CODECS: Final = {RAW: "raw", DAG_PB: "dag-pb", DAG_CBOR: "dag-cbor"}
+# Inside class CID, the name ``bytes`` is the property below, so signatures use this alias.
+_BytesLike: TypeAlias = bytes | bytearray | memoryview
 
 
 def _varint(n: int) -> bytes:
@@ -35,7 +37,7 @@ def _varint(n: int) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class CID:
-    """A sha2-256 CID. ``version`` 1 (the profile) or 0 (legacy ``Qm...`` dag-pb, accepted on input)."""
+    """A sha2-256 CID: ``version`` 1 (the profile) or 0 (legacy ``Qm...`` dag-pb, input only)."""
 
     codec: int
     digest: bytes
@@ -43,7 +45,9 @@ class CID:
 
     def __post_init__(self) -> None:
         if self.codec not in _CODECS:
-            raise CIDError(f"unsupported CID codec 0x{self.codec:x} (expected raw, dag-pb or dag-cbor)")
+            raise CIDError(
+                f"unsupported CID codec 0x{self.codec:x} (expected raw, dag-pb or dag-cbor)"
+            )
         if len(self.digest) != SHA2_256_LEN:
             raise CIDError(f"sha2-256 digest must be 32 bytes, got {len(self.digest)}")
         if self.version == 0 and self.codec != DAG_PB:
@@ -81,12 +85,12 @@ class CID:
     def __repr__(self) -> str:
         return f"CID({self})"
 
-    def matches(self, data: bytes | bytearray | memoryview) -> bool:
+    def matches(self, data: _BytesLike) -> bool:
         """True when ``data`` hashes to this CID's digest."""
         return hashlib.sha256(data).digest() == self.digest
 
     @classmethod
-    def from_bytes(cls, raw: bytes | bytearray | memoryview) -> CID:
+    def from_bytes(cls, raw: _BytesLike) -> CID:
         """Parse a binary CID (exactly, no trailing bytes)."""
         cid, end = cls.read(raw, 0)
         if end != len(raw):
@@ -94,7 +98,7 @@ class CID:
         return cid
 
     @classmethod
-    def read(cls, buf: bytes | bytearray | memoryview, pos: int) -> tuple[CID, int]:
+    def read(cls, buf: _BytesLike, pos: int) -> tuple[CID, int]:
         """Parse a binary CID starting at ``pos``; return it and the offset after it."""
         b = memoryview(buf)
         if len(b) - pos >= 34 and b[pos] == SHA2_256 and b[pos + 1] == SHA2_256_LEN:
@@ -119,13 +123,15 @@ class CID:
         if version != 1:
             raise CIDError(f"unsupported CID version {version}")
         if mh_code != SHA2_256 or mh_len != SHA2_256_LEN:
-            raise CIDError(f"unsupported multihash 0x{mh_code:x}/{mh_len} (only sha2-256 is verifiable here)")
+            raise CIDError(
+                f"unsupported multihash 0x{mh_code:x}/{mh_len} (only sha2-256 is verifiable here)"
+            )
         if p + mh_len > len(b):
             raise CIDError("truncated multihash in binary CID")
         return cls(codec, bytes(b[p : p + mh_len]), 1), p + mh_len
 
     @classmethod
-    def parse(cls, value: str | bytes | CID) -> CID:
+    def parse(cls, value: str | _BytesLike | CID) -> CID:
         """Parse a CID from a string in any multibase (or CIDv0), binary, or pass one through."""
         if isinstance(value, CID):
             return value

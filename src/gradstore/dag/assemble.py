@@ -1,0 +1,199 @@
+"""Verified reassembly of one UnixFS file into one preallocated NumPy buffer.
+
+Every block is hashed against its CID before anything is read from it; the
+DAG is parsed strictly and every size it declares is checked against the
+parent's ``blocksizes`` and the root's ``filesize``, so a wrong or hostile
+node yields an error, never a wrong byte. Blocks may come in any order in
+which parents precede their children (Kubo's ``dag/export`` pre-order, or
+block-by-block fetching driven by ``wanted()``); a CID used at several places
+in the file (identical chunks, e.g. zeros) is needed only once.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from ..errors import DAGError, LimitExceededError
+from .block import Block
+from .cid import CID, DAG_PB, RAW, verify_block
+from .dagpb import decode_pbnode
+from .profile import MAX_LINKS
+from .unixfs import DataType, decode_unixfs
+
+# A balanced 1024-link tree of 1 MiB chunks is 4 levels deep at 1 PiB; 32
+# levels leaves room for other layouts (trickle) and bounds the work.
+MAX_DEPTH = 32
+
+
+class _Place(NamedTuple):
+    offset: int
+    size: int  # bytes this occurrence must cover; -1 for the root (known once it arrives)
+    depth: int
+
+
+class _Node(NamedTuple):
+    data: bytes  # the node's own UnixFS Data bytes (empty for the profile's internal nodes)
+    children: tuple[tuple[CID, int], ...]  # (cid, blocksize) in file order
+    filesize: int
+
+
+class FileAssembler:
+    """Rebuild the file under ``root`` from blocks fed to ``add``; bounded by ``max_size`` bytes."""
+
+    def __init__(
+        self,
+        root: CID | str,
+        max_size: int,
+        *,
+        max_links: int = MAX_LINKS,
+        max_depth: int = MAX_DEPTH,
+    ) -> None:
+        self.root = CID.parse(root)
+        self.max_size = max_size
+        self.max_links = max_links
+        self.max_depth = max_depth
+        self._pending: dict[CID, list[_Place]] = {self.root: [_Place(0, -1, 0)]}
+        self._leaves: dict[CID, tuple[int, int]] = {}  # received raw leaf -> where its bytes sit
+        self._nodes: dict[CID, _Node] = {}  # received dag-pb nodes, to place again if reused
+        self._buf: np.ndarray | None = None
+        self._budget = 0  # placements left; set from the root's filesize
+
+    def wanted(self) -> set[CID]:
+        """CIDs still needed (known from the blocks received so far)."""
+        return set(self._pending)
+
+    @property
+    def done(self) -> bool:
+        """True once every byte of the file has been written."""
+        return self._buf is not None and not self._pending
+
+    def result(self) -> np.ndarray:
+        """The file's bytes (uint8, 1-D). DAGError while blocks are missing."""
+        if self._buf is None or self._pending:
+            missing = next(iter(self._pending))
+            raise DAGError(
+                f"file {self.root} is incomplete: {len(self._pending)} block(s) missing, "
+                f"e.g. {missing}"
+            )
+        return self._buf
+
+    def add(self, block: Block) -> None:
+        """Verify and place one block. IntegrityError (names the CID) if it does not hash to it."""
+        cid = block.cid
+        places = self._pending.get(cid)
+        if places is None:
+            if cid in self._leaves or cid in self._nodes:
+                return  # a repeat of a block already placed: nothing more to learn from it
+            raise DAGError(f"unexpected block {cid}: not part of file {self.root}")
+        verify_block(cid, block.data)
+        if cid.codec == RAW:
+            self._add_leaf(cid, block.data, places)
+        elif cid.codec == DAG_PB:
+            self._add_node(cid, block.data, places)
+        else:
+            raise DAGError(f"block {cid} is {cid.codec_name}, not part of a UnixFS file")
+
+    def _allocate(self, size: int) -> np.ndarray:
+        if size > self.max_size:
+            raise LimitExceededError(
+                f"file {self.root} declares {size} bytes, over the {self.max_size}-byte limit"
+            )
+        self._budget = 4 * self.max_links + size // 1024
+        self._buf = np.empty(size, dtype=np.uint8)
+        return self._buf
+
+    def _add_leaf(self, cid: CID, data: bytes | memoryview, places: list[_Place]) -> None:
+        n = len(data)
+        for place in places:
+            if place.size not in (-1, n):
+                raise DAGError(f"leaf {cid} has {n} bytes, its parent declares {place.size}")
+        buf = self._buf if self._buf is not None else self._allocate(n)
+        src = np.frombuffer(data, dtype=np.uint8)
+        for place in places:
+            buf[place.offset : place.offset + n] = src
+        del self._pending[cid]
+        self._leaves[cid] = (places[0].offset, n)
+
+    def _add_node(self, cid: CID, data: bytes | memoryview, places: list[_Place]) -> None:
+        node = self._parse(cid, data)
+        for place in places:
+            if place.size not in (-1, node.filesize):
+                raise DAGError(
+                    f"node {cid} declares filesize {node.filesize}, "
+                    f"its parent declares {place.size}"
+                )
+        if self._buf is None:
+            self._allocate(node.filesize)
+        del self._pending[cid]
+        self._nodes[cid] = node
+        for place in places:
+            self._place(node, place)
+
+    def _parse(self, cid: CID, data: bytes | memoryview) -> _Node:
+        pb = decode_pbnode(data)
+        if pb.data is None:
+            raise DAGError(f"node {cid} has no UnixFS data")
+        fs = decode_unixfs(pb.data)
+        if fs.type not in (DataType.FILE, DataType.RAW):
+            kind = DataType(fs.type).name if 0 <= fs.type <= max(DataType) else f"type {fs.type}"
+            raise DAGError(f"node {cid} is a UnixFS {kind}, not a File")
+        if fs.filesize is None:
+            raise DAGError(f"file node {cid} has no filesize")
+        if len(pb.links) > self.max_links:
+            raise DAGError(
+                f"node {cid} has {len(pb.links)} links, over the limit of {self.max_links}"
+            )
+        if len(fs.blocksizes) != len(pb.links):
+            raise DAGError(
+                f"node {cid} has {len(pb.links)} links but {len(fs.blocksizes)} blocksizes"
+            )
+        own = fs.data or b""
+        if len(own) + sum(fs.blocksizes) != fs.filesize:
+            raise DAGError(
+                f"node {cid}: filesize {fs.filesize} != data {len(own)} + sum of blocksizes "
+                f"{sum(fs.blocksizes)}"
+            )
+        for link in pb.links:
+            if link.hash.codec not in (RAW, DAG_PB):
+                raise DAGError(f"node {cid} links to a {link.hash.codec_name} block {link.hash}")
+        children = tuple(
+            (link.hash, size) for link, size in zip(pb.links, fs.blocksizes, strict=True)
+        )
+        return _Node(own, children, fs.filesize)
+
+    def _place(self, node: _Node, place: _Place) -> None:
+        """Write ``node`` at ``place`` and register (or directly place) each of its children."""
+        buf = self._buf
+        assert buf is not None
+        stack = [(node, place)]
+        while stack:
+            node, place = stack.pop()
+            off = place.offset
+            if node.data:
+                buf[off : off + len(node.data)] = np.frombuffer(node.data, dtype=np.uint8)
+                off += len(node.data)
+            depth = place.depth + 1
+            if node.children and depth > self.max_depth:
+                raise DAGError(f"file {self.root} is deeper than {self.max_depth} levels")
+            self._budget -= len(node.children)
+            if self._budget < 0:
+                raise DAGError(f"file {self.root} has too many blocks for its size")
+            for child, size in node.children:
+                if child in self._leaves:
+                    src, n = self._leaves[child]
+                    if n != size:
+                        raise DAGError(f"leaf {child} has {n} bytes, its parent declares {size}")
+                    buf[off : off + n] = buf[src : src + n]
+                elif child in self._nodes:
+                    sub = self._nodes[child]
+                    if sub.filesize != size:
+                        raise DAGError(
+                            f"node {child} declares filesize {sub.filesize}, "
+                            f"its parent declares {size}"
+                        )
+                    stack.append((sub, _Place(off, size, depth)))
+                else:
+                    self._pending.setdefault(child, []).append(_Place(off, size, depth))
+                off += size
