@@ -14,6 +14,7 @@
     │   ├── BlockNotFoundError            the node does not have / cannot find a block
     │   └── KuboCommandError              Kubo answered with an error body
     ├── MessageError (ValueError)         a signed message was refused; carries ``reason``
+    ├── KeyFileError (ValueError)         a key file is missing, too open or not Ed25519
     ├── AggregationError (ValueError)     inputs an aggregator cannot honestly combine
     └── CoordinatorError                  a job or round cannot proceed
 """
@@ -102,6 +103,10 @@ class MessageError(GradstoreError, ValueError):
     def __init__(self, reason: str, message: str) -> None:
         self.reason = reason
         super().__init__(f"{reason}: {message}")
+
+
+class KeyFileError(GradstoreError, ValueError):
+    """A signing-key file cannot be used: missing, not Ed25519 PEM, too open, or exists."""
 
 
 class AggregationError(GradstoreError, ValueError):

@@ -1,0 +1,251 @@
+"""Validate a whole gradstore/1 document and locate its tensors, without building arrays."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final, TypeAlias
+
+import numpy as np
+
+from ..errors import InvalidDocumentError, LimitExceededError, MalformedDocumentError
+from ._dtypes import DTYPES, numpy_dtype
+from ._encode import (
+    ALIGN,
+    FORMAT_ID,
+    KEY_DATA,
+    KEY_DTYPE,
+    KEY_PAD,
+    KEY_SHAPE,
+    KEY_TENSORS,
+    PREFIX,
+)
+from ._limits import DEFAULT_LIMITS, Limits
+from ._pack import pack_str
+from ._paths import PathError, render
+from ._unpack import ARRAY, BIN, INT, MAP, STR, Reader
+
+#: What decode/read_header take; any C-contiguous buffer (an mmap too) works at run time.
+BufferLike: TypeAlias = bytes | bytearray | memoryview | np.ndarray[Any, Any]
+
+_MAX_DTYPE_LEN: Final = 8
+_ZEROS: Final = bytes(ALIGN)
+
+
+@dataclass(frozen=True, slots=True)
+class TensorInfo:
+    """Where one tensor lives: ``nbytes`` bytes of ``dtype`` data at document ``offset``."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class DocumentHeader:
+    """Everything in a document except the tensor data itself."""
+
+    meta: dict[str, Any]
+    tensors: tuple[TensorInfo, ...]
+    size: int
+
+
+def byte_view(buf: object) -> memoryview:
+    """A flat format-'B' view of a C-contiguous buffer (bytes, bytearray, ndarray, mmap...)."""
+    try:
+        mv = memoryview(buf)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"expected a bytes-like buffer, got {type(buf).__name__}") from None
+    if not mv.c_contiguous:
+        raise TypeError("the buffer must be C-contiguous")
+    return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
+
+
+def read_header(buf: BufferLike, limits: Limits = DEFAULT_LIMITS) -> DocumentHeader:
+    """Validate the whole document (every structural and canonical rule) and return its header.
+
+    Tensor data is only looked at for ``|b1`` tensors (bytes must be 0 or 1).
+    Raises MalformedDocumentError (offset), InvalidDocumentError (path) or
+    LimitExceededError; nothing is allocated from a declared size before it is checked.
+    """
+    return walk(byte_view(buf), limits)
+
+
+def walk(mv: memoryview, limits: Limits) -> DocumentHeader:
+    """read_header on a format-'B' memoryview."""
+    size = mv.nbytes
+    if size > limits.max_bytes:
+        raise LimitExceededError(f"document is {size} bytes, over max_bytes={limits.max_bytes}")
+    r = Reader(mv, 0, size)
+    _expect(r, PREFIX[:1], "a map of exactly the keys format, meta, tensors", "$")
+    _expect(r, PREFIX[1:8], "key 'format' first", "$")
+    _expect(r, PREFIX[8:20], f"format {FORMAT_ID!r}", "$.format")
+    _expect(r, PREFIX[20:], "key 'meta' second", "$")
+    meta = _read_meta(r, limits)
+    _expect(r, KEY_TENSORS, "key 'tensors' third", "$")
+
+    kind, count = r.head()
+    if kind is not ARRAY:
+        raise InvalidDocumentError(f"tensors must be an array, found {kind}", "$.tensors")
+    if count > limits.max_tensors:
+        raise LimitExceededError(
+            f"document declares {count} tensors, over max_tensors={limits.max_tensors}"
+        )
+    infos: list[TensorInfo] = []
+    prev = b""
+    elements = 0
+    for i in range(count):
+        info, prev, n = _read_tensor(r, i, prev, limits, limits.max_elements - elements)
+        elements += n
+        infos.append(info)
+    if r.pos != size:
+        raise MalformedDocumentError(f"{size - r.pos} trailing bytes after the document", r.pos)
+    return DocumentHeader(meta, tuple(infos), size)
+
+
+def _read_meta(r: Reader, limits: Limits) -> dict[str, Any]:
+    end = r.pos + limits.max_meta_bytes
+    bounded = end < r.end
+    m = Reader(
+        r.buf,
+        r.pos,
+        end if bounded else r.end,
+        f"meta is over max_meta_bytes={limits.max_meta_bytes}" if bounded else None,
+    )
+    try:
+        kind, count = m.head()
+        if kind is not MAP:
+            raise PathError(f"meta must be a map, found {kind}")
+        meta = m.map_body(count, 0, limits.max_meta_depth)
+    except PathError as e:
+        raise InvalidDocumentError(e.message, render("$.meta", e.segments)) from None
+    r.pos = m.pos
+    return meta
+
+
+_TENSOR_START: Final = b"\x85" + pack_str("name")
+_DTYPE_BY_RAW: Final = {s.encode(): s for s in DTYPES}
+
+
+def _read_tensor(
+    r: Reader, i: int, prev: bytes, limits: Limits, elements_left: int
+) -> tuple[TensorInfo, bytes, int]:
+    """One tensor map; returns its info, its raw name, and its element count."""
+    _expect(r, _TENSOR_START[:1], "a map of keys name, dtype, shape, pad, data", tensor=i)
+    _expect(r, _TENSOR_START[1:], "key 'name' first", tensor=i)
+    kind, n = r.head()
+    if kind is not STR:
+        raise InvalidDocumentError(f"name must be a str, found {kind}", f"$.tensors[{i}].name")
+    if n == 0:
+        raise InvalidDocumentError("name must not be empty", f"$.tensors[{i}].name")
+    if n > limits.max_name_bytes:
+        raise LimitExceededError(
+            f"tensor {i} name is {n} bytes, over max_name_bytes={limits.max_name_bytes}"
+        )
+    at = r.pos
+    name = r.text(n)
+    raw = bytes(r.buf[at : at + n])
+    if raw <= prev:
+        word = "duplicate name" if raw == prev else "names not sorted by UTF-8 bytes at"
+        raise InvalidDocumentError(f"{word} {name!r}", f"$.tensors[{i}].name")
+
+    _expect(r, KEY_DTYPE, "key 'dtype' second", tensor=i)
+    kind, n = r.head()
+    if kind is not STR:
+        raise InvalidDocumentError(f"dtype must be a str, found {kind}", f"$.tensors[{i}].dtype")
+    if n > _MAX_DTYPE_LEN:
+        raise InvalidDocumentError(f"unknown dtype (a {n}-byte str)", f"$.tensors[{i}].dtype")
+    dtype_text = r.text(n)
+    dtype = _DTYPE_BY_RAW.get(dtype_text.encode())
+    if dtype is None:
+        raise InvalidDocumentError(
+            f"unknown dtype {dtype_text!r}; allowed: {' '.join(DTYPES)}", f"$.tensors[{i}].dtype"
+        )
+
+    _expect(r, KEY_SHAPE, "key 'shape' third", tensor=i)
+    kind, rank = r.head()
+    if kind is not ARRAY:
+        raise InvalidDocumentError(f"shape must be an array, found {kind}", f"$.tensors[{i}].shape")
+    if rank > limits.max_rank:
+        raise LimitExceededError(
+            f"tensor {name!r} has rank {rank}, over max_rank={limits.max_rank}"
+        )
+    dims = []
+    count = 1
+    extent = 1  # product of the non-zero dimensions
+    for j in range(rank):
+        kind, d = r.head()
+        if kind is not INT or d < 0:
+            what = kind if kind is not INT else f"negative {d}"
+            raise InvalidDocumentError(
+                f"dimensions must be non-negative ints, found {what}", f"$.tensors[{i}].shape[{j}]"
+            )
+        count *= d
+        extent *= max(d, 1)
+        if extent > limits.max_elements:
+            raise LimitExceededError(
+                f"tensor {name!r} declares dimensions over max_elements={limits.max_elements}"
+            )
+        dims.append(d)
+    if count > elements_left:
+        raise LimitExceededError(
+            f"tensor {name!r} declares {count} elements; the document would pass "
+            f"max_elements={limits.max_elements}"
+        )
+
+    _expect(r, KEY_PAD, "key 'pad' fourth", tensor=i)
+    kind, pad = r.head()
+    if kind is not BIN:
+        raise InvalidDocumentError(f"pad must be a bin, found {kind}", f"$.tensors[{i}].pad")
+    if pad >= ALIGN:
+        raise InvalidDocumentError(
+            f"pad is {pad} bytes, at most {ALIGN - 1}", f"$.tensors[{i}].pad"
+        )
+    at = r.take(pad)
+    if r.buf[at : at + pad] != _ZEROS[:pad]:
+        raise InvalidDocumentError("pad bytes must be zero", f"$.tensors[{i}].pad")
+
+    _expect(r, KEY_DATA, "key 'data' last", tensor=i)
+    kind, nbytes = r.head()
+    if kind is not BIN:
+        raise InvalidDocumentError(f"data must be a bin, found {kind}", f"$.tensors[{i}].data")
+    offset = r.pos
+    if offset % ALIGN:
+        want = (pad - offset) % ALIGN
+        raise InvalidDocumentError(
+            f"pad is {pad} bytes, so data starts at offset {offset}; {want} bytes puts it "
+            f"at a multiple of {ALIGN}",
+            f"$.tensors[{i}].pad",
+        )
+    dt = numpy_dtype(dtype)
+    assert dt is not None
+    if nbytes != count * dt.itemsize:
+        raise InvalidDocumentError(
+            f"data is {nbytes} bytes; shape {tuple(dims)} of {dtype} needs {count * dt.itemsize}",
+            f"$.tensors[{i}].data",
+        )
+    r.take(nbytes)
+    if dtype == "|b1" and nbytes and np.frombuffer(r.buf, np.uint8, nbytes, offset).max() > 1:
+        raise InvalidDocumentError("bool bytes must be 0 or 1", f"$.tensors[{i}].data")
+    return TensorInfo(name, dtype, tuple(dims), offset, nbytes), raw, count
+
+
+def _expect(r: Reader, raw: bytes, wanted: str, path: str = "$", tensor: int = -1) -> None:
+    """Consume exactly ``raw`` or explain what is there instead (at ``path``, or the tensor's)."""
+    start = r.pos
+    stop = start + len(raw)
+    if stop <= r.end and r.buf[start:stop] == raw:
+        r.pos = stop
+        return
+    kind, arg = r.head()  # malformed or truncated bytes raise here, with their offset
+    if kind is STR:
+        at = r.take(min(arg, 64))
+        found = repr(str(r.buf[at : r.pos], "utf-8", "replace"))
+    elif kind is MAP or kind is ARRAY:
+        found = f"{kind} of {arg}"
+    else:
+        found = kind if arg is None else f"{kind} {arg!r}"
+    if tensor >= 0:
+        path = f"$.tensors[{tensor}]"
+    raise InvalidDocumentError(f"expected {wanted}, found {found}", path)

@@ -1,0 +1,338 @@
+"""The signed DAG-CBOR round record (DESIGN 6): what a round aggregated, how, and what it refused.
+
+Node shape (DAG-CBOR sorts map keys by length, then bytes)::
+
+    {type: "gradstore/round/1", job, round, method, params,
+     inputs: [{peer, gradient: <link>, num_samples, weight}],   sorted by peer
+     excluded: [{peer, cid?: <link>, reason}],                  sorted by (peer, cid, reason)
+     output: <link>, prev: <link> | null, coordinator, sig}
+
+``sig`` is the coordinator's Ed25519 signature over the DAG-CBOR encoding of
+the same map without ``sig``. ``params`` holds JSON-like values only (str,
+int, finite float, bool, null, lists, string-keyed maps).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from itertools import pairwise
+from typing import Any, Final
+
+import dag_cbor
+from multiformats import CID as _MFCID
+
+from ..dag.cid import CID, DAG_CBOR, verify_block
+from ..errors import CIDError, MessageError
+from .didkey import SIGNATURE_LEN, verify_signature
+from .keys import SigningKey
+from .schema import check_did, check_text, check_uint
+
+RECORD_TYPE: Final = "gradstore/round/1"
+# A record costs ~200 bytes per input; 4 MiB is ~20k peers, far beyond any job.
+MAX_RECORD_BYTES: Final = 4 * 1024 * 1024
+_MAX_PARAMS_DEPTH: Final = 16
+
+_RECORD_KEYS: Final = frozenset(
+    {
+        "type",
+        "job",
+        "round",
+        "method",
+        "params",
+        "inputs",
+        "excluded",
+        "output",
+        "prev",
+        "coordinator",
+        "sig",
+    }
+)
+_INPUT_KEYS: Final = frozenset({"peer", "gradient", "num_samples", "weight"})
+_EXCLUSION_KEYS: Final = frozenset({"peer", "cid", "reason"})
+
+
+def _set(obj: object, name: str, value: object) -> None:
+    object.__setattr__(obj, name, value)
+
+
+def _check_link(name: str, value: object) -> CID:
+    if not isinstance(value, CID):
+        raise MessageError("malformed", f"`{name}` must be a CID, got {type(value).__name__}")
+    return value
+
+
+def _check_params(value: object, path: str = "params", depth: int = 0) -> Any:
+    """A deep copy of JSON-like ``value`` (lists for tuples), or MessageError."""
+    if depth > _MAX_PARAMS_DEPTH:
+        raise MessageError("malformed", f"`{path}` nests too deep")
+    if value is None or isinstance(value, bool | str):
+        return value
+    if isinstance(value, int):
+        if not -(2**64) <= value < 2**64:  # the CBOR integer range
+            raise MessageError("malformed", f"`{path}` does not fit in 64 bits")
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise MessageError("malformed", f"`{path}` must be finite, got {value!r}")
+        return value
+    if isinstance(value, list | tuple):
+        return [_check_params(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value)]
+    if isinstance(value, Mapping):
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise MessageError("malformed", f"`{path}` keys must be strings, got {k!r:.40}")
+            out[k] = _check_params(v, f"{path}.{k}", depth + 1)
+        return out
+    raise MessageError("malformed", f"`{path}`: {type(value).__name__} is not a JSON-like value")
+
+
+@dataclass(frozen=True, slots=True)
+class RecordInput:
+    """One aggregated gradient: who sent it, its CID, its sample count and its weight."""
+
+    peer: str
+    gradient: CID
+    num_samples: int
+    weight: float
+
+    def __post_init__(self) -> None:
+        check_did("inputs.peer", self.peer)
+        _check_link("inputs.gradient", self.gradient)
+        check_uint("inputs.num_samples", self.num_samples)
+        w = self.weight
+        if isinstance(w, bool) or not isinstance(w, int | float) or not math.isfinite(w):
+            raise MessageError("malformed", f"`inputs.weight` must be a finite number, got {w!r}")
+        _set(self, "weight", float(w))
+
+
+@dataclass(frozen=True, slots=True)
+class RecordExclusion:
+    """A peer's announcement that was not aggregated, and why (e.g. "timeout", "bad-schema")."""
+
+    peer: str
+    reason: str
+    cid: CID | None = None
+
+    def __post_init__(self) -> None:
+        check_did("excluded.peer", self.peer)
+        check_text("excluded.reason", self.reason)
+        if self.cid is not None:
+            _check_link("excluded.cid", self.cid)
+
+    def sort_key(self) -> tuple[str, bytes, str]:
+        return (self.peer, b"" if self.cid is None else self.cid.bytes, self.reason)
+
+
+@dataclass(frozen=True, slots=True)
+class RoundRecord:
+    """The unsigned content of a round record; ``encode_record`` signs it as ``coordinator``."""
+
+    job: str
+    round: int
+    method: str
+    params: dict[str, Any]
+    inputs: tuple[RecordInput, ...]
+    excluded: tuple[RecordExclusion, ...]
+    output: CID
+    prev: CID | None
+    coordinator: str
+
+    def __post_init__(self) -> None:
+        check_text("job", self.job)
+        check_uint("round", self.round)
+        check_text("method", self.method)
+        if not isinstance(self.params, Mapping):
+            raise MessageError("malformed", "`params` must be a map")
+        _set(self, "params", _check_params(self.params))
+        inputs = tuple(sorted(_typed(self.inputs, RecordInput, "inputs"), key=lambda i: i.peer))
+        if any(a.peer == b.peer for a, b in pairwise(inputs)):
+            raise MessageError("malformed", "`inputs` lists a peer twice")
+        excluded = tuple(
+            sorted(_typed(self.excluded, RecordExclusion, "excluded"), key=RecordExclusion.sort_key)
+        )
+        if any(a == b for a, b in pairwise(excluded)):
+            raise MessageError("malformed", "`excluded` lists the same exclusion twice")
+        _set(self, "inputs", inputs)
+        _set(self, "excluded", excluded)
+        _check_link("output", self.output)
+        if self.prev is not None and _check_link("prev", self.prev).codec != DAG_CBOR:
+            raise MessageError("malformed", "`prev` must link to a dag-cbor round record")
+        check_did("coordinator", self.coordinator)
+
+
+def _typed(items: object, cls: type[Any], name: str) -> list[Any]:
+    if isinstance(items, str | bytes) or not isinstance(items, Iterable):
+        raise MessageError("malformed", f"`{name}` must be a sequence of {cls.__name__}")
+    out = list(items)
+    for i, item in enumerate(out):
+        if not isinstance(item, cls):
+            raise MessageError("malformed", f"`{name}[{i}]` must be a {cls.__name__}")
+    return out
+
+
+def _to_mf(cid: CID) -> Any:
+    return _MFCID.decode(cid.bytes)
+
+
+def _from_mf(name: str, value: object) -> CID:
+    if not isinstance(value, _MFCID):
+        raise MessageError("malformed", f"`{name}` must be a CID link, got {type(value).__name__}")
+    try:
+        return CID.from_bytes(bytes(value))
+    except CIDError as exc:
+        raise MessageError("malformed", f"`{name}`: {exc}") from None
+
+
+def _unsigned_node(rec: RoundRecord) -> dict[str, Any]:
+    excluded = []
+    for ex in rec.excluded:
+        entry: dict[str, Any] = {"peer": ex.peer, "reason": ex.reason}
+        if ex.cid is not None:
+            entry["cid"] = _to_mf(ex.cid)
+        excluded.append(entry)
+    return {
+        "type": RECORD_TYPE,
+        "job": rec.job,
+        "round": rec.round,
+        "method": rec.method,
+        "params": rec.params,
+        "inputs": [
+            {
+                "peer": i.peer,
+                "gradient": _to_mf(i.gradient),
+                "num_samples": i.num_samples,
+                "weight": i.weight,
+            }
+            for i in rec.inputs
+        ],
+        "excluded": excluded,
+        "output": _to_mf(rec.output),
+        "prev": None if rec.prev is None else _to_mf(rec.prev),
+        "coordinator": rec.coordinator,
+    }
+
+
+def _dag_cbor(node: dict[str, Any]) -> bytes:
+    try:
+        out: bytes = dag_cbor.encode(node)
+    except Exception as exc:  # dag_cbor's own error types
+        raise MessageError(
+            "malformed", f"cannot encode the round record as DAG-CBOR: {exc}"
+        ) from None
+    return out
+
+
+def encode_record(rec: RoundRecord, key: SigningKey) -> tuple[CID, bytes]:
+    """The signed DAG-CBOR bytes of ``rec`` and their CID (dag-cbor, sha2-256).
+
+    ``key`` must be the coordinator's (``rec.coordinator``).
+    """
+    if key.did != rec.coordinator:
+        raise MessageError(
+            "not-coordinator",
+            f"a record of coordinator {rec.coordinator} cannot be signed by {key.did}",
+        )
+    node = _unsigned_node(rec)
+    node["sig"] = key.sign(_dag_cbor(node))
+    data = _dag_cbor(node)
+    return CID.hash(DAG_CBOR, data), data
+
+
+def _exact_keys(
+    name: str, node: object, required: frozenset[str], optional: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    if not isinstance(node, dict):
+        raise MessageError("malformed", f"`{name}` must be a map")
+    keys = set(node)
+    if not required <= keys or not keys <= required | optional:
+        raise MessageError(
+            "malformed", f"`{name}` has keys {sorted(keys)}, expected {sorted(required)}"
+        )
+    return node
+
+
+def decode_record(
+    data: bytes, *, cid: CID | None = None, max_bytes: int = MAX_RECORD_BYTES
+) -> RoundRecord:
+    """Check ``data`` against ``cid`` (IntegrityError), its schema and the coordinator's signature.
+
+    Refusals: ``IntegrityError`` for a hash mismatch, ``MessageError`` with
+    reason too-large, malformed or bad-signature otherwise.
+    """
+    if cid is not None:
+        if cid.codec != DAG_CBOR:
+            raise CIDError(f"a round record's CID is dag-cbor, got {cid.codec_name} ({cid})")
+        verify_block(cid, data)
+    if len(data) > max_bytes:
+        raise MessageError(
+            "too-large", f"round record is {len(data)} bytes, the limit is {max_bytes}"
+        )
+    try:
+        node = dag_cbor.decode(bytes(data))
+    except Exception as exc:  # DAGCBORDecodingError, OverflowError on absurd lengths, ...
+        raise MessageError("malformed", f"not DAG-CBOR: {exc}") from None
+    node = _exact_keys("record", node, _RECORD_KEYS)
+    if node["type"] != RECORD_TYPE:
+        raise MessageError("malformed", f"not a {RECORD_TYPE} node (type {node['type']!r:.40})")
+    sig = node.pop("sig")
+    if not isinstance(sig, bytes) or len(sig) != SIGNATURE_LEN:
+        raise MessageError("malformed", f"`sig` must be {SIGNATURE_LEN} bytes")
+    rec = _record_from_node(node)
+    unsigned = _dag_cbor(node)
+    if _dag_cbor(_unsigned_node(rec)) != unsigned:
+        raise MessageError(
+            "malformed", "round record is not in canonical form (order, int or float types)"
+        )
+    if not verify_signature(rec.coordinator, unsigned, sig):
+        raise MessageError(
+            "bad-signature", f"round record is not signed by its coordinator {rec.coordinator}"
+        )
+    return rec
+
+
+def _record_from_node(node: dict[str, Any]) -> RoundRecord:
+    inputs_node = node["inputs"]
+    excluded_node = node["excluded"]
+    if not isinstance(inputs_node, list) or not isinstance(excluded_node, list):
+        raise MessageError("malformed", "`inputs` and `excluded` must be arrays")
+    inputs = []
+    for i, item in enumerate(inputs_node):
+        entry = _exact_keys(f"inputs[{i}]", item, _INPUT_KEYS)
+        if not isinstance(entry["weight"], float):
+            raise MessageError("malformed", f"`inputs[{i}].weight` must be a float")
+        inputs.append(
+            RecordInput(
+                peer=entry["peer"],
+                gradient=_from_mf(f"inputs[{i}].gradient", entry["gradient"]),
+                num_samples=entry["num_samples"],
+                weight=entry["weight"],
+            )
+        )
+    excluded = []
+    for i, item in enumerate(excluded_node):
+        entry = _exact_keys(f"excluded[{i}]", item, _EXCLUSION_KEYS - {"cid"}, frozenset({"cid"}))
+        excluded.append(
+            RecordExclusion(
+                peer=entry["peer"],
+                reason=entry["reason"],
+                cid=_from_mf(f"excluded[{i}].cid", entry["cid"]) if "cid" in entry else None,
+            )
+        )
+    prev = node["prev"]
+    rec = RoundRecord(
+        job=node["job"],
+        round=node["round"],
+        method=node["method"],
+        params=node["params"],
+        inputs=tuple(inputs),
+        excluded=tuple(excluded),
+        output=_from_mf("output", node["output"]),
+        prev=None if prev is None else _from_mf("prev", prev),
+        coordinator=node["coordinator"],
+    )
+    if list(rec.inputs) != inputs or list(rec.excluded) != excluded:
+        raise MessageError("malformed", "`inputs` and `excluded` must be sorted by peer")
+    return rec

@@ -1,0 +1,126 @@
+"""Signed messages on the wire: encode + sign, strict decode, and verification in a job's context.
+
+A message is a canonical msgpack map ``v, type, <fields>, sig`` where ``sig``
+is the Ed25519 signature over the encoding of the same map without ``sig``.
+Announcements name their signer (``peer``); results and statuses are signed
+by the job's coordinator, which the receiver must supply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from itertools import pairwise
+from typing import Any, Final
+
+from ..errors import MessageError
+from .didkey import SIGNATURE_LEN, public_key_from_did, verify_signature
+from .keys import SigningKey
+from .schema import (
+    MESSAGE_TYPES,
+    PROTOCOL_VERSION,
+    Announce,
+    Message,
+    field_names,
+    unsigned_pairs,
+)
+from .wire import pack_map, unpack_map
+
+# Pubsub allows messages up to 1 MiB; ours are a few hundred bytes, a status
+# listing 1000 peers is ~60 KiB.
+MAX_MESSAGE_BYTES: Final = 64 * 1024
+
+_LIST_FIELDS: Final = frozenset({"peers", "received"})
+
+
+def encode_message(msg: Message, key: SigningKey) -> bytes:
+    """The signed wire bytes of ``msg``; an announcement must be signed by its ``peer``."""
+    if isinstance(msg, Announce) and key.did != msg.peer:
+        raise MessageError(
+            "bad-signature", f"an announcement for {msg.peer} cannot be signed by {key.did}"
+        )
+    pairs = unsigned_pairs(msg)
+    return pack_map([*pairs, ("sig", key.sign(pack_map(pairs)))])
+
+
+def _decode_unverified(data: bytes, max_bytes: int) -> tuple[Message, bytes, bytes]:
+    """The message, the bytes its signature covers, and the signature; no signature check."""
+    if len(data) > max_bytes:
+        raise MessageError("too-large", f"message is {len(data)} bytes, the limit is {max_bytes}")
+    pairs = unpack_map(data)
+    keys = [k for k, _ in pairs]
+    if keys[:2] != ["v", "type"]:
+        raise MessageError("malformed", f"a message starts with `v`, `type`; got {keys[:2]}")
+    version, kind = pairs[0][1], pairs[1][1]
+    if type(version) is not int or version != PROTOCOL_VERSION:
+        raise MessageError(
+            "malformed",
+            f"unsupported message version {version!r:.20} (this is v={PROTOCOL_VERSION})",
+        )
+    if not isinstance(kind, str) or kind not in MESSAGE_TYPES:
+        raise MessageError("unknown-type", f"unknown message type {kind!r:.40}")
+    cls = MESSAGE_TYPES[kind]
+    names = field_names(cls)
+    expected = ["v", "type", *names, "sig"]
+    if keys != expected:
+        raise MessageError("malformed", f"`{kind}` messages have keys {expected}, got {keys}")
+    values: dict[str, Any] = dict(pairs)
+    for name in _LIST_FIELDS.intersection(names):
+        items = values[name]
+        if not isinstance(items, list):
+            raise MessageError("malformed", f"`{name}` must be an array")
+        if any(not isinstance(d, str) for d in items) or any(a >= b for a, b in pairwise(items)):
+            raise MessageError("malformed", f"`{name}` must be strictly sorted did strings")
+        values[name] = tuple(items)
+    signature = values["sig"]
+    if not isinstance(signature, bytes) or len(signature) != SIGNATURE_LEN:
+        raise MessageError("malformed", f"`sig` must be {SIGNATURE_LEN} bytes (msgpack bin)")
+    msg = cls(**{name: values[name] for name in names})
+    unsigned = pack_map(pairs[:-1])
+    if pack_map(unsigned_pairs(msg)) != unsigned:  # e.g. a CID string in a non-canonical base
+        raise MessageError("malformed", "message fields are not in canonical form (CID strings?)")
+    return msg, unsigned, signature
+
+
+def decode_message(data: bytes, *, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
+    """Strictly decode a message; an announcement's signature is checked against its ``peer``.
+
+    Results and statuses come back **unauthenticated**: only the receiver knows
+    the coordinator, so use ``verify_message`` for anything you act on.
+    """
+    msg, unsigned, signature = _decode_unverified(data, max_bytes)
+    if isinstance(msg, Announce) and not verify_signature(msg.peer, unsigned, signature):
+        raise MessageError("bad-signature", f"announcement signature is not {msg.peer}'s")
+    return msg
+
+
+def verify_message(
+    data: bytes,
+    *,
+    job: str,
+    coordinator: str,
+    peers: Collection[str] | None = None,
+    max_bytes: int = MAX_MESSAGE_BYTES,
+) -> Message:
+    """Decode a message and accept it only if it belongs to ``job`` and is signed by the right key.
+
+    An announcement must be signed by its ``peer``, who must be in ``peers``
+    when given; a result or status must be signed by ``coordinator`` (they name
+    no signer, so any other signature, or an altered one, is "not-coordinator").
+    Refusals are ``MessageError`` with ``reason`` one of too-large, malformed,
+    unknown-type, wrong-job, unknown-peer, bad-signature, not-coordinator.
+    """
+    public_key_from_did(coordinator)  # a bad coordinator id is the caller's error, say so early
+    msg, unsigned, signature = _decode_unverified(data, max_bytes)
+    if msg.job != job:
+        raise MessageError("wrong-job", f"message is for job {msg.job!r}, not {job!r}")
+    if isinstance(msg, Announce):
+        if peers is not None and msg.peer not in peers:
+            raise MessageError("unknown-peer", f"{msg.peer} is not a peer of job {job!r}")
+        if not verify_signature(msg.peer, unsigned, signature):
+            raise MessageError("bad-signature", f"announcement signature is not {msg.peer}'s")
+    elif not verify_signature(coordinator, unsigned, signature):
+        raise MessageError(
+            "not-coordinator",
+            f"{msg.kind.value} is not signed by coordinator {coordinator} (or was altered)",
+        )
+    return msg
