@@ -1,0 +1,6 @@
+"""GradientStore: put/get/verify gradstore/1 documents over any Node."""
+
+from ._store import GradientStore, Progress, VerifyReport
+from ._sync import SyncGradientStore
+
+__all__ = ["GradientStore", "Progress", "SyncGradientStore", "VerifyReport"]

@@ -1,0 +1,56 @@
+"""A blocking face for GradientStore, for scripts and notebooks."""
+
+from __future__ import annotations
+
+import asyncio
+from types import TracebackType
+
+import numpy as np
+
+from ..dag import CID
+from ..format import Gradient, Limits
+from ..node import Node
+from ._store import GradientStore, Progress, VerifyReport
+
+
+class SyncGradientStore:
+    """GradientStore with blocking methods; owns a private event loop until ``close()``."""
+
+    def __init__(self, node: Node, *, limits: Limits | None = None) -> None:
+        self._runner = asyncio.Runner()
+        self.store = GradientStore(node) if limits is None else GradientStore(node, limits=limits)
+
+    def put(self, gradient: Gradient, *, pin: bool = True, progress: Progress | None = None) -> CID:
+        return self._runner.run(self.store.put(gradient, pin=pin, progress=progress))
+
+    def get(
+        self, cid: CID | str, *, limits: Limits | None = None, progress: Progress | None = None
+    ) -> Gradient:
+        return self._runner.run(self.store.get(cid, limits=limits, progress=progress))
+
+    def fetch_document(self, cid: CID | str, *, progress: Progress | None = None) -> np.ndarray:
+        return self._runner.run(self.store.fetch_document(cid, progress=progress))
+
+    def verify(self, cid: CID | str) -> VerifyReport:
+        return self._runner.run(self.store.verify(cid))
+
+    def unpin(self, cid: CID | str) -> None:
+        self._runner.run(self.store.unpin(cid))
+
+    def close(self) -> None:
+        """Close the node's connections and the private loop."""
+        try:
+            self._runner.run(self.store.node.aclose())
+        finally:
+            self._runner.close()
+
+    def __enter__(self) -> SyncGradientStore:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

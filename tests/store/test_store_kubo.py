@@ -1,0 +1,141 @@
+"""GradientStore against real Kubo daemons: CID parity with `ipfs add`, bitswap, lying nodes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from gradstore.dag import CID, file_cid
+from gradstore.errors import IntegrityError
+from gradstore.format import Gradient, encode
+from gradstore.node import KuboDaemon, KuboNode
+from gradstore.store import GradientStore
+
+pytestmark = pytest.mark.kubo
+SEED = 7
+MIB = 1 << 20
+
+
+def _only_hash(daemon: KuboDaemon, path: Path) -> str:
+    out = daemon.run("add", "--only-hash", "-Q", str(path))
+    return out.stdout.decode().strip()
+
+
+@pytest.mark.parametrize("size", [0, 1, MIB - 1, MIB, MIB + 1])
+def test_raw_cid_parity_with_ipfs_add(kubo: KuboDaemon, tmp_path: Path, size: int) -> None:
+    data = np.random.default_rng(SEED + size).integers(0, 256, size, dtype=np.uint8)
+    path = tmp_path / "payload"
+    data.tofile(path)
+    assert str(file_cid([memoryview(data)])) == _only_hash(kubo, path), f"size {size}, seed {SEED + size}"
+
+
+@pytest.mark.slow
+def test_raw_cid_parity_two_level_tree(kubo: KuboDaemon, tmp_path: Path) -> None:
+    size = 1024 * MIB + 3 * MIB + 17  # > 1024 leaves: the root holds a full node and a partial one
+    path = tmp_path / "big"
+    block = np.random.default_rng(SEED).integers(0, 256, 8 * MIB, dtype=np.uint8)
+    with open(path, "wb") as f:
+        for i in range(0, size, block.size):
+            block[: min(block.size, size - i)].tofile(f)
+    with open(path, "rb") as f:
+        ours = file_cid(iter(lambda: f.read(16 * MIB), b""))
+    assert str(ours) == _only_hash(kubo, path)
+
+
+def _gradient(n: int, seed: int = SEED) -> Gradient:
+    rng = np.random.default_rng(seed)
+    return Gradient({"w": rng.standard_normal(n).astype(np.float32), "b": np.zeros(3)}, {"peer": "p"})
+
+
+def test_put_matches_ipfs_add_of_the_document(kubo: KuboDaemon, tmp_path: Path) -> None:
+    g = _gradient(700_000)  # ~2.8 MB, three leaves
+    doc = tmp_path / "doc"
+    with open(doc, "wb") as f:
+        encode(g).write_to(f)
+
+    async def go() -> CID:
+        async with kubo.node() as node:
+            cid = await GradientStore(node).put(g)
+            assert cid in await node.pins()
+            return cid
+
+    assert str(asyncio.run(go())) == _only_hash(kubo, doc)
+
+
+def test_put_on_a_get_on_b_over_bitswap(kubo_factory) -> None:  # type: ignore[no-untyped-def]
+    a, b = kubo_factory(2, connect=True)
+    g = _gradient(900_000, seed=11)
+
+    async def go() -> None:
+        async with a.node() as na, b.node() as nb:
+            cid = await GradientStore(na).put(g)
+            assert not await nb.has_block(cid)
+            got = await GradientStore(nb).get(cid)
+            assert got == g
+            assert await nb.has_block(cid)
+
+    asyncio.run(go())
+
+
+class _FlipOneByte(httpx.AsyncBaseTransport):
+    """In front of a real Kubo: forwards every call, flips one byte of dag/export's body."""
+
+    def __init__(self, at: int) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.at = at
+        self.flipped = False
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self.inner.handle_async_request(request)
+        if not request.url.path.endswith("/dag/export"):
+            return response
+        outer = self
+        stream = response.stream
+        assert isinstance(stream, httpx.AsyncByteStream)
+
+        async def body() -> AsyncIterator[bytes]:
+            seen = 0
+            async for chunk in stream:
+                if seen <= outer.at < seen + len(chunk):
+                    mutable = bytearray(chunk)
+                    mutable[outer.at - seen] ^= 0x20
+                    chunk = bytes(mutable)
+                    outer.flipped = True
+                seen += len(chunk)
+                yield chunk
+
+        class _Stream(httpx.AsyncByteStream):
+            async def __aiter__(self) -> AsyncIterator[bytes]:
+                async for c in body():
+                    yield c
+
+            async def aclose(self) -> None:
+                await stream.aclose()
+
+        return httpx.Response(response.status_code, headers=response.headers, stream=_Stream())
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def test_a_node_that_flips_one_byte_gives_an_integrity_error(kubo: KuboDaemon) -> None:
+    g = _gradient(800_000, seed=5)
+
+    async def go() -> None:
+        async with kubo.node() as honest:
+            cid = await GradientStore(honest).put(g)
+        liar = _FlipOneByte(at=MIB + 4096)  # inside the first leaf after the root
+        async with KuboNode(kubo.api_url, transport=liar) as node:
+            decoded: list[Gradient] = []
+            with pytest.raises(IntegrityError) as info:
+                decoded.append(await GradientStore(node).get(cid))
+            assert liar.flipped and not decoded
+            assert info.value.cid in str(info.value)
+            assert CID.parse(info.value.cid) != cid  # a leaf named, found by its own hash
+
+    asyncio.run(go())
