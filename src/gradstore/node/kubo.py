@@ -1,0 +1,531 @@
+"""``KuboNode``: the ``Node`` interface over Kubo's RPC API (``/api/v0``) with httpx.
+
+Request building and answer parsing live in ``kubo_rpc``; this module only
+sends: one ``httpx.AsyncClient`` per node, retries for calls that are safe to
+repeat, streamed bodies and answers, and pubsub subscriptions that drain
+Kubo's stream on their own client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self, cast
+
+import httpx
+
+from ..dag.cid import CID, verify_block
+from ..errors import (
+    BlockNotFoundError,
+    DAGError,
+    IntegrityError,
+    NodeError,
+    NodeTimeoutError,
+)
+from . import kubo_rpc as rpc
+from ._config import DEFAULT_API, DEFAULT_TIMEOUTS, Retry, Timeouts, check_pubsub_size
+from .base import NodeIdentity, PubsubMessage
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+BodyFactory = Callable[[], AsyncIterator[bytes | memoryview]]
+"""Builds a fresh request body per attempt, so a retried call sends its body again."""
+
+
+class KuboNode:
+    """A Kubo daemon reached over its RPC API; implements ``Node`` plus a few Kubo-only calls.
+
+    ``auth`` is sent as the ``Authorization`` header (Kubo's
+    ``API.Authorizations``, e.g. ``"Bearer <secret>"`` or ``"Basic ..."``).
+    ``retries`` is the number of extra attempts for calls that are safe to repeat.
+    ``transport`` is for tests (``httpx.MockTransport``).
+    """
+
+    def __init__(
+        self,
+        api: str = DEFAULT_API,
+        *,
+        auth: str | None = None,
+        timeouts: Timeouts = DEFAULT_TIMEOUTS,
+        retries: int = 3,
+        retry: Retry | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.api = rpc.api_url(api)
+        self.name = f"kubo {self.api}"
+        self.timeouts = timeouts
+        self.retry = retry if retry is not None else Retry(retries=retries)
+        self._headers = {"Authorization": auth} if auth else {}
+        self._transport = transport
+        self._client = self._new_client(timeouts.to_httpx())
+        self._publish_lock = asyncio.Lock()
+        self._subscriptions: set[KuboSubscription] = set()
+
+    def __repr__(self) -> str:
+        return f"KuboNode({self.api!r})"
+
+    def _new_client(self, timeout: httpx.Timeout) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            base_url=self.api + rpc.API_PREFIX,
+            headers=self._headers,
+            timeout=timeout,
+            transport=self._transport,
+        )
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close every open subscription and the HTTP client."""
+        for sub in list(self._subscriptions):
+            await sub.aclose()
+        await self._client.aclose()
+
+    # --- the send path ---------------------------------------------------------------------------
+
+    def _request(
+        self,
+        client: httpx.AsyncClient,
+        command: str,
+        params: rpc.Params,
+        body: BodyFactory | None,
+        boundary: str,
+    ) -> httpx.Request:
+        query = httpx.QueryParams(tuple(params))
+        if body is None:
+            return client.build_request("POST", command, params=query)
+        content = cast("AsyncIterator[bytes]", body())  # httpx sends memoryviews as they are
+        return client.build_request(
+            "POST",
+            command,
+            params=query,
+            content=content,
+            headers={"Content-Type": rpc.multipart_content_type(boundary)},
+        )
+
+    async def _with_retries(self, attempt: Callable[[], Awaitable[Any]], retry: bool) -> Any:
+        delays = iter(self.retry.delays() if retry else ())
+        while True:
+            try:
+                return await attempt()
+            except NodeError as error:
+                delay = next(delays, None)
+                if delay is None or not rpc.is_transient(error):
+                    raise
+            await asyncio.sleep(delay)
+
+    @contextlib.asynccontextmanager
+    async def _open(
+        self,
+        command: str,
+        params: rpc.Params,
+        *,
+        body: BodyFactory | None = None,
+        boundary: str = "",
+        cid: CID | None = None,
+        client: httpx.AsyncClient | None = None,
+    ) -> AsyncIterator[httpx.Response]:
+        """Send one request and yield the streaming response once it is a 200; map every failure."""
+        client = client or self._client
+        request = self._request(client, command, params, body, boundary)
+        try:
+            response = await client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            raise rpc.error_from_transport(exc, command, self.api) from exc
+        try:
+            if response.status_code != 200:
+                try:
+                    content = await response.aread()
+                except httpx.HTTPError as exc:
+                    raise rpc.error_from_transport(exc, command, self.api) from exc
+                raise rpc.error_from_response(command, response.status_code, content, cid=cid)
+            try:
+                yield response
+            except httpx.HTTPError as exc:
+                raise rpc.error_from_transport(exc, command, self.api) from exc
+        finally:
+            await response.aclose()
+
+    async def _call(
+        self,
+        command: str,
+        params: rpc.Params | None = None,
+        *,
+        body: BodyFactory | None = None,
+        boundary: str = "",
+        cid: CID | None = None,
+        retry: bool = True,
+    ) -> bytes:
+        """One RPC call, whole answer read; with ``retry``, transient failures are retried."""
+
+        async def attempt() -> bytes:
+            async with self._open(
+                command, params or [], body=body, boundary=boundary, cid=cid
+            ) as response:
+                return await response.aread()
+
+        result: bytes = await self._with_retries(attempt, retry)
+        return result
+
+    async def _json(self, command: str, params: rpc.Params | None = None, **kwargs: Any) -> Any:
+        return rpc.parse_json(command, await self._call(command, params, **kwargs))
+
+    async def _upload(
+        self,
+        command: str,
+        params: rpc.Params,
+        pieces: AsyncIterable[Buffer] | Iterable[Buffer],
+        *,
+        retry: bool,
+        filename: str = "file",
+    ) -> bytes:
+        """POST ``pieces`` as one streamed multipart file; ``retry`` only if they can be re-read."""
+        boundary = rpc.new_boundary()
+
+        def body() -> AsyncIterator[bytes | memoryview]:
+            return rpc.multipart_stream(pieces, boundary, filename=filename)
+
+        return await self._call(command, params, body=body, boundary=boundary, retry=retry)
+
+    # --- Node ------------------------------------------------------------------------------------
+
+    async def identity(self) -> NodeIdentity:
+        """``id``: peer id, listen addresses, agent version."""
+        return rpc.parse_identity(await self._json("id"))
+
+    async def version(self) -> str:
+        """Kubo's version string, e.g. ``"0.42.0"``."""
+        return rpc.parse_version(await self._json("version"))
+
+    async def import_car(
+        self, body: AsyncIterable[Buffer] | Iterable[Buffer], *, pin_roots: bool = True
+    ) -> list[CID]:
+        """``dag/import`` of one CAR stream; return its header's roots, pinned unless told not to.
+
+        The body is streamed once (no retry: an iterator cannot be replayed).
+        Roots are pinned afterwards with ``offline=true``, so a root whose DAG
+        is incomplete raises ``BlockNotFoundError`` at once (Kubo's own
+        ``pin-roots`` would search the network until the request times out).
+        """
+        seen = rpc.CarRoots()
+
+        async def tap() -> AsyncIterator[Buffer]:
+            if isinstance(body, AsyncIterable):
+                async for piece in body:
+                    seen.see(piece)
+                    yield piece
+            else:
+                for piece in body:
+                    seen.see(piece)
+                    yield piece
+
+        answer = await self._upload(
+            "dag/import",
+            rpc.dag_import_params(pin_roots=False),
+            tap(),
+            retry=False,
+            filename="import.car",
+        )
+        rpc.parse_ndjson("dag/import", answer)  # raises on an error item
+        if seen.roots is None:
+            raise DAGError("dag/import: the body ended before its CAR header")
+        if pin_roots:
+            for root in seen.roots:
+                await self.pin(root, offline=True)
+        return list(seen.roots)
+
+    async def export_car(self, root: CID, *, offline: bool = False) -> AsyncIterator[bytes]:
+        """``dag/export``: the DAG under ``root`` as a CAR v1 byte stream.
+
+        Retried until the first byte; after that a failure raises. Kubo signals
+        a mid-stream failure only in an HTTP trailer httpx cannot read, so the
+        stream just ends early: callers verify the CAR (every block, complete DAG).
+        ``offline=True`` never fetches from the network.
+        """
+        params: rpc.Params = [("arg", str(root))]
+        if offline:
+            params.append(("offline", "true"))
+        delays = iter(self.retry.delays())
+        started = False
+        while True:
+            try:
+                async with self._open("dag/export", params, cid=root) as response:
+                    async for chunk in response.aiter_bytes():
+                        started = True
+                        yield chunk
+                    return
+            except NodeError as error:
+                delay = next(delays, None)
+                if started or delay is None or not rpc.is_transient(error):
+                    raise
+            await asyncio.sleep(delay)
+
+    async def put_block(self, data: Buffer, codec: int) -> CID:
+        """``block/put`` (CIDv1, sha2-256); the CID Kubo reports must equal the local hash."""
+        view = rpc.byte_view(data)
+        expected = CID.hash(codec, view)
+        answer = await self._upload("block/put", rpc.block_put_params(codec), (view,), retry=True)
+        got = rpc.parse_block_put(rpc.parse_json("block/put", answer))
+        if got != expected:
+            raise IntegrityError(expected, f"kubo block/put stored {got}, expected {expected}")
+        return got
+
+    async def get_block(self, cid: CID) -> bytes:
+        """``block/get`` (may fetch over bitswap); the bytes are verified against ``cid``."""
+        data = await self._call("block/get", [("arg", str(cid))], cid=cid)
+        verify_block(cid, data)
+        return data
+
+    async def block_stat(self, cid: CID, *, offline: bool = False) -> int:
+        """``block/stat``: the block's size in bytes."""
+        params: rpc.Params = [("arg", str(cid))]
+        if offline:
+            params.append(("offline", "true"))
+        return rpc.parse_block_stat(await self._json("block/stat", params, cid=cid))
+
+    async def has_block(self, cid: CID) -> bool:
+        """Whether the block is in Kubo's local blockstore (``block/stat``, ``offline=true``)."""
+        try:
+            await self.block_stat(cid, offline=True)
+        except BlockNotFoundError:
+            return False
+        return True
+
+    async def dag_stat(self, cid: CID, *, offline: bool = False) -> dict[str, Any]:
+        """``dag/stat``: walks the whole DAG (``BlockNotFoundError`` names a missing block)."""
+        params: rpc.Params = [("arg", str(cid)), ("progress", "false")]
+        if offline:
+            params.append(("offline", "true"))
+        items = rpc.parse_ndjson("dag/stat", await self._call("dag/stat", params, cid=cid))
+        result: dict[str, Any] = items[-1] if items else {}
+        return result
+
+    async def pin(self, cid: CID, *, offline: bool = False) -> None:
+        """``pin/add`` recursively; Kubo fetches missing blocks from its peers unless ``offline``.
+
+        Offline, the DAG is first checked with ``dag/stat`` (Kubo 0.42's pinner
+        would still wait on the network for a missing child block).
+        """
+        params: rpc.Params = [("arg", str(cid)), ("recursive", "true")]
+        if offline:
+            await self.dag_stat(cid, offline=True)
+            params.append(("offline", "true"))
+        await self._call("pin/add", params, cid=cid)
+
+    async def unpin(self, cid: CID) -> None:
+        """``pin/rm`` of a recursive pin; a CID that is not pinned is left as is."""
+        try:
+            await self._call("pin/rm", [("arg", str(cid)), ("recursive", "true")], cid=cid)
+        except NodeError as error:
+            if not rpc.is_not_pinned(error):
+                raise
+
+    async def pins(self) -> set[CID]:
+        """``pin/ls --type=recursive``."""
+        return rpc.parse_pin_ls(await self._json("pin/ls", [("type", "recursive")]))
+
+    async def publish(self, topic: str, data: bytes) -> None:
+        """``pubsub/pub``; serialized per node and retried (concurrent publishes race in Kubo)."""
+        check_pubsub_size(topic, data)
+        async with self._publish_lock:
+            await self._upload("pubsub/pub", rpc.pubsub_pub_params(topic), (data,), retry=True)
+
+    def subscribe(self, topic: str) -> KuboSubscription:
+        """A ``pubsub/sub`` stream; ``async with`` returns once Kubo is subscribed."""
+        return KuboSubscription(self, topic)
+
+    # --- Kubo-only -------------------------------------------------------------------------------
+
+    async def add_bytes(
+        self,
+        pieces: AsyncIterable[Buffer] | Iterable[Buffer],
+        only_hash: bool = False,
+        **params: str | bool | int,
+    ) -> CID:
+        """``add`` one file streamed from ``pieces``; its root CID under the node's import settings.
+
+        For parity tests with ``ipfs add``. Extra ``params`` are passed through
+        (``cid_version=1`` becomes ``cid-version=1``). Not retried.
+        """
+        query: rpc.Params = [("only-hash", rpc.flag(only_hash)), ("pin", rpc.flag(not only_hash))]
+        for key, value in params.items():
+            name = key.replace("_", "-")
+            query = [(k, v) for k, v in query if k != name]
+            query.append((name, rpc.flag(value) if isinstance(value, bool) else str(value)))
+        answer = await self._upload("add", query, pieces, retry=False, filename="gradient")
+        return rpc.parse_add(rpc.parse_ndjson("add", answer))
+
+    async def cat(self, cid: CID) -> AsyncIterator[bytes]:
+        """``cat``: a UnixFS file's content, streamed."""
+        async with self._open("cat", [("arg", str(cid))], cid=cid) as response:
+            async for chunk in response.aiter_bytes():
+                yield chunk
+
+    async def swarm_connect(self, multiaddr: str) -> None:
+        """``swarm/connect`` to a peer's ``/ip4/.../tcp/.../p2p/<id>`` address."""
+        await self._call("swarm/connect", [("arg", multiaddr)])
+
+    async def swarm_peers(self) -> list[str]:
+        """Peer ids this node is connected to."""
+        return rpc.parse_swarm_peers(await self._json("swarm/peers"))
+
+    async def pubsub_peers(self, topic: str | None = None) -> list[str]:
+        """Peers known to be subscribed to ``topic`` (all pubsub peers when ``None``)."""
+        params = rpc.pubsub_sub_params(topic) if topic is not None else []
+        return rpc.parse_strings(await self._json("pubsub/peers", params), "pubsub/peers")
+
+    async def pubsub_topics(self) -> list[str]:
+        """Topics this node is subscribed to."""
+        encoded = rpc.parse_strings(await self._json("pubsub/ls"), "pubsub/ls")
+        return [rpc.decode_multibase(t).decode("utf-8", "replace") for t in encoded]
+
+    async def wait_for_topic_peers(
+        self,
+        topic: str,
+        peers: Iterable[str] | int = 1,
+        *,
+        timeout: float = 10.0,
+        interval: float = 0.05,
+    ) -> list[str]:
+        """Wait until this node knows the given peers (or that many) subscribe to ``topic``.
+
+        Pubsub delivers a message only to peers the publisher knows are
+        subscribed, which it learns a moment after they subscribe: call this
+        before a first publish that must not be lost.
+        """
+        wanted = peers if isinstance(peers, int) else set(peers)
+        deadline = time.monotonic() + timeout
+        while True:
+            known = await self.pubsub_peers(topic)
+            if (len(known) >= wanted) if isinstance(wanted, int) else wanted <= set(known):
+                return known
+            if time.monotonic() >= deadline:
+                raise NodeTimeoutError(
+                    f"{self.name}: after {timeout}s only {len(known)} peer(s) "
+                    f"subscribed to {topic!r}: {known}"
+                )
+            await asyncio.sleep(interval)
+
+
+_CLOSED = object()
+
+
+class KuboSubscription:
+    """A ``pubsub/sub`` stream read by a background task into an unbounded queue.
+
+    Kubo buffers only 32 messages per subscriber and drops the rest, so the
+    reader drains the stream as soon as lines arrive, on its own client with no
+    read timeout. ``async with`` returns once Kubo has answered the request,
+    which it does only after it has subscribed.
+    """
+
+    def __init__(self, node: KuboNode, topic: str) -> None:
+        self.node = node
+        self.topic = topic
+        self._queue: asyncio.Queue[object] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+        self._ready: asyncio.Future[None] | None = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"KuboSubscription({self.node.api!r}, {self.topic!r})"
+
+    async def __aenter__(self) -> Self:
+        await self.ready()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def ready(self) -> None:
+        """Start the subscription (once) and return when Kubo is subscribed; errors raise here."""
+        if self._closed:
+            raise NodeError(f"{self!r} is closed")
+        if self._ready is None:
+            self._ready = asyncio.get_running_loop().create_future()
+            self._task = asyncio.create_task(
+                self._read(self._ready), name=f"pubsub-sub {self.topic}"
+            )
+            self.node._subscriptions.add(self)
+        await asyncio.shield(self._ready)
+
+    async def _read(self, ready: asyncio.Future[None]) -> None:
+        client = self.node._new_client(self.node.timeouts.streaming())
+        try:
+            async with self.node._open(
+                "pubsub/sub", rpc.pubsub_sub_params(self.topic), client=client
+            ) as response:
+                ready.set_result(None)
+                async for line in response.aiter_lines():
+                    if line.strip():
+                        item = rpc.parse_json("pubsub/sub", line.encode("utf-8"))
+                        self._queue.put_nowait(rpc.parse_pubsub_message(item, self.topic))
+            self._queue.put_nowait(
+                NodeError(f"kubo pubsub/sub {self.topic!r}: the node ended the stream")
+            )
+        except Exception as exc:
+            error = (
+                exc
+                if isinstance(exc, NodeError)
+                else NodeError(f"kubo pubsub/sub {self.topic!r}: {exc!r}")
+            )
+            if not ready.done():
+                ready.set_exception(error)
+            self._queue.put_nowait(error)
+        finally:
+            await client.aclose()
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> PubsubMessage:
+        if self._ready is None:
+            await self.ready()
+        if self._closed and self._queue.empty():
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if item is _CLOSED:
+            raise StopAsyncIteration
+        if isinstance(item, BaseException):
+            self._queue.put_nowait(item)  # every later read fails the same way
+            raise item
+        assert isinstance(item, PubsubMessage)
+        return item
+
+    async def get(self, timeout: float | None = None) -> PubsubMessage:
+        """The next message; ``TimeoutError`` after ``timeout`` s, ``NodeError`` once closed."""
+        try:
+            return await asyncio.wait_for(self.__anext__(), timeout)
+        except StopAsyncIteration:
+            raise NodeError(f"{self!r} is closed") from None
+
+    async def aclose(self) -> None:
+        """Stop reading and close the stream; iteration then ends after queued messages."""
+        if self._closed:
+            return
+        self._closed = True
+        self.node._subscriptions.discard(self)
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._ready is not None and not self._ready.done():
+            self._ready.cancel()
+        self._queue.put_nowait(_CLOSED)
