@@ -1,0 +1,40 @@
+"""Deterministic NumPy aggregators (DESIGN section 6): pure functions over arrays, no I/O.
+
+Inputs are combined in the order given (the coordinator passes them sorted by peer id),
+accumulated in float64 and written in the inputs' dtype, bit-for-bit reproducibly. Memory
+stays O(model): every method walks the tensors block by block.
+
+Refusals (AggregationError): no inputs; inputs whose tensor names, shapes or dtypes
+differ; non-float tensors (every method, ``sum`` included); NaN/Inf in any input (named by
+input index and tensor) or an aggregate that overflows its dtype; fedavg without one
+positive sample count per input; weighted without one non-negative weight per input
+summing to > 0; median of fewer than 3 inputs; trimmed_mean with a ratio outside [0, 0.5)
+or one that trims nothing (0 < r and floor(n * r) = 0); krum/multikrum with n < 2f + 3 or
+select outside [1, n - f]; parameters that do not apply to the method.
+"""
+
+from ._checks import Tensors
+from ._clip import clip_inputs, clip_output, global_norm
+from ._dispatch import AggregationInfo, aggregate, aggregate_with_info
+from ._methods import fedavg, krum, mean, median, multikrum, sum_, trimmed_mean, weighted
+from ._params import METHODS, AggregationParams
+
+__all__ = [
+    "METHODS",
+    "AggregationInfo",
+    "AggregationParams",
+    "Tensors",
+    "aggregate",
+    "aggregate_with_info",
+    "clip_inputs",
+    "clip_output",
+    "fedavg",
+    "global_norm",
+    "krum",
+    "mean",
+    "median",
+    "multikrum",
+    "sum_",
+    "trimmed_mean",
+    "weighted",
+]

@@ -1,0 +1,116 @@
+"""Global L2 norms and norm clipping (of each input, or of the aggregate).
+
+A norm is taken over all tensors of one gradient: the square root of the float64 sum of
+squares, summed per block with NumPy's pairwise sum and blocks added in name and element
+order, so it is reproducible. Clipping multiplies by ``min(1, bound / norm)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+import numpy as np
+
+from ..errors import AggregationError
+from ._checks import Tensors
+
+#: Elements per block when squaring or scaling.
+BLOCK: Final = 1 << 16
+
+_F64: Final = np.dtype(np.float64)
+
+
+def global_norm(tensors: Tensors) -> float:
+    """The L2 norm of one gradient over all its tensors, in float64 (NaN/Inf if it holds any)."""
+    total = 0.0
+    buf = np.empty(BLOCK, _F64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for name in sorted(tensors):
+            flat = np.ravel(tensors[name])
+            for lo in range(0, flat.size, BLOCK):
+                part = flat[lo : lo + BLOCK]
+                squares = buf[: part.size]
+                np.square(part, out=squares, dtype=_F64)
+                total += float(np.add.reduce(squares))
+    return math.sqrt(total)
+
+
+def clip_scale(norm: float, bound: float) -> float:
+    """The factor that brings ``norm`` down to ``bound``; 1.0 when it is already within."""
+    return 1.0 if norm <= bound else bound / norm
+
+
+def input_norms(inputs: Sequence[Tensors]) -> list[float]:
+    """Each input's global norm; AggregationError naming an input with NaN/Inf."""
+    norms = []
+    for index, tensors in enumerate(inputs):
+        for name in sorted(tensors):
+            dtype = np.asarray(tensors[name]).dtype
+            if dtype.kind != "f":
+                raise AggregationError(
+                    f"input {index}: tensor {name!r} has dtype {dtype.str}; "
+                    "only floating-point tensors are clipped"
+                )
+        norm = global_norm(tensors)
+        if not math.isfinite(norm):
+            bad = [name for name in sorted(tensors) if not np.isfinite(tensors[name]).all()]
+            if bad:
+                raise AggregationError(f"input {index}: tensor {bad[0]!r} contains NaN or infinity")
+            raise AggregationError(f"input {index}: its L2 norm overflows float64")
+        norms.append(norm)
+    return norms
+
+
+def scale_into(
+    src: Mapping[str, np.ndarray[Any, Any]], scale: float, out: Mapping[str, np.ndarray[Any, Any]]
+) -> None:
+    """``out[name] = dtype(float64(src[name]) * scale)`` block by block; ``out`` may be ``src``."""
+    factor = np.float64(scale)
+    buf = np.empty(BLOCK, _F64)
+    for name, array in src.items():
+        flat, dst = np.ravel(array), out[name].reshape(-1)
+        for lo in range(0, flat.size, BLOCK):
+            part = buf[: min(BLOCK, flat.size - lo)]
+            np.multiply(flat[lo : lo + BLOCK], factor, out=part, dtype=_F64)
+            np.copyto(dst[lo : lo + BLOCK], part, casting="same_kind")
+
+
+def clip_inputs(
+    inputs: Sequence[Tensors], max_norm: float
+) -> list[dict[str, np.ndarray[Any, Any]]]:
+    """Each input scaled so its global norm is at most ``max_norm`` (inputs within it untouched).
+
+    A standalone helper: :func:`aggregate` with ``clip_input_norm`` does not round the scaled
+    inputs to their dtype; it folds each scale into the float64 accumulation.
+    """
+    bound = _bound(max_norm)
+    clipped = []
+    for tensors, norm in zip(inputs, input_norms(inputs), strict=True):
+        scale = clip_scale(norm, bound)
+        if scale == 1.0:
+            clipped.append(dict(tensors))
+        else:
+            out = {name: np.empty(array.shape, array.dtype) for name, array in tensors.items()}
+            scale_into(tensors, scale, out)
+            clipped.append(out)
+    return clipped
+
+
+def clip_output(tensors: Tensors, max_norm: float) -> dict[str, np.ndarray[Any, Any]]:
+    """``tensors`` scaled so the global norm is at most ``max_norm`` (up to dtype rounding)."""
+    bound = _bound(max_norm)
+    scale = clip_scale(input_norms([tensors])[0], bound)
+    if scale == 1.0:
+        return dict(tensors)
+    out = {name: np.empty(array.shape, array.dtype) for name, array in tensors.items()}
+    scale_into(tensors, scale, out)
+    return out
+
+
+def _bound(max_norm: float) -> float:
+    bound = float(max_norm)
+    if not (math.isfinite(bound) and bound > 0):
+        raise AggregationError(f"clipping norm must be finite and > 0, got {max_norm}")
+    return bound

@@ -1,0 +1,154 @@
+"""``aggregate``: check, clip, run the method's kernel, clip the output, report what was done.
+
+Refusals happen before any arithmetic (parameters, layouts, dtypes, sample counts), except
+NaN/Inf, which the kernels detect on the way (no separate pass over the inputs) and which
+are then traced back to the input and tensor that hold them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+
+from ..errors import AggregationError
+from ._blocks import default_threads
+from ._checks import (
+    NonFiniteResult,
+    Tensors,
+    check_inputs,
+    check_num_samples,
+    flatten,
+    non_finite_error,
+)
+from ._clip import clip_scale, global_norm, input_norms, scale_into
+from ._krum import krum_scores, select_lowest, squared_distances
+from ._linear import combine
+from ._params import AggregationParams, trimmed_per_side
+from ._robust import order_mean
+
+
+@dataclass(frozen=True)
+class AggregationInfo:
+    """What an aggregation did, for the round record.
+
+    ``weights``: the factor each input was multiplied by (1 for sum, 1/n for mean,
+    num_samples / total for fedavg, w / sum(w) for weighted, 1/m for the inputs Krum selected
+    and 0 for the others; None for the coordinate-wise median and trimmed_mean), before any
+    input clipping. ``scores``/``selected``: Krum scores and the
+    selected input indices. ``input_norms``/``input_scales``: with ``clip_input_norm``.
+    ``output_norm``/``output_scale``: with ``clip_output_norm`` (the norm before clipping).
+    """
+
+    method: str
+    n_inputs: int
+    weights: tuple[float, ...] | None = None
+    scores: tuple[float, ...] | None = None
+    selected: tuple[int, ...] | None = None
+    input_norms: tuple[float, ...] | None = None
+    input_scales: tuple[float, ...] | None = None
+    output_norm: float | None = None
+    output_scale: float | None = None
+
+    def to_record(self) -> dict[str, Any]:
+        """The non-None fields, in field order, as plain JSON/CBOR values (tuples as lists)."""
+        record: dict[str, Any] = {}
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if value is not None:
+                record[field.name] = list(value) if isinstance(value, tuple) else value
+        return record
+
+
+def aggregate(
+    inputs: Sequence[Tensors],
+    params: AggregationParams,
+    num_samples: Sequence[int] | None = None,
+    *,
+    threads: int | None = None,
+) -> dict[str, np.ndarray[Any, Any]]:
+    """Combine ``inputs`` (in the order given) with ``params``; tensors in name order.
+
+    Accumulates in float64 and writes the inputs' dtype; the result depends only on the
+    inputs and their order (not on ``threads``). ``num_samples`` is used by fedavg only.
+    Raises AggregationError when the inputs cannot be combined honestly.
+    """
+    return aggregate_with_info(inputs, params, num_samples, threads=threads)[0]
+
+
+def aggregate_with_info(
+    inputs: Sequence[Tensors],
+    params: AggregationParams,
+    num_samples: Sequence[int] | None = None,
+    *,
+    threads: int | None = None,
+) -> tuple[dict[str, np.ndarray[Any, Any]], AggregationInfo]:
+    """:func:`aggregate`, plus an :class:`AggregationInfo` (weights, Krum selection, norms)."""
+    n, method = len(inputs), params.method
+    params.validate(n)
+    counts = check_num_samples(num_samples, n) if method == "fedavg" else None
+    layout = check_inputs(inputs, method)
+    workers = default_threads() if threads is None else max(1, int(threads))
+    info: dict[str, Any] = {}
+
+    scales: list[float] | None = None
+    if params.clip_input_norm is not None:
+        norms = input_norms(inputs)
+        scales = [clip_scale(norm, params.clip_input_norm) for norm in norms]
+        info["input_norms"], info["input_scales"] = tuple(norms), tuple(scales)
+
+    flats = flatten(inputs, layout)
+    try:
+        if method in ("sum", "mean", "fedavg", "weighted"):
+            coefs, divisor = _linear_terms(method, n, params, counts)
+            info["weights"] = tuple(c / (divisor or 1.0) for c in coefs or [1.0] * n)
+            if scales is not None:
+                coefs = [s if coefs is None else coefs[i] * s for i, s in enumerate(scales)]
+            result = combine(flats, layout, coefs, divisor, workers)
+        elif method in ("median", "trimmed_mean"):
+            if method == "median":
+                first, stop = (n - 1) // 2, n // 2 + 1
+            else:
+                assert params.trim_ratio is not None
+                k = trimmed_per_side(n, params.trim_ratio)
+                first, stop = k, n - k
+            result = order_mean(flats, layout, first, stop, scales, workers)
+        else:
+            assert params.byzantine is not None
+            dist = squared_distances(flats, layout, scales, workers)
+            scores = krum_scores(dist, params.byzantine)
+            m = 1 if method == "krum" else (params.select or n - params.byzantine)
+            selected = select_lowest(scores, m)
+            chosen = [flats[i] for i in selected]
+            coefs = None if scales is None else [scales[i] for i in selected]
+            result = combine(chosen, layout, coefs, None if m == 1 else float(m), workers)
+            info["scores"], info["selected"] = tuple(scores), selected
+            info["weights"] = tuple(1.0 / m if i in selected else 0.0 for i in range(n))
+    except NonFiniteResult as exc:
+        raise non_finite_error(inputs, layout, method, exc.name) from None
+
+    if params.clip_output_norm is not None:
+        norm = global_norm(result)
+        if not math.isfinite(norm):
+            raise AggregationError(f"{method}: the aggregate's L2 norm overflows float64")
+        scale = clip_scale(norm, params.clip_output_norm)
+        if scale != 1.0:
+            scale_into(result, scale, result)
+        info["output_norm"], info["output_scale"] = norm, scale
+    return result, AggregationInfo(method, n, **info)
+
+
+def _linear_terms(
+    method: str, n: int, params: AggregationParams, counts: tuple[int, ...] | None
+) -> tuple[list[float] | None, float | None]:
+    """Coefficients (None: all ones) and divisor (None: none) of a linear method."""
+    if method == "fedavg":
+        assert counts is not None
+        return [float(c) for c in counts], float(sum(counts))
+    if method == "weighted":
+        assert params.weights is not None
+        return list(params.weights), math.fsum(params.weights)
+    return None, (float(n) if method == "mean" else None)

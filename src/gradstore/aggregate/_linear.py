@@ -1,0 +1,67 @@
+"""sum, mean, fedavg and weighted: one float64 accumulator per block, inputs added in order.
+
+For every element: ``acc = c[0] * x[0]; acc += c[i] * x[i]`` for i = 1..n-1 in input order,
+then ``acc / divisor``, then one rounding to the inputs' dtype. With no coefficients
+(sum, mean) the multiplications are skipped. Nothing else rounds, so the aggregate is
+bit-for-bit reproducible from the same inputs in the same order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final
+
+import numpy as np
+
+from ._blocks import Scratch, blocks, chunks, run
+from ._checks import Flat, Layout, NonFiniteResult
+
+#: Elements per block: two float64 buffers of 512 KiB stay in a 2 MiB L2 cache with the inputs.
+BLOCK: Final = 1 << 16
+
+_F64: Final = np.dtype(np.float64)
+
+
+def combine(
+    flats: Sequence[Flat],
+    layout: Layout,
+    coefs: Sequence[float] | None,
+    divisor: float | None,
+    threads: int,
+) -> dict[str, np.ndarray[Any, Any]]:
+    """``(sum_i coefs[i] * x_i) / divisor`` per element, accumulated in float64, in input order.
+
+    ``coefs`` None means all ones; ``divisor`` None means no division. Raises
+    NonFiniteResult if any output element is NaN/Inf (an input held one, or it overflowed).
+    """
+    out = layout.empty()
+    out_flat = {name: array.reshape(-1) for name, array in out.items()}
+    factors = None if coefs is None else [np.float64(c) for c in coefs]
+    scratch = Scratch()
+
+    def work(name: str, start: int, stop: int) -> None:
+        acc_buf = scratch.get("acc", (BLOCK,), _F64)
+        tmp_buf = scratch.get("tmp", (BLOCK,), _F64)
+        for lo, hi in blocks(start, stop, BLOCK):
+            acc, tmp = acc_buf[: hi - lo], tmp_buf[: hi - lo]
+            first = flats[0][name][lo:hi]
+            if factors is None:
+                np.copyto(acc, first)
+            else:
+                np.multiply(first, factors[0], out=acc, dtype=_F64)
+            for index in range(1, len(flats)):
+                x = flats[index][name][lo:hi]
+                if factors is None:
+                    np.add(acc, x, out=acc, dtype=_F64)
+                else:
+                    np.multiply(x, factors[index], out=tmp, dtype=_F64)
+                    np.add(acc, tmp, out=acc)
+            if divisor is not None:
+                np.divide(acc, divisor, out=acc)
+            dst = out_flat[name][lo:hi]
+            np.copyto(dst, acc, casting="same_kind")
+            if not np.isfinite(dst).all():
+                raise NonFiniteResult(name)
+
+    run(work, chunks(layout), threads)
+    return out

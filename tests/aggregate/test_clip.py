@@ -1,0 +1,102 @@
+"""Global norms and clipping: bounds respected, small inputs untouched, folded into aggregation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from gradstore.aggregate import (
+    AggregationParams,
+    aggregate,
+    aggregate_with_info,
+    clip_inputs,
+    clip_output,
+    global_norm,
+)
+
+Grad = dict[str, np.ndarray[Any, Any]]
+
+
+def make_inputs(seed: int, n: int, dtype: str = "<f4") -> list[Grad]:
+    rng = np.random.default_rng(seed)
+    return [
+        {
+            "w": (rng.standard_normal((64, 33)) * rng.uniform(0.1, 3)).astype(dtype),
+            "b": (rng.standard_normal(70_000) * rng.uniform(0.001, 0.03)).astype(dtype),
+        }
+        for _ in range(n)
+    ]
+
+
+def norm64(tensors: Grad) -> float:
+    flat = np.concatenate([v.astype(np.float64).ravel() for v in tensors.values()])
+    return float(np.linalg.norm(flat))
+
+
+@pytest.mark.parametrize("seed", [301])
+@pytest.mark.parametrize("dtype", ["<f2", "<f4", "<f8"])
+def test_global_norm_is_the_l2_norm_over_all_tensors(seed: int, dtype: str) -> None:
+    for tensors in make_inputs(seed, 3, dtype):
+        assert global_norm(tensors) == pytest.approx(norm64(tensors), rel=1e-13)
+
+
+@pytest.mark.parametrize("seed", [311])
+def test_clip_inputs_bounds_each_input_and_leaves_small_ones(seed: int) -> None:
+    inputs = make_inputs(seed, 5, "<f8")
+    bound = float(np.median([norm64(x) for x in inputs])) * (1 + 1e-9)  # no input on the edge
+    clipped = clip_inputs(inputs, bound)
+    for before, after in zip(inputs, clipped, strict=True):
+        if norm64(before) <= bound:
+            assert all(after[k] is before[k] for k in before)
+        else:
+            assert norm64(after) == pytest.approx(bound, rel=1e-12)
+            ratio = after["w"] / before["w"]
+            np.testing.assert_allclose(ratio, ratio.flat[0], rtol=1e-12)  # direction kept
+
+
+@pytest.mark.parametrize("seed", [321])
+@pytest.mark.parametrize("dtype", ["<f2", "<f4", "<f8"])
+def test_clip_output_bounds_the_result(seed: int, dtype: str) -> None:
+    tensors = make_inputs(seed, 1, dtype)[0]
+    bound = norm64(tensors) / 3
+    out = clip_output(tensors, bound)
+    assert all(out[k].dtype == np.dtype(dtype) for k in out)
+    eps = float(np.finfo(np.dtype(dtype)).eps)
+    assert norm64(out) <= bound * (1 + 4 * eps)
+    assert norm64(out) >= bound * (1 - 4 * eps)
+    assert clip_output(tensors, norm64(tensors) * 2)["w"] is tensors["w"]
+
+
+@pytest.mark.parametrize("seed", [331])
+def test_mean_with_input_clipping_equals_mean_of_clipped(seed: int) -> None:
+    inputs = make_inputs(seed, 4, "<f8")
+    bound = float(np.median([norm64(x) for x in inputs]))
+    result, info = aggregate_with_info(inputs, AggregationParams("mean", clip_input_norm=bound))
+    assert info.input_norms is not None and info.input_scales is not None
+    np.testing.assert_allclose(info.input_norms, [norm64(x) for x in inputs], rtol=1e-13)
+    assert min(info.input_scales) < 1.0 and max(info.input_scales) == 1.0
+    for name in ("w", "b"):
+        expected = np.mean(
+            [x[name] * s for x, s in zip(inputs, info.input_scales, strict=True)], axis=0
+        )
+        np.testing.assert_allclose(result[name], expected, rtol=1e-13, atol=1e-16)
+    # the clipped inputs' norms are within the bound, so the mean's is too (triangle inequality)
+    assert norm64(result) <= bound * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("seed", [341])
+@pytest.mark.parametrize("method", ["sum", "median", "krum"])
+def test_output_clipping_for_every_method(seed: int, method: str) -> None:
+    inputs = make_inputs(seed, 5)
+    extra: dict[str, Any] = {"byzantine": 1} if method == "krum" else {}
+    plain = aggregate(inputs, AggregationParams(method, **extra))
+    bound = norm64(plain) / 2
+    clipped, info = aggregate_with_info(
+        inputs, AggregationParams(method, clip_output_norm=bound, **extra)
+    )
+    assert info.output_norm == pytest.approx(norm64(plain), rel=1e-12)
+    assert info.output_scale == pytest.approx(0.5, rel=1e-12)
+    assert norm64(clipped) <= bound * (1 + 4 * float(np.finfo(np.float32).eps))
+    np.testing.assert_allclose(clipped["w"], plain["w"] * 0.5, rtol=1e-6)
