@@ -31,7 +31,9 @@ def test_raw_cid_parity_with_ipfs_add(kubo: KuboDaemon, tmp_path: Path, size: in
     data = np.random.default_rng(SEED + size).integers(0, 256, size, dtype=np.uint8)
     path = tmp_path / "payload"
     data.tofile(path)
-    assert str(file_cid([memoryview(data)])) == _only_hash(kubo, path), f"size {size}, seed {SEED + size}"
+    assert str(file_cid([memoryview(data)])) == _only_hash(kubo, path), (
+        f"size {size}, seed {SEED + size}"
+    )
 
 
 @pytest.mark.slow
@@ -49,7 +51,9 @@ def test_raw_cid_parity_two_level_tree(kubo: KuboDaemon, tmp_path: Path) -> None
 
 def _gradient(n: int, seed: int = SEED) -> Gradient:
     rng = np.random.default_rng(seed)
-    return Gradient({"w": rng.standard_normal(n).astype(np.float32), "b": np.zeros(3)}, {"peer": "p"})
+    return Gradient(
+        {"w": rng.standard_normal(n).astype(np.float32), "b": np.zeros(3)}, {"peer": "p"}
+    )
 
 
 def test_put_matches_ipfs_add_of_the_document(kubo: KuboDaemon, tmp_path: Path) -> None:

@@ -54,7 +54,11 @@ def test_corrupted_block_is_an_integrity_error_naming_the_cid(tmp_path: Path) ->
     g = _gradient(600_000)
     with SyncGradientStore(LocalNode(tmp_path)) as store:
         cid = store.put(g)
-        victims = [p for p in (tmp_path / "blocks").rglob("*") if p.is_file() and p.stat().st_size == 1 << 20]
+        victims = [
+            p
+            for p in (tmp_path / "blocks").rglob("*")
+            if p.is_file() and p.stat().st_size == 1 << 20
+        ]
         assert victims, "expected 1 MiB leaf blocks on disk"
         data = bytearray(victims[0].read_bytes())
         data[12345] ^= 0x01

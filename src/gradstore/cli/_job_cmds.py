@@ -1,0 +1,241 @@
+"""Job subcommands: keygen, coordinator, peer publish/await, aggregate (offline), round show."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..aggregate import METHODS, AggregationParams, aggregate
+from ..coordinator import Coordinator, RoundOutcome, format_outcome
+from ..dag import CID
+from ..format import Gradient
+from ..job import load_job
+from ..messages import SigningKey, decode_record
+from ..peer import Peer
+from . import _exit
+from ._nodes import add_node_options, node_from_args
+from ._npz import load_npz, save_npz
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "keygen", help="create an Ed25519 identity (file mode 0600); prints its did:key"
+    )
+    p.add_argument("--out", required=True, help="key file to create (never overwritten)")
+    p.set_defaults(run=cmd_keygen)
+
+    p = sub.add_parser("coordinator", help="run a job's coordinator until its rounds are done")
+    p.add_argument("--config", required=True, help="job file (TOML)")
+    p.add_argument("--key", required=True, help="the coordinator's key file")
+    p.add_argument(
+        "--state", default=None, help="journal folder (default: ./gradstore-state/<job>)"
+    )
+    p.add_argument(
+        "-v", "--verbose", action="count", default=0, help="log announcements (-vv: debug)"
+    )
+    add_node_options(p)
+    p.set_defaults(run=cmd_coordinator)
+
+    peer = sub.add_parser("peer", help="act as one of a job's peers")
+    psub = peer.add_subparsers(dest="peer_command", metavar="ACTION", required=True)
+    p = psub.add_parser(
+        "publish", help="store a gradient, announce it, wait for the coordinator's ack"
+    )
+    p.add_argument("gradient", help="gradient as .npz")
+    p.add_argument("--config", required=True, help="job file (TOML)")
+    p.add_argument("--key", required=True, help="this peer's key file")
+    p.add_argument("--round", type=int, required=True)
+    p.add_argument("--num-samples", type=int, default=1)
+    p.add_argument("--no-wait", action="store_true", help="return after the first announcement")
+    p.add_argument("--timeout", type=float, default=None, help="give up after S seconds")
+    add_node_options(p)
+    p.set_defaults(run=cmd_peer_publish)
+
+    p = psub.add_parser("await", help="wait for a round's result, verify and save the aggregate")
+    p.add_argument("--config", required=True, help="job file (TOML)")
+    p.add_argument("--round", type=int, required=True)
+    p.add_argument("-o", "--output", required=True, help=".npz to write")
+    p.add_argument("--timeout", type=float, default=None, help="give up after S seconds")
+    add_node_options(p)
+    p.set_defaults(run=cmd_peer_await)
+
+    p = sub.add_parser(
+        "aggregate", help="aggregate .npz gradients offline with the coordinator's code"
+    )
+    p.add_argument("inputs", nargs="+", help="gradients as .npz, in canonical order")
+    p.add_argument("-o", "--output", required=True)
+    p.add_argument("--method", required=True, choices=METHODS)
+    p.add_argument("--num-samples", type=int, nargs="+", default=None)
+    p.add_argument("--weights", type=float, nargs="+", default=None)
+    p.add_argument("--trim-ratio", type=float, default=None)
+    p.add_argument("--byzantine", type=int, default=None)
+    p.add_argument("--select", type=int, default=None)
+    p.add_argument("--clip-input-norm", type=float, default=None)
+    p.add_argument("--clip-output-norm", type=float, default=None)
+    p.set_defaults(run=cmd_aggregate)
+
+    rnd = sub.add_parser("round", help="inspect round records")
+    rsub = rnd.add_subparsers(dest="round_command", metavar="ACTION", required=True)
+    p = rsub.add_parser("show", help="a round record as JSON, with each peer's status")
+    p.add_argument("record", help="round record CID")
+    add_node_options(p)
+    p.set_defaults(run=cmd_round_show)
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    key = SigningKey.generate()
+    key.save(args.out)
+    print(key.did)
+    return _exit.SUCCESS
+
+
+def cmd_coordinator(args: argparse.Namespace) -> int:
+    config = load_job(args.config)
+    key = SigningKey.load(args.key)
+    level = (
+        logging.WARNING
+        if args.verbose == 0
+        else logging.INFO
+        if args.verbose == 1
+        else logging.DEBUG
+    )
+    logging.basicConfig(
+        level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    state = Path(args.state) if args.state else Path("gradstore-state") / config.job
+
+    def report(outcome: RoundOutcome) -> None:
+        print(format_outcome(outcome), flush=True)
+
+    async def run() -> list[RoundOutcome]:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        node = node_from_args(args)
+        try:
+            ident = await node.identity()
+            print(
+                f"coordinator {key.did} for job {config.job} on {node.name} ({ident.peer_id})",
+                file=sys.stderr,
+                flush=True,
+            )
+            return await Coordinator(config, key, node, state, on_round=report).run(stop)
+        finally:
+            await node.aclose()
+
+    outcomes = asyncio.run(run())
+    done = config.rounds.count
+    if done and len(outcomes) < done and not any(o.round == done - 1 for o in outcomes):
+        # stopped early by a signal: the journal keeps the open round for a restart
+        return _exit.INTERRUPTED
+    return _exit.SUCCESS
+
+
+def cmd_peer_publish(args: argparse.Namespace) -> int:
+    config = load_job(args.config)
+    key = SigningKey.load(args.key)
+    gradient = load_npz(args.gradient)
+
+    async def run() -> CID:
+        node = node_from_args(args)
+        try:
+            async with Peer(config, node, key) as peer:
+                return await peer.publish(
+                    gradient,
+                    args.round,
+                    args.num_samples,
+                    wait=not args.no_wait,
+                    timeout=args.timeout,
+                )
+        finally:
+            await node.aclose()
+
+    print(asyncio.run(run()))
+    return _exit.SUCCESS
+
+
+def cmd_peer_await(args: argparse.Namespace) -> int:
+    config = load_job(args.config)
+
+    async def run() -> Any:
+        node = node_from_args(args)
+        try:
+            # awaiting needs no key: results are verified against the job's coordinator
+            async with Peer(config, node) as peer:
+                return await peer.await_result(args.round, timeout=args.timeout)
+        finally:
+            await node.aclose()
+
+    result = asyncio.run(run())
+    save_npz(args.output, result.gradient)
+    print(f"{result.cid} {result.record}")
+    return _exit.SUCCESS
+
+
+def cmd_aggregate(args: argparse.Namespace) -> int:
+    gradients = [load_npz(path) for path in args.inputs]
+    params = AggregationParams(
+        method=args.method,
+        weights=tuple(args.weights) if args.weights else None,
+        trim_ratio=args.trim_ratio,
+        byzantine=args.byzantine,
+        select=args.select,
+        clip_input_norm=args.clip_input_norm,
+        clip_output_norm=args.clip_output_norm,
+    )
+    result = aggregate([g.tensors for g in gradients], params, args.num_samples)
+    save_npz(args.output, Gradient(result))
+    print(args.output)
+    return _exit.SUCCESS
+
+
+def cmd_round_show(args: argparse.Namespace) -> int:
+    cid = CID.parse(args.record)
+
+    async def run() -> bytes:
+        node = node_from_args(args)
+        try:
+            return await node.get_block(cid)
+        finally:
+            await node.aclose()
+
+    record = decode_record(asyncio.run(run()), cid=cid)
+    doc = {
+        "record": str(cid),
+        "type": "gradstore/round/1",
+        "job": record.job,
+        "round": record.round,
+        "method": record.method,
+        "params": record.params,
+        "coordinator": record.coordinator,
+        "output": str(record.output),
+        "prev": None if record.prev is None else str(record.prev),
+        "peers": [
+            {
+                "peer": i.peer,
+                "status": "aggregated",
+                "gradient": str(i.gradient),
+                "num_samples": i.num_samples,
+                "weight": i.weight,
+            }
+            for i in record.inputs
+        ]
+        + [
+            {
+                "peer": e.peer,
+                "status": "excluded",
+                "reason": e.reason,
+                "gradient": None if e.cid is None else str(e.cid),
+            }
+            for e in record.excluded
+        ],
+    }
+    print(json.dumps(doc, indent=2))
+    return _exit.SUCCESS

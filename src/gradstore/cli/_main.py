@@ -1,0 +1,72 @@
+"""Entry point: parse argv, run one subcommand, turn failures into one line and an exit code."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import sys
+from collections.abc import Callable, Sequence
+
+from .. import __version__
+from ..errors import GradstoreError
+from . import _exit, _job_cmds, _store_cmds
+
+Command = Callable[[argparse.Namespace], int]
+_REGISTRARS = (_store_cmds.register, _job_cmds.register)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a 'did you mean' hint for unknown subcommands."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        if "invalid choice:" in message and self._subparsers is not None:
+            bad = message.split("invalid choice: ")[1].split("'")[1]
+            choices = [a.dest for a in self._subparsers._group_actions for a in a._choices_actions]  # type: ignore[attr-defined]
+            close = difflib.get_close_matches(bad, choices, n=1)
+            if close:
+                message += f" (did you mean '{close[0]}'?)"
+        super().error(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="gradstore",
+        description="Content-addressed gradient store on IPFS.",
+    )
+    parser.add_argument("--version", action="version", version=f"gradstore {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = parser.add_subparsers(
+        dest="command", metavar="COMMAND", parser_class=argparse.ArgumentParser
+    )
+    sub.required = True
+    for register in _REGISTRARS:
+        register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``gradstore`` with ``argv``; return the exit code (see ``_exit``)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    run: Command = args.run
+    try:
+        return run(args)
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return _exit.INTERRUPTED
+    except (GradstoreError, OSError) as exc:
+        if args.debug:
+            raise
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        return _exit.ERROR
+
+
+def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, FileNotFoundError) and exc.filename:
+        return f"no such file: {exc.filename}"
+    text = str(exc) or type(exc).__name__
+    return " ".join(text.split())
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

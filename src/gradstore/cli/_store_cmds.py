@@ -1,0 +1,235 @@
+"""Store subcommands: encode, decode, cid, put, get, verify, inspect."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+
+from ..dag import CID, file_cid
+from ..errors import CIDError, FormatError
+from ..format import DocumentHeader, decode, encode, read_header
+from ..store import GradientStore
+from . import _exit
+from ._nodes import add_node_options, node_from_args
+from ._npz import load_npz, save_npz
+from ._progress import ProgressBar
+
+T = TypeVar("T")
+_FILE_CHUNK = 16 << 20
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("encode", help="write the gradstore/1 document of an .npz")
+    p.add_argument("input", help="gradient as .npz")
+    p.add_argument("-o", "--output", required=True, help="document file to write")
+    p.add_argument(
+        "--meta", action="append", default=[], metavar="K=V", help="meta entry (repeatable)"
+    )
+    p.set_defaults(run=cmd_encode)
+
+    p = sub.add_parser("decode", help="turn a gradstore/1 document back into an .npz")
+    p.add_argument("input", help="document file")
+    p.add_argument("-o", "--output", required=True, help=".npz to write")
+    p.set_defaults(run=cmd_decode)
+
+    p = sub.add_parser(
+        "cid", help="CID of a gradient's document (or of any file with --raw), no node needed"
+    )
+    p.add_argument("input", help="gradient as .npz (or any file with --raw)")
+    p.add_argument(
+        "--raw", action="store_true", help="CID of the file's bytes, as `ipfs add --only-hash`"
+    )
+    p.add_argument(
+        "--meta", action="append", default=[], metavar="K=V", help="meta entry (repeatable)"
+    )
+    p.set_defaults(run=cmd_cid)
+
+    p = sub.add_parser("put", help="store an .npz gradient on the node, pinned; prints its CID")
+    p.add_argument("input", help="gradient as .npz")
+    p.add_argument(
+        "--meta", action="append", default=[], metavar="K=V", help="meta entry (repeatable)"
+    )
+    add_node_options(p)
+    p.set_defaults(run=cmd_put)
+
+    p = sub.add_parser("get", help="fetch, verify and decode a gradient into an .npz")
+    p.add_argument("cid")
+    p.add_argument("-o", "--output", required=True, help=".npz to write")
+    add_node_options(p)
+    p.set_defaults(run=cmd_get)
+
+    p = sub.add_parser(
+        "verify", help="check every block of a CID and that it is a canonical gradstore/1 document"
+    )
+    p.add_argument("cid")
+    add_node_options(p)
+    p.set_defaults(run=cmd_verify)
+
+    p = sub.add_parser(
+        "inspect", help="names, dtypes, shapes, sizes and meta of a CID or document file"
+    )
+    p.add_argument("target", help="a CID or a document file")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_node_options(p)
+    p.set_defaults(run=cmd_inspect)
+
+
+def parse_meta(items: list[str]) -> dict[str, Any]:
+    """``k=v`` pairs: v as JSON when it parses (numbers, true/false/null, quoted strings), else a string."""
+    meta: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise FormatError(f"--meta expects KEY=VALUE, got {item!r}")
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            parsed = value
+        meta[key] = parsed
+    return meta
+
+
+def _read_file(path: str) -> np.ndarray:
+    """A file's bytes in a NumPy buffer (no big ``bytes`` object)."""
+    return np.fromfile(path, dtype=np.uint8)
+
+
+def _file_pieces(path: str) -> Any:
+    with open(path, "rb") as f:
+        while True:
+            buf = bytearray(_FILE_CHUNK)
+            n = f.readinto(buf)
+            if not n:
+                return
+            yield memoryview(buf)[:n]
+
+
+def _with_store(args: argparse.Namespace, work: Callable[[GradientStore], Awaitable[T]]) -> T:
+    async def run() -> T:
+        node = node_from_args(args)
+        try:
+            return await work(GradientStore(node))
+        finally:
+            await node.aclose()
+
+    return asyncio.run(run())
+
+
+def cmd_encode(args: argparse.Namespace) -> int:
+    doc = encode(load_npz(args.input, parse_meta(args.meta)))
+    with open(args.output, "wb") as f:
+        doc.write_to(f)
+    print(args.output)
+    return _exit.SUCCESS
+
+
+def cmd_decode(args: argparse.Namespace) -> int:
+    save_npz(args.output, decode(_read_file(args.input)))
+    print(args.output)
+    return _exit.SUCCESS
+
+
+def cmd_cid(args: argparse.Namespace) -> int:
+    if args.raw:
+        print(file_cid(_file_pieces(args.input)))
+    else:
+        print(file_cid(encode(load_npz(args.input, parse_meta(args.meta)))))
+    return _exit.SUCCESS
+
+
+def cmd_put(args: argparse.Namespace) -> int:
+    gradient = load_npz(args.input, parse_meta(args.meta))
+    bar = ProgressBar("put")
+    try:
+        cid = _with_store(args, lambda s: s.put(gradient, progress=bar))
+    finally:
+        bar.close()
+    print(cid)
+    return _exit.SUCCESS
+
+
+def cmd_get(args: argparse.Namespace) -> int:
+    cid = CID.parse(args.cid)
+    bar = ProgressBar("get")
+    try:
+        gradient = _with_store(args, lambda s: s.get(cid, progress=bar))
+    finally:
+        bar.close()
+    save_npz(args.output, gradient)
+    print(args.output)
+    return _exit.SUCCESS
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    cid = CID.parse(args.cid)
+    report = _with_store(args, lambda s: s.verify(cid))
+    print(
+        f"ok {report.cid}: {report.size} bytes, {report.blocks} blocks, "
+        f"{report.tensors} tensors, verified in {report.seconds:.2f}s"
+    )
+    return _exit.SUCCESS
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    target: str = args.target
+    if Path(target).is_file():
+        source = target
+        header = read_header(_read_file(target))
+    else:
+        try:
+            cid = CID.parse(target)
+        except CIDError as exc:
+            raise CIDError(f"{target!r} is neither a file nor a CID ({exc})") from exc
+        source = str(cid)
+        buf = _with_store(args, lambda s: s.fetch_document(cid))
+        header = read_header(buf)
+    if args.json:
+        print(json.dumps(_header_json(source, header), indent=2, default=_json_default))
+    else:
+        _print_header(source, header)
+    return _exit.SUCCESS
+
+
+def _header_json(source: str, header: DocumentHeader) -> dict[str, Any]:
+    return {
+        "source": source,
+        "size": header.size,
+        "meta": header.meta,
+        "tensors": [
+            {
+                "name": t.name,
+                "dtype": t.dtype,
+                "shape": list(t.shape),
+                "nbytes": t.nbytes,
+                "offset": t.offset,
+            }
+            for t in header.tensors
+        ],
+    }
+
+
+def _json_default(value: object) -> object:
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).hex()
+    raise TypeError(f"not JSON serializable: {type(value).__name__}")
+
+
+def _print_header(source: str, header: DocumentHeader) -> None:
+    out = sys.stdout
+    out.write(f"{source}: gradstore/1, {header.size} bytes, {len(header.tensors)} tensors\n")
+    if header.meta:
+        out.write("meta:\n")
+        for key, value in header.meta.items():
+            out.write(f"  {key} = {value!r}\n")
+    width = max((len(t.name) for t in header.tensors), default=4)
+    out.write(f"  {'name':<{width}}  {'dtype':<5}  {'shape':<20}  bytes\n")
+    for t in header.tensors:
+        shape = "(" + ", ".join(map(str, t.shape)) + ("," if len(t.shape) == 1 else "") + ")"
+        out.write(f"  {t.name:<{width}}  {t.dtype:<5}  {shape:<20}  {t.nbytes}\n")

@@ -1,0 +1,5 @@
+"""A federated job: who coordinates, who may contribute, how rounds run and aggregate."""
+
+from ._config import JobConfig, RoundsConfig, TensorSpec, load_job, parse_job, topics
+
+__all__ = ["JobConfig", "RoundsConfig", "TensorSpec", "load_job", "parse_job", "topics"]

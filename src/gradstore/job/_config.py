@@ -1,0 +1,290 @@
+"""The job file (TOML): parsed strictly, unknown keys are errors, defaults named here.
+
+job = "digits"
+coordinator = "did:key:z6Mk..."
+peers = ["did:key:z6Mk...", ...]
+[aggregation]   method, weights = {did = w}, trim_ratio, byzantine, select,
+                clip_input_norm, clip_output_norm
+[rounds]        count (0 = until stopped), quorum, deadline_s, max_ahead
+[limits]        max_gradient_bytes, max_tensors, max_elements
+[[schema]]      optional: name, dtype, shape of every expected tensor
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..aggregate import METHODS, AggregationParams
+from ..errors import CoordinatorError
+from ..format import DTYPES, Limits
+from ..messages import public_key_from_did
+
+_JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+DEFAULT_DEADLINE_S = 60.0
+DEFAULT_MAX_AHEAD = 1  # announcements for the next round are buffered, later ones refused
+
+
+@dataclass(frozen=True)
+class RoundsConfig:
+    """How many rounds, how many verified peers close one at its deadline, and when."""
+
+    count: int = 1
+    quorum: int = 1
+    deadline_s: float = DEFAULT_DEADLINE_S
+    max_ahead: int = DEFAULT_MAX_AHEAD
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One expected tensor of every gradient in the job."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """A parsed, validated job file."""
+
+    job: str
+    coordinator: str
+    peers: tuple[str, ...]
+    method: str = "fedavg"
+    weights: Mapping[str, float] = field(default_factory=dict)
+    trim_ratio: float | None = None
+    byzantine: int | None = None
+    select: int | None = None
+    clip_input_norm: float | None = None
+    clip_output_norm: float | None = None
+    rounds: RoundsConfig = field(default_factory=RoundsConfig)
+    limits: Limits = field(default_factory=Limits)
+    schema: tuple[TensorSpec, ...] | None = None
+
+    def params_for(self, peers: list[str]) -> AggregationParams:
+        """Aggregation parameters for inputs from ``peers`` (in that order)."""
+        weights = (
+            tuple(float(self.weights[p]) for p in peers) if self.method == "weighted" else None
+        )
+        return AggregationParams(
+            method=self.method,
+            weights=weights,
+            trim_ratio=self.trim_ratio,
+            byzantine=self.byzantine,
+            select=self.select,
+            clip_input_norm=self.clip_input_norm,
+            clip_output_norm=self.clip_output_norm,
+        )
+
+    @property
+    def gradients_topic(self) -> str:
+        return topics(self.job)[0]
+
+    @property
+    def results_topic(self) -> str:
+        return topics(self.job)[1]
+
+
+def topics(job: str) -> tuple[str, str]:
+    """The pubsub topics of a job: (gradients, results)."""
+    return f"gradstore/v1/{job}/gradients", f"gradstore/v1/{job}/results"
+
+
+def load_job(path: str | Path) -> JobConfig:
+    """Read and validate a job file; every problem is a ``CoordinatorError`` naming the key."""
+    try:
+        with open(path, "rb") as f:
+            raw = tomllib.load(f)
+    except tomllib.TOMLDecodeError as exc:
+        raise CoordinatorError(f"{path}: not valid TOML ({exc})") from exc
+    return parse_job(raw, source=str(path))
+
+
+def parse_job(raw: Mapping[str, Any], source: str = "job") -> JobConfig:
+    """Validate a job mapping (as loaded from TOML)."""
+    where = _Where(source)
+    where.keys(
+        raw, {"job", "coordinator", "peers", "aggregation", "rounds", "limits", "schema"}, ""
+    )
+    job = where.req(raw, "job", str, "")
+    if not _JOB_NAME.match(job):
+        raise where.err("job", "must be 1-64 of A-Z a-z 0-9 . _ - (it is part of the pubsub topic)")
+    coordinator = where.did(where.req(raw, "coordinator", str, ""), "coordinator")
+    peers_raw = where.req(raw, "peers", list, "")
+    peers = tuple(where.did(p, f"peers[{i}]") for i, p in enumerate(peers_raw))
+    if not peers:
+        raise where.err("peers", "lists no peer")
+    if len(set(peers)) != len(peers):
+        raise where.err("peers", "lists a peer twice")
+
+    agg = raw.get("aggregation", {})
+    where.keys(
+        agg,
+        {
+            "method",
+            "weights",
+            "trim_ratio",
+            "byzantine",
+            "select",
+            "clip_input_norm",
+            "clip_output_norm",
+        },
+        "aggregation.",
+    )
+    method = agg.get("method", "fedavg")
+    if method not in METHODS:
+        raise where.err(
+            "aggregation.method", f"unknown method {method!r} (one of {', '.join(METHODS)})"
+        )
+    weights = {
+        str(k): where.num(v, f"aggregation.weights.{k}") for k, v in agg.get("weights", {}).items()
+    }
+    if method == "weighted":
+        missing = [p for p in peers if p not in weights]
+        if missing:
+            raise where.err(
+                "aggregation.weights",
+                f"method 'weighted' needs a weight for every peer; missing {missing[0]}",
+            )
+    unknown = [p for p in weights if p not in peers]
+    if unknown:
+        raise where.err("aggregation.weights", f"weight for a peer not in peers: {unknown[0]}")
+
+    rounds_raw = raw.get("rounds", {})
+    where.keys(rounds_raw, {"count", "quorum", "deadline_s", "max_ahead"}, "rounds.")
+    rounds = RoundsConfig(
+        count=where.int_(rounds_raw.get("count", 1), "rounds.count", 0),
+        quorum=where.int_(rounds_raw.get("quorum", len(peers)), "rounds.quorum", 1),
+        deadline_s=where.num(
+            rounds_raw.get("deadline_s", DEFAULT_DEADLINE_S), "rounds.deadline_s", positive=True
+        ),
+        max_ahead=where.int_(rounds_raw.get("max_ahead", DEFAULT_MAX_AHEAD), "rounds.max_ahead", 0),
+    )
+    if rounds.quorum > len(peers):
+        raise where.err(
+            "rounds.quorum", f"{rounds.quorum} is more than the {len(peers)} peers listed"
+        )
+
+    limits_raw = raw.get("limits", {})
+    where.keys(limits_raw, {"max_gradient_bytes", "max_tensors", "max_elements"}, "limits.")
+    base = Limits()
+    limits = Limits(
+        max_bytes=where.int_(
+            limits_raw.get("max_gradient_bytes", base.max_bytes), "limits.max_gradient_bytes", 1
+        ),
+        max_tensors=where.int_(
+            limits_raw.get("max_tensors", base.max_tensors), "limits.max_tensors", 1
+        ),
+        max_rank=base.max_rank,
+        max_elements=where.int_(
+            limits_raw.get("max_elements", base.max_elements), "limits.max_elements", 1
+        ),
+        max_meta_bytes=base.max_meta_bytes,
+        max_name_bytes=base.max_name_bytes,
+    )
+
+    schema = None
+    if "schema" in raw:
+        specs = []
+        for i, item in enumerate(where.req(raw, "schema", list, "")):
+            where.keys(item, {"name", "dtype", "shape"}, f"schema[{i}].")
+            dtype = where.req(item, "dtype", str, f"schema[{i}].")
+            if dtype not in DTYPES:
+                raise where.err(f"schema[{i}].dtype", f"unknown dtype {dtype!r}")
+            shape = tuple(
+                where.int_(d, f"schema[{i}].shape", 0)
+                for d in where.req(item, "shape", list, f"schema[{i}].")
+            )
+            specs.append(TensorSpec(where.req(item, "name", str, f"schema[{i}]."), dtype, shape))
+        schema = tuple(sorted(specs, key=lambda s: s.name.encode()))
+
+    cfg = JobConfig(
+        job=job,
+        coordinator=coordinator,
+        peers=peers,
+        method=method,
+        weights=weights,
+        trim_ratio=_opt(agg, "trim_ratio", where),
+        byzantine=_opt_int(agg, "byzantine", where),
+        select=_opt_int(agg, "select", where),
+        clip_input_norm=_opt(agg, "clip_input_norm", where),
+        clip_output_norm=_opt(agg, "clip_output_norm", where),
+        rounds=rounds,
+        limits=limits,
+        schema=schema,
+    )
+    try:  # the same checks the aggregator applies, early, with the quorum as the smallest input count
+        cfg.params_for(list(peers)).validate(rounds.quorum)
+    except ValueError as exc:
+        raise CoordinatorError(
+            f"{source}: [aggregation] cannot work with quorum {rounds.quorum}: {exc}"
+        ) from exc
+    return cfg
+
+
+def _opt(table: Mapping[str, Any], key: str, where: _Where) -> float | None:
+    return None if key not in table else where.num(table[key], f"aggregation.{key}")
+
+
+def _opt_int(table: Mapping[str, Any], key: str, where: _Where) -> int | None:
+    return None if key not in table else where.int_(table[key], f"aggregation.{key}", 0)
+
+
+class _Where:
+    """Builds errors that name the file and the key."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def err(self, key: str, message: str) -> CoordinatorError:
+        return CoordinatorError(f"{self.source}: `{key}` {message}")
+
+    def keys(self, table: Any, allowed: set[str], prefix: str) -> None:
+        if not isinstance(table, Mapping):
+            raise self.err(prefix.rstrip(".") or "(top)", "must be a table")
+        extra = sorted(set(table) - allowed)
+        if extra:
+            raise self.err(
+                prefix + extra[0], f"is not a known key (known: {', '.join(sorted(allowed))})"
+            )
+
+    def req(self, table: Mapping[str, Any], key: str, kind: type, prefix: str) -> Any:
+        if key not in table:
+            raise self.err(prefix + key, "is required")
+        value = table[key]
+        if not isinstance(value, kind):
+            raise self.err(prefix + key, f"must be a {kind.__name__}, got {type(value).__name__}")
+        return value
+
+    def did(self, value: Any, key: str) -> str:
+        if not isinstance(value, str):
+            raise self.err(key, "must be a did:key string")
+        try:
+            public_key_from_did(value)
+        except ValueError as exc:
+            raise self.err(key, f"is not a valid Ed25519 did:key ({exc})") from exc
+        return value
+
+    def num(self, value: Any, key: str, positive: bool = False) -> float:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+        ):
+            raise self.err(key, "must be a finite number")
+        if positive and value <= 0:
+            raise self.err(key, "must be > 0")
+        return float(value)
+
+    def int_(self, value: Any, key: str, minimum: int) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.err(key, "must be an integer")
+        if value < minimum:
+            raise self.err(key, f"must be >= {minimum}")
+        return value
