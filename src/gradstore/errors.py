@@ -1,22 +1,23 @@
 """Every exception gradstore raises, in one tree so callers can catch by layer.
 
-    GradstoreError
-    ├── FormatError (ValueError)          bytes are not a valid gradstore/1 document
-    │   ├── MalformedDocumentError        not well formed; carries the byte ``offset``
-    │   └── InvalidDocumentError          well formed but wrong; carries a ``path``
-    ├── LimitExceededError (ValueError)   a declared size is over a caller-set limit
-    ├── CIDError (ValueError)             a CID that cannot be parsed or is outside the profile
-    ├── DAGError (ValueError)             a malformed dag-pb/UnixFS node or CAR stream
-    ├── IntegrityError                    a block does not hash to its CID (names the CID)
-    ├── NodeError                         talking to an IPFS node failed
-    │   ├── NodeUnreachableError          connection refused, DNS failure, ...
-    │   ├── NodeTimeoutError              the node did not answer in time
-    │   ├── BlockNotFoundError            the node does not have / cannot find a block
-    │   └── KuboCommandError              Kubo answered with an error body
-    ├── MessageError (ValueError)         a signed message was refused; carries ``reason``
-    ├── KeyFileError (ValueError)         a key file is missing, too open or not Ed25519
-    ├── AggregationError (ValueError)     inputs an aggregator cannot honestly combine
-    └── CoordinatorError                  a job or round cannot proceed
+GradstoreError
+├── FormatError (ValueError)          bytes are not a valid gradstore/1 document
+│   ├── MalformedDocumentError        not well formed; carries the byte ``offset``
+│   └── InvalidDocumentError          well formed but wrong; carries a ``path``
+├── LimitExceededError (ValueError)   a declared size is over a caller-set limit
+├── CIDError (ValueError)             a CID that cannot be parsed or is outside the profile
+├── DAGError (ValueError)             a malformed dag-pb/UnixFS node or CAR stream
+├── IntegrityError                    a block does not hash to its CID (names the CID)
+├── NodeError                         talking to an IPFS node failed
+│   ├── NodeUnreachableError          connection refused, DNS failure, ...
+│   ├── NodeTimeoutError              the node did not answer in time
+│   ├── BlockNotFoundError            the node does not have / cannot find a block
+│   └── KuboCommandError              Kubo answered with an error body
+├── MessageError (ValueError)         a signed message was refused; carries ``reason``
+├── KeyFileError (ValueError)         a key file is missing, too open or not Ed25519
+├── AggregationError (ValueError)     inputs an aggregator cannot honestly combine
+├── CoordinatorError                  a job or round cannot proceed
+└── AuditError                        an independent re-check failed; carries the ``check`` name
 """
 
 from __future__ import annotations
@@ -63,7 +64,9 @@ class IntegrityError(GradstoreError):
 
     def __init__(self, cid: object, message: str | None = None) -> None:
         self.cid = str(cid)
-        super().__init__(message or f"integrity check failed: block {self.cid} does not match its hash")
+        super().__init__(
+            message or f"integrity check failed: block {self.cid} does not match its hash"
+        )
 
 
 class NodeError(GradstoreError):
@@ -89,7 +92,9 @@ class BlockNotFoundError(NodeError):
 class KuboCommandError(NodeError):
     """Kubo answered an RPC call with an error (``{"Message","Code","Type"}`` or plain text)."""
 
-    def __init__(self, command: str, message: str, code: int | None = None, status: int | None = None) -> None:
+    def __init__(
+        self, command: str, message: str, code: int | None = None, status: int | None = None
+    ) -> None:
         self.command = command
         self.message = message
         self.code = code
@@ -115,3 +120,11 @@ class AggregationError(GradstoreError, ValueError):
 
 class CoordinatorError(GradstoreError):
     """A job or a round cannot proceed (bad config, failed round, ...)."""
+
+
+class AuditError(GradstoreError):
+    """A verification script's check failed; ``check`` names it (e.g. ``"output-cid"``)."""
+
+    def __init__(self, check: str, message: str) -> None:
+        self.check = check
+        super().__init__(f"check {check} failed: {message}")

@@ -43,6 +43,7 @@ from ..messages import (
     RoundRecord,
     SigningKey,
     Status,
+    aggregate_meta,
     decode_record,
     encode_message,
     encode_record,
@@ -229,7 +230,10 @@ class Coordinator:
 
     def _refuse(self, reason: str, detail: str) -> None:
         self.refusals.append((reason, detail))
-        log.warning("refused announcement: %s: %s", reason, detail)
+        if reason == "duplicate":  # peers re-announce until acknowledged: expected, not alarming
+            log.debug("ignored announcement: %s: %s", reason, detail)
+        else:
+            log.warning("refused announcement: %s: %s", reason, detail)
 
     async def _on_message(self, msg: PubsubMessage) -> None:
         cfg = self.config
@@ -244,16 +248,6 @@ class Coordinator:
             self._refuse("unexpected-type", f"{type(ann).__name__} on the gradients topic")
             return
         r = ann.round
-        existing = self.journal.input(r, ann.peer)
-        if existing is not None:
-            if existing.cid == ann.cid:
-                log.debug("duplicate announcement from %s for round %d", ann.peer, r)
-                await self._publish_status(r)
-            else:
-                self._refuse(
-                    "conflicting-cid", f"{ann.peer} already announced {existing.cid} for round {r}"
-                )
-            return
         if r < self.round:
             self._refuse(
                 "stale-round", f"{ann.peer} announced round {r}; round {self.round} is open"
@@ -263,6 +257,16 @@ class Coordinator:
             self._refuse(
                 "future-round", f"{ann.peer} announced round {r}; round {self.round} is open"
             )
+            return
+        existing = self.journal.input(r, ann.peer)
+        if existing is not None:
+            if existing.cid == ann.cid:  # a re-announcement: answer it, count nothing twice
+                self._refuse("duplicate", f"{ann.peer} already announced {ann.cid} for round {r}")
+                await self._publish_status(r)
+            else:
+                self._refuse(
+                    "conflicting-cid", f"{ann.peer} already announced {existing.cid} for round {r}"
+                )
             return
         try:
             CID.parse(ann.cid)
@@ -420,14 +424,8 @@ class Coordinator:
         result, info = await asyncio.to_thread(aggregate_with_info, inputs, params, samples)
         stats["aggregate_s"] = round(time.perf_counter() - t0, 3)
         t0 = time.perf_counter()
-        cids = [str(slots[p].cid) for p in verified]
-        meta = {
-            "kind": "aggregate",
-            "job": cfg.job,
-            "round": round_,
-            "method": cfg.method,
-            "inputs": cids,
-        }
+        cids = [CID.parse(slots[p].cid or "") for p in verified]
+        meta = aggregate_meta(cfg.job, round_, cfg.method, cids)
         output = await self.store.put(Gradient(result, meta))
         # the factor each input was multiplied by; 1.0 for order statistics (median, trimmed mean)
         weights = info.weights or tuple(1.0 for _ in verified)
@@ -437,8 +435,8 @@ class Coordinator:
             method=cfg.method,
             params=params.to_record(),
             inputs=tuple(
-                RecordInput(p, CID.parse(slots[p].cid or ""), slots[p].num_samples, float(w))
-                for p, w in zip(verified, weights, strict=True)
+                RecordInput(p, c, slots[p].num_samples, float(w))
+                for p, c, w in zip(verified, cids, weights, strict=True)
             ),
             excluded=tuple(
                 RecordExclusion(p, why, _maybe_cid(slots[p].cid)) for p, why in excluded

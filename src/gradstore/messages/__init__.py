@@ -15,6 +15,7 @@ from .record import (
     RecordExclusion,
     RecordInput,
     RoundRecord,
+    aggregate_meta,
     decode_record,
     encode_record,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "RoundRecord",
     "SigningKey",
     "Status",
+    "aggregate_meta",
     "decode_message",
     "decode_record",
     "did_from_public_key",

@@ -15,7 +15,7 @@ int, finite float, bool, null, lists, string-keyed maps).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any, Final
@@ -336,3 +336,18 @@ def _record_from_node(node: dict[str, Any]) -> RoundRecord:
     if list(rec.inputs) != inputs or list(rec.excluded) != excluded:
         raise MessageError("malformed", "`inputs` and `excluded` must be sorted by peer")
     return rec
+
+
+def aggregate_meta(job: str, round_: int, method: str, inputs: Sequence[CID]) -> dict[str, Any]:
+    """The meta of a round's aggregate document: what anyone re-deriving the output CID writes.
+
+    ``inputs`` are the input gradients' CIDs in canonical order (sorted by peer id), written
+    as base32 CIDv1 strings whatever form the peers announced.
+    """
+    return {
+        "kind": "aggregate",
+        "job": job,
+        "round": round_,
+        "method": method,
+        "inputs": [str(c.to_v1()) for c in inputs],
+    }

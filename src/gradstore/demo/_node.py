@@ -1,0 +1,100 @@
+"""Pick the node the demo runs on: a Kubo that answers, else a Kubo we start, else LocalNode."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import NodeError
+from ..node import KuboDaemon, KuboNode, LocalNode, Node, Retry, Timeouts, find_kubo_binary
+
+DEFAULT_API = "http://127.0.0.1:5001"
+_PROBE_TIMEOUTS = Timeouts(connect=2.0, read=5.0, write=5.0, pool=2.0)
+
+
+@dataclass(frozen=True)
+class DemoNode:
+    """The node in use, the line that describes it, and how to reach it again (None: it is gone)."""
+
+    node: Node
+    description: str
+    reach: str | None = None  # "--api URL" or "--local DIR" while the node outlives the demo
+
+
+async def kubo_version(api: str, auth: str | None = None) -> str | None:
+    """Kubo's version at ``api`` if it answers with pubsub enabled; None if nothing answers.
+
+    A Kubo without pubsub cannot run a job, so it is an error, not a fallback.
+    """
+    probe = KuboNode(api, auth=auth, timeouts=_PROBE_TIMEOUTS, retry=Retry(retries=0))
+    try:
+        try:
+            version = await probe.version()
+        except NodeError:
+            return None
+        try:
+            await probe.pubsub_topics()
+        except NodeError as exc:
+            raise NodeError(
+                f"the Kubo at {probe.api} has pubsub disabled ({exc}); run "
+                "`ipfs config --json Pubsub.Enabled true` and restart it, or pass --local DIR"
+            ) from exc
+        return version
+    finally:
+        await probe.aclose()
+
+
+@asynccontextmanager
+async def open_demo_node(
+    api: str | None = None, local: str | Path | None = None, auth: str | None = None
+) -> AsyncIterator[DemoNode]:
+    """``--local DIR``; else the Kubo at ``api`` / $GRADSTORE_API if it answers; else start the
+    installed Kubo (own temporary repo, stopped on exit); else a LocalNode in a temporary dir."""
+    if local is not None:
+        node = LocalNode(local)
+        try:
+            yield DemoNode(node, f"local node in {node.path}", f"--local {node.path}")
+        finally:
+            await node.aclose()
+        return
+    url = api or os.environ.get("GRADSTORE_API") or DEFAULT_API
+    version = await kubo_version(url, auth)
+    if version is not None:
+        kubo = KuboNode(url, auth=auth)
+        try:
+            yield DemoNode(kubo, f"kubo {version} at {kubo.api}", f"--api {kubo.api}")
+        finally:
+            await kubo.aclose()
+        return
+    binary = find_kubo_binary()
+    if binary is not None:
+        daemon = KuboDaemon(binary)
+        await asyncio.to_thread(daemon.start)
+        try:
+            kubo = daemon.node()
+            try:
+                version = await kubo.version()
+                yield DemoNode(
+                    kubo,
+                    f"kubo {version} at {kubo.api} (started by the demo; nothing answered at {url})",
+                )
+            finally:
+                await kubo.aclose()
+        finally:
+            await asyncio.to_thread(daemon.stop)
+        return
+    with tempfile.TemporaryDirectory(prefix="gradstore-demo-") as tmp:
+        node = LocalNode(tmp)
+        try:
+            yield DemoNode(
+                node,
+                f"local node in {node.path} (no Kubo answered at {url} and none is installed; "
+                "run scripts/install-kubo.sh)",
+            )
+        finally:
+            await node.aclose()

@@ -1,0 +1,348 @@
+"""The demo's orchestration: one coordinator and N peers, all through the real stack.
+
+Every round each peer computes on its shard, stores its tensors on the node
+(``Peer.publish``: put, signed announcement over pubsub, re-announced until the
+coordinator acknowledges), the in-process ``Coordinator`` fetches and verifies
+every input, fedavgs them, stores the aggregate and a signed round record and
+announces the result; each peer awaits that result, fetches and verifies the
+aggregate and continues from it. Nothing is shared between the parties except
+through the node.
+
+- ``data-parallel``: peers publish the loss gradient at the shared parameters and
+  take one SGD step with the aggregate; with equal shards this is full-batch
+  gradient descent on their union.
+- ``federated``: peers run local mini-batch SGD from the global model and publish
+  their model state (meta kind "state"); the fedavg of the states is the next
+  global model (FedAvg, McMahan et al. 2017).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..coordinator import Coordinator, RoundOutcome
+from ..dag import CID
+from ..errors import CoordinatorError
+from ..format import Gradient, encode
+from ..job import JobConfig
+from ..job._config import parse_job
+from ..messages import SigningKey
+from ..node import Node
+from ..peer import Peer, apply
+from ._data import DigitsSplit, Shard
+from ._models import Model, Params, accuracy, make_model
+from ._train import local_sgd
+
+MODES = ("federated", "data-parallel")
+DEFAULT_LR = {"federated": 0.1, "data-parallel": 0.5}
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """What to train and how; ``lr=None`` takes the mode's default (``DEFAULT_LR``)."""
+
+    peers: int = 4
+    rounds: int = 20
+    mode: str = "federated"
+    model: str = "softmax"
+    seed: int = 0
+    lr: float | None = None
+    local_epochs: int = 2
+    batch_size: int = 32
+    deadline_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"unknown mode {self.mode!r}; expected one of {', '.join(MODES)}")
+        for name in ("peers", "rounds", "local_epochs", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.lr is not None and not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+
+    @property
+    def learning_rate(self) -> float:
+        return DEFAULT_LR[self.mode] if self.lr is None else self.lr
+
+
+@dataclass(frozen=True)
+class RoundRow:
+    """One finished round: the global model's training loss and held-out accuracy after it.
+
+    ``bytes_moved`` counts gradstore/1 document bytes through the node: every
+    input put by its peer and fetched by the coordinator, the aggregate put by
+    the coordinator and fetched by every peer.
+    """
+
+    round: int
+    loss: float
+    accuracy: float
+    aggregate: CID
+    record: CID
+    bytes_moved: int
+    seconds: float
+
+
+@dataclass
+class DemoResult:
+    """Everything a demo run produced."""
+
+    config: DemoConfig
+    node: str
+    job: str
+    coordinator: str
+    rows: list[RoundRow] = field(default_factory=list)
+
+    @property
+    def head_record(self) -> CID | None:
+        """The last round's record: walk its ``prev`` links for the whole history."""
+        return self.rows[-1].record if self.rows else None
+
+
+class _Party:
+    """One peer's private state: its key, shard and current parameters."""
+
+    def __init__(self, index: int, key: SigningKey, shard: Shard, params: Params) -> None:
+        self.index = index
+        self.key = key
+        self.shard = shard
+        self.params = params
+
+
+def job_config(
+    job: str,
+    coordinator: SigningKey,
+    peers: list[SigningKey],
+    rounds: int,
+    deadline_s: float,
+    schema: Params,
+) -> JobConfig:
+    """The in-memory job: fedavg, every peer needed in every round, a generous deadline,
+    and the model's tensors as the schema every input must have."""
+    return parse_job(
+        {
+            "job": job,
+            "coordinator": coordinator.did,
+            "peers": [k.did for k in peers],
+            "aggregation": {"method": "fedavg"},
+            "rounds": {"count": rounds, "quorum": len(peers), "deadline_s": deadline_s},
+            "schema": [
+                {"name": name, "dtype": a.dtype.str, "shape": list(a.shape)}
+                for name, a in schema.items()
+            ],
+        },
+        source="demo job",
+    )
+
+
+async def run_demo(
+    config: DemoConfig,
+    node: Node,
+    data: DigitsSplit,
+    *,
+    node_name: str = "",
+    state_dir: str | Path | None = None,
+    coordinator_key: SigningKey | None = None,
+    on_round: Callable[[RoundRow], None] | None = None,
+    on_phase: Callable[[int, str], None] | None = None,
+) -> DemoResult:
+    """Train for ``config.rounds`` rounds over ``node``; ``on_round`` sees each finished round.
+
+    ``data`` must have ``config.peers`` shards. Keys are fresh unless
+    ``coordinator_key`` is given (tests use it to forge records).
+    """
+    if len(data.shards) != config.peers:
+        raise ValueError(f"{len(data.shards)} shards for {config.peers} peers")
+    model = make_model(config.model, data.n_features, data.n_classes)
+    ckey = coordinator_key or SigningKey.generate()
+    keys = [SigningKey.generate() for _ in range(config.peers)]
+    initial = model.init(np.random.default_rng(config.seed))
+    job = job_config(
+        f"digits-{secrets.token_hex(4)}", ckey, keys, config.rounds, config.deadline_s, initial
+    )
+    parties = [
+        _Party(i, k, shard, {n: a.copy() for n, a in initial.items()})
+        for i, (k, shard) in enumerate(zip(keys, data.shards, strict=True))
+    ]
+    result = DemoResult(config, node_name, job.job, ckey.did)
+    with contextlib.ExitStack() as stack:
+        if state_dir is None:
+            state_dir = stack.enter_context(
+                tempfile.TemporaryDirectory(prefix="gradstore-demo-state-")
+            )
+        await _train(
+            config,
+            model,
+            data,
+            job,
+            ckey,
+            node,
+            Path(state_dir),
+            parties,
+            result,
+            on_round,
+            on_phase,
+        )
+    return result
+
+
+async def _train(
+    config: DemoConfig,
+    model: Model,
+    data: DigitsSplit,
+    job: JobConfig,
+    ckey: SigningKey,
+    node: Node,
+    state_dir: Path,
+    parties: list[_Party],
+    result: DemoResult,
+    on_round: Callable[[RoundRow], None] | None,
+    on_phase: Callable[[int, str], None] | None,
+) -> None:
+    """Run the coordinator as a task and the peers' rounds until done; stop the coordinator."""
+    failure: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def outcome(o: RoundOutcome) -> None:
+        if o.status != "closed" and not failure.done():
+            failure.set_exception(CoordinatorError(f"round {o.round} failed: {o.reason}"))
+
+    coordinator = Coordinator(job, ckey, node, state_dir, linger_s=0.0, on_round=outcome)
+    stop = asyncio.Event()
+    coordinator_task = asyncio.create_task(coordinator.run(stop), name="demo-coordinator")
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            peers = [
+                await stack.enter_async_context(Peer(job, node, p.key, first_backoff_s=0.5))
+                for p in parties
+            ]
+            x_train, y_train = data.x_train, data.y_train
+            for r in range(config.rounds):
+                if on_phase is not None:
+                    on_phase(r, "peers training, coordinator aggregating")
+                start = time.perf_counter()
+                steps = asyncio.gather(
+                    *(
+                        _step(config, model, job.job, peer, party, r)
+                        for peer, party in zip(peers, parties, strict=True)
+                    )
+                )
+                await _settle(steps, coordinator_task, failure, r)
+                moved = steps.result()
+                first = moved[0]
+                if any(m.aggregate != first.aggregate for m in moved):
+                    raise CoordinatorError(f"round {r}: peers received different aggregates")
+                params = parties[0].params
+                result.rows.append(
+                    row := RoundRow(
+                        round=r,
+                        loss=model.loss(params, x_train, y_train),
+                        accuracy=accuracy(model, params, data.x_test, data.y_test),
+                        aggregate=first.aggregate,
+                        record=first.record,
+                        # every input put and fetched once, the aggregate put once and
+                        # fetched by every peer
+                        bytes_moved=sum(2 * m.input_bytes + m.aggregate_bytes for m in moved)
+                        + first.aggregate_bytes,
+                        seconds=time.perf_counter() - start,
+                    )
+                )
+                if on_round is not None:
+                    on_round(row)
+    finally:
+        stop.set()
+        if not failure.done():
+            failure.cancel()
+        elif not failure.cancelled():
+            failure.exception()  # retrieved: it was raised already, or the round ended anyway
+        done, _ = await asyncio.wait({coordinator_task}, timeout=30.0)
+        if not done:
+            coordinator_task.cancel()
+            await asyncio.gather(coordinator_task, return_exceptions=True)
+    if not coordinator_task.cancelled():
+        coordinator_task.result()  # a coordinator that crashed after the last round
+
+
+async def _settle(
+    steps: asyncio.Future[list[_Moved]],
+    coordinator_task: asyncio.Task[Any],
+    failure: asyncio.Future[None],
+    round_: int,
+) -> None:
+    """Wait for the peers' round, unless the round failed or the coordinator crashed first."""
+    waiting: set[asyncio.Future[Any]] = {steps, failure}
+    if not coordinator_task.done():
+        waiting.add(coordinator_task)
+    while not steps.done():
+        done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        if steps in done:
+            break
+        if failure in done or coordinator_task.exception() is not None:
+            steps.cancel()
+            await asyncio.gather(steps, return_exceptions=True)
+            if failure.done():
+                failure.result()
+            coordinator_task.result()
+        # The coordinator finished its last round: the peers are fetching its result.
+        waiting.discard(coordinator_task)
+    steps.result()
+
+
+@dataclass(frozen=True)
+class _Moved:
+    """What one peer's round moved: its input document (put, then fetched by the
+    coordinator), the aggregate it fetched, and the aggregate's CID and record."""
+
+    input_bytes: int
+    aggregate_bytes: int
+    aggregate: CID
+    record: CID
+
+
+async def _step(
+    config: DemoConfig, model: Model, job: str, peer: Peer, party: _Party, round_: int
+) -> _Moved:
+    """One peer's round: compute, publish, await the aggregate, update its parameters."""
+    shard = party.shard
+    lr = config.learning_rate
+    if config.mode == "data-parallel":
+        _, tensors = model.loss_and_gradient(party.params, shard.x, shard.y)
+        kind = "gradient"
+    else:
+        rng = np.random.default_rng([config.seed, party.index, round_])
+        tensors = local_sgd(
+            model,
+            party.params,
+            shard,
+            epochs=config.local_epochs,
+            batch_size=config.batch_size,
+            lr=lr,
+            rng=rng,
+        )
+        kind = "state"
+    # The exact meta Peer.publish writes, so the document size below is the stored one.
+    meta = {
+        "kind": kind,
+        "model": model.name,
+        "round": round_,
+        "peer": party.key.did,
+        "num_samples": len(shard),
+        "job": job,
+    }
+    gradient = Gradient(tensors, meta)
+    await peer.publish(gradient, round_, len(shard), timeout=config.deadline_s)
+    got = await peer.await_result(round_, timeout=config.deadline_s + 30.0)
+    if config.mode == "data-parallel":
+        party.params = apply(party.params, got.gradient, lr)
+    else:
+        party.params = {n: np.array(a, dtype=np.float64) for n, a in got.gradient.tensors.items()}
+    return _Moved(encode(gradient).size, encode(got.gradient).size, got.cid, got.record)

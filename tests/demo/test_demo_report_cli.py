@@ -1,0 +1,196 @@
+"""What the demo prints and writes: table, progress, plot, summary JSON; the `demo` subcommand."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import json
+
+import pytest
+
+from gradstore.cli import _demo_cmd
+from gradstore.dag import CID, DAG_CBOR, RAW
+from gradstore.demo import (
+    DemoConfig,
+    DemoResult,
+    Progress,
+    RoundRow,
+    format_row,
+    open_demo_node,
+    summary,
+)
+from gradstore.demo._report import format_bytes, table_header, write_plot, write_summary
+
+AGG = CID.hash(RAW, b"aggregate")
+REC = CID.hash(DAG_CBOR, b"record")
+
+
+def _result(rounds=2):
+    rows = [RoundRow(r, 1.5 - r / 10, 0.8 + r / 100, AGG, REC, 73_344, 0.25) for r in range(rounds)]
+    return DemoResult(
+        DemoConfig(rounds=max(rounds, 1)), "local node in /x", "digits-1", "did:key:z6Mk", rows
+    )
+
+
+def test_table_row_lines_up_with_the_header():
+    row = format_row(_result().rows[1])
+    assert row.split() == ["1", "1.4000", "81.00%", str(AGG), "73.3", "kB", "0.25"]
+    assert len(row) == len(table_header())
+
+
+def test_format_bytes():
+    assert [format_bytes(n) for n in (999, 1536, 2_500_000, 3 * 10**12)] == [
+        "999 B",
+        "1.5 kB",
+        "2.5 MB",
+        "3000.0 GB",
+    ]
+
+
+def test_summary_json_has_the_promised_keys(tmp_path):
+    path = tmp_path / "s.json"
+    write_summary(_result(), path)
+    data = json.loads(path.read_text())
+    assert data == {
+        "mode": "federated",
+        "rounds": 2,
+        "accuracy": 0.81,
+        "loss": 1.4,
+        "head_record": str(REC),
+        "node": "local node in /x",
+    }
+    assert summary(_result(0))["head_record"] is None
+
+
+def test_plot_is_a_png(tmp_path):
+    path = tmp_path / "p.png"
+    write_plot(_result(3).rows, path, "title")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+class _Tty(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_draws_only_on_a_terminal():
+    quiet = io.StringIO()
+    Progress(4, quiet).show(1, "training")
+    assert quiet.getvalue() == ""
+    tty = _Tty()
+    progress = Progress(4, tty)
+    progress.show(2, "training")
+    assert "round 2 (3/4): training" in tty.getvalue() and tty.getvalue().startswith("\r")
+    progress.clear()
+    assert tty.getvalue().endswith("\r")
+    muted = _Tty()
+    Progress(4, muted, enabled=False).show(0, "x")
+    assert muted.getvalue() == ""
+
+
+def _demo(argv):
+    parser = argparse.ArgumentParser(prog="gradstore")
+    _demo_cmd.register(parser.add_subparsers())
+    args = parser.parse_args(["demo", *argv])
+    return args.run(args)
+
+
+def test_demo_command_on_a_local_node(tmp_path, capsys):
+    summary_path, plot = tmp_path / "s.json", tmp_path / "p.png"
+    code = _demo(
+        [
+            "--local",
+            str(tmp_path / "node"),
+            "--peers",
+            "2",
+            "--rounds",
+            "2",
+            "--seed",
+            "3",
+            "--summary-json",
+            str(summary_path),
+            "--plot",
+            str(plot),
+        ]
+    )
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0] == f"node: local node in {(tmp_path / 'node').resolve()}"
+    assert lines[1].startswith("job: federated softmax, 2 peers x 719 samples")
+    assert lines[2] == table_header()
+    assert [line.split()[0] for line in lines[3:5]] == ["0", "1"]
+    assert lines[5].startswith("done: held-out accuracy")
+    data = json.loads(summary_path.read_text())
+    assert data["rounds"] == 2 and data["mode"] == "federated"
+    assert (
+        lines[6] == f"audit it: python scripts/verify_history.py {data['head_record']} "
+        f"--local {(tmp_path / 'node').resolve()}"
+    )
+    assert plot.exists()
+
+
+def test_quiet_demo_prints_no_table(tmp_path, capsys):
+    code = _demo(
+        [
+            "--local",
+            str(tmp_path),
+            "--peers",
+            "2",
+            "--rounds",
+            "1",
+            "--quiet",
+            "--mode",
+            "data-parallel",
+            "--model",
+            "mlp",
+        ]
+    )
+    out, _ = capsys.readouterr()
+    assert code == 0
+    assert table_header() not in out and "data-parallel mlp" in out
+
+
+@pytest.mark.parametrize(
+    "argv", [["--peers", "0"], ["--rounds", "x"], ["--lr", "-1"], ["--mode", "async"]]
+)
+def test_demo_refuses_bad_options(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        _demo(argv)
+    assert exc.value.code == 2
+
+
+def test_without_kubo_the_demo_falls_back_to_a_temporary_local_node(monkeypatch):
+    monkeypatch.setenv("GRADSTORE_KUBO", "/nonexistent/ipfs")  # find_kubo_binary() -> None
+
+    async def go():
+        async with open_demo_node(api="http://127.0.0.1:9") as dn:
+            assert dn.reach is None
+            return dn.description, dn.node.path
+
+    description, path = asyncio.run(go())
+    assert description.startswith(f"local node in {path} (no Kubo answered at http://127.0.0.1:9")
+    assert not path.exists()  # removed at the end
+
+
+def test_a_kubo_that_answers_is_used_as_is(kubo):
+    async def go():
+        async with open_demo_node(api=kubo.api_url) as dn:
+            return dn.description, dn.reach
+
+    description, reach = asyncio.run(go())
+    assert description.startswith("kubo 0.") and description.endswith(f"at {kubo.api_url}")
+    assert reach == f"--api {kubo.api_url}"
+
+
+def test_the_demo_starts_its_own_kubo_when_none_answers(kubo_binary, monkeypatch):
+    monkeypatch.setenv("GRADSTORE_KUBO", str(kubo_binary))
+
+    async def go():
+        async with open_demo_node(api="http://127.0.0.1:9") as dn:
+            return dn.description, await dn.node.identity()
+
+    description, identity = asyncio.run(go())
+    assert "(started by the demo; nothing answered at http://127.0.0.1:9)" in description
+    assert identity.peer_id
