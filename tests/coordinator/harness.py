@@ -108,3 +108,15 @@ async def publish_all(
             await peer.publish(g, round_, samples[i], timeout=30)
 
     await asyncio.gather(*(one(i) for i in range(len(w.peer_keys))))
+
+
+def write_job_toml(config: JobConfig, path: Path) -> Path:
+    """The job file a user would write for ``config`` (aggregation method, rounds, quorum, deadline)."""
+    peers = ", ".join(f'"{p}"' for p in config.peers)
+    r = config.rounds
+    path.write_text(
+        f'job = "{config.job}"\ncoordinator = "{config.coordinator}"\npeers = [{peers}]\n'
+        f'[aggregation]\nmethod = "{config.method}"\n'
+        f"[rounds]\ncount = {r.count}\nquorum = {r.quorum}\ndeadline_s = {r.deadline_s}\n"
+    )
+    return path
