@@ -143,3 +143,17 @@ def test_a_node_that_flips_one_byte_gives_an_integrity_error(kubo: KuboDaemon) -
             assert CID.parse(info.value.cid) != cid  # a leaf named, found by its own hash
 
     asyncio.run(go())
+
+
+@pytest.mark.slow
+def test_profile_flags_give_the_same_cid_past_the_default_link_limit(
+    kubo: KuboDaemon, tmp_path: Path
+) -> None:
+    """The README's flags for a repo without the profile; 200 chunks exceed Kubo's default 174 links."""
+    size = 200 * MIB + 5
+    data = np.random.default_rng(SEED).integers(0, 256, size, dtype=np.uint8)
+    path = tmp_path / "payload"
+    data.tofile(path)
+    flags = ["--cid-version=1", "--raw-leaves", "--chunker=size-1048576", "--max-file-links=1024"]
+    out = kubo.run("add", "--only-hash", "-Q", *flags, str(path)).stdout.decode().strip()
+    assert out == str(file_cid([memoryview(data)]))
