@@ -20,7 +20,8 @@ CREATE TABLE IF NOT EXISTS rounds (
     opened_at REAL NOT NULL,
     state TEXT NOT NULL,              -- open | closed | failed
     output TEXT, record TEXT, reason TEXT,
-    published INTEGER NOT NULL DEFAULT 0
+    published INTEGER NOT NULL DEFAULT 0,
+    stats TEXT                        -- JSON: counts, bytes fetched, seconds per stage
 );
 CREATE TABLE IF NOT EXISTS inputs (
     round INTEGER NOT NULL, peer TEXT NOT NULL, cid TEXT NOT NULL,
@@ -114,6 +115,13 @@ class Journal:
         self._db.execute(
             "UPDATE rounds SET state='failed', reason=? WHERE round=?", (reason, round_)
         )
+
+    def set_stats(self, round_: int, stats: dict[str, Any]) -> None:
+        self._db.execute("UPDATE rounds SET stats=? WHERE round=?", (json.dumps(stats), round_))
+
+    def stats(self, round_: int) -> dict[str, Any] | None:
+        row = self._db.execute("SELECT stats FROM rounds WHERE round=?", (round_,)).fetchone()
+        return None if row is None or row[0] is None else dict(json.loads(row[0]))
 
     def mark_published(self, round_: int) -> None:
         self._db.execute("UPDATE rounds SET published=1 WHERE round=?", (round_,))

@@ -174,6 +174,7 @@ class Coordinator:
             if not closing:
                 return  # stopped: the round stays open in the journal
             outcome = await self._close(self.round)
+            self.journal.set_stats(self.round, outcome.stats)
             self.outcomes.append(outcome)
             log.info("%s", format_outcome(outcome))
             if self.on_round is not None:

@@ -1,0 +1,54 @@
+"""The coordinator's SQLite journal: what a restart relies on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gradstore.coordinator import Journal
+from gradstore.errors import CoordinatorError
+
+
+def test_accept_is_once_per_peer_and_round(tmp_path: Path) -> None:
+    j = Journal(tmp_path / "j.sqlite")
+    assert j.accept(0, "did:a", "bafkreia", 10, b"msg")
+    assert not j.accept(0, "did:a", "bafkreib", 99, b"other")  # the first announcement wins
+    assert j.accept(1, "did:a", "bafkreib", 99, b"other")
+    (row,) = j.inputs(0)
+    assert (row.cid, row.num_samples, row.state) == ("bafkreia", 10, "received")
+
+
+def test_state_survives_reopening(tmp_path: Path) -> None:
+    path = tmp_path / "j.sqlite"
+    j = Journal(path)
+    j.bind("job", "did:coord")
+    opened = j.open_round(0, opened_at=123.0)
+    j.accept(0, "did:a", "bafkreia", 1, b"m")
+    j.set_input_state(0, "did:a", "failed", "non-finite: tensor 'w' holds NaN or Inf")
+    j.close()
+
+    again = Journal(path)
+    again.bind("job", "did:coord")
+    assert again.open_round(0, opened_at=999.0).opened_at == opened.opened_at == 123.0  # idempotent
+    assert again.input(0, "did:a").reason.startswith("non-finite")  # type: ignore[union-attr]
+    again.close_round(0, "bafkreiout", "bafyreirec")
+    again.set_stats(0, {"verified": 3, "bytes_fetched": 10})
+    (row,) = again.rounds()
+    assert (row.state, row.output, row.record, row.published) == (
+        "closed",
+        "bafkreiout",
+        "bafyreirec",
+        False,
+    )
+    again.mark_published(0)
+    assert again.rounds()[0].published and again.stats(0) == {"verified": 3, "bytes_fetched": 10}
+
+
+def test_a_state_dir_belongs_to_one_job(tmp_path: Path) -> None:
+    j = Journal(tmp_path / "j.sqlite")
+    j.bind("job-a", "did:coord")
+    with pytest.raises(CoordinatorError, match="belongs to job 'job-a'"):
+        j.bind("job-b", "did:coord")
+    with pytest.raises(CoordinatorError, match="coordinator"):
+        j.bind("job-a", "did:other")
