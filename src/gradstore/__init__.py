@@ -1,3 +1,52 @@
-"""gradstore: a content-addressed gradient store on IPFS."""
+"""gradstore: a content-addressed gradient store on IPFS.
 
-__version__ = "0.1.0"
+The names most programs need, re-exported from the layer modules:
+
+    from gradstore import Gradient, KuboNode, SyncGradientStore
+    with SyncGradientStore(KuboNode()) as store:
+        cid = store.put(Gradient({"w": w}))
+"""
+
+__version__ = "0.1.0"  # before the imports: submodules read it
+
+from .dag import CID, file_cid
+from .errors import (
+    AggregationError,
+    CIDError,
+    CoordinatorError,
+    DAGError,
+    FormatError,
+    GradstoreError,
+    IntegrityError,
+    LimitExceededError,
+    MessageError,
+    NodeError,
+)
+from .format import Gradient, Limits, decode, encode
+from .node import KuboNode, LocalNode, Node
+from .store import GradientStore, SyncGradientStore
+
+__all__ = [
+    "CID",
+    "AggregationError",
+    "CIDError",
+    "CoordinatorError",
+    "DAGError",
+    "FormatError",
+    "Gradient",
+    "GradientStore",
+    "GradstoreError",
+    "IntegrityError",
+    "KuboNode",
+    "LimitExceededError",
+    "Limits",
+    "LocalNode",
+    "MessageError",
+    "Node",
+    "NodeError",
+    "SyncGradientStore",
+    "__version__",
+    "decode",
+    "encode",
+    "file_cid",
+]

@@ -1,0 +1,25 @@
+"""The top-level package re-exports a complete, sorted public face."""
+
+from __future__ import annotations
+
+import gradstore
+
+
+def test_all_is_unique_and_importable() -> None:
+    assert len(set(gradstore.__all__)) == len(gradstore.__all__)  # ruff (RUF022) keeps it sorted
+    for name in gradstore.__all__:
+        assert hasattr(gradstore, name), name
+
+
+def test_every_error_class_is_exported() -> None:
+    from gradstore import errors
+
+    exported = set(gradstore.__all__)
+    base = {
+        n
+        for n, v in vars(errors).items()
+        if isinstance(v, type)
+        and issubclass(v, errors.GradstoreError)
+        and v.__bases__[0] is errors.GradstoreError
+    }
+    assert base <= exported | {"AuditError", "KeyFileError"}, base - exported
