@@ -8,12 +8,14 @@ import json
 import logging
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..aggregate import METHODS, AggregationParams, aggregate
 from ..coordinator import Coordinator, RoundOutcome, format_outcome
 from ..dag import CID
+from ..errors import AggregationError
 from ..format import Gradient
 from ..job import load_job
 from ..messages import SigningKey, decode_record
@@ -21,6 +23,8 @@ from ..peer import Peer
 from . import _exit
 from ._nodes import add_node_options, node_from_args
 from ._npz import load_npz, save_npz
+
+T = TypeVar("T")
 
 
 def register(sub: Any) -> None:
@@ -68,11 +72,13 @@ def register(sub: Any) -> None:
     p = sub.add_parser(
         "aggregate", help="aggregate .npz gradients offline with the coordinator's code"
     )
-    p.add_argument("inputs", nargs="+", help="gradients as .npz, in canonical order")
+    p.add_argument("inputs", nargs="*", help="gradients as .npz, in canonical order")
     p.add_argument("-o", "--output", required=True)
     p.add_argument("--method", required=True, choices=METHODS)
-    p.add_argument("--num-samples", type=int, nargs="+", default=None)
-    p.add_argument("--weights", type=float, nargs="+", default=None)
+    # nargs="+" lists swallow the inputs that follow them (`--num-samples 10 20 a.npz b.npz`):
+    # they take strings, and _split_lists gives the non-numeric tail back to the inputs.
+    p.add_argument("--num-samples", nargs="+", default=None, metavar="N", help="one per input")
+    p.add_argument("--weights", nargs="+", default=None, metavar="W", help="one per input")
     p.add_argument("--trim-ratio", type=float, default=None)
     p.add_argument("--byzantine", type=int, default=None)
     p.add_argument("--select", type=int, default=None)
@@ -179,18 +185,42 @@ def cmd_peer_await(args: argparse.Namespace) -> int:
     return _exit.SUCCESS
 
 
+def _leading_numbers(
+    tokens: list[str] | None, kind: Callable[[str], T], option: str
+) -> tuple[list[T] | None, list[str]]:
+    """Split ``tokens`` into the numbers at its head and the rest (input paths)."""
+    if tokens is None:
+        return None, []
+    numbers: list[T] = []
+    for i, token in enumerate(tokens):
+        try:
+            numbers.append(kind(token))
+        except ValueError:
+            if not numbers:
+                raise AggregationError(f"{option} expects numbers, got {token!r}") from None
+            return numbers, tokens[i:]
+    return numbers, []
+
+
 def cmd_aggregate(args: argparse.Namespace) -> int:
-    gradients = [load_npz(path) for path in args.inputs]
+    num_samples, rest_n = _leading_numbers(args.num_samples, int, "--num-samples")
+    weights, rest_w = _leading_numbers(args.weights, float, "--weights")
+    if rest_n and rest_w:  # their order on the command line is lost; the input order matters
+        raise AggregationError("give the input files before --num-samples and --weights")
+    inputs = [*args.inputs, *rest_n, *rest_w]
+    if not inputs:
+        raise AggregationError("no input .npz files given")
+    gradients = [load_npz(path) for path in inputs]
     params = AggregationParams(
         method=args.method,
-        weights=tuple(args.weights) if args.weights else None,
+        weights=tuple(weights) if weights else None,
         trim_ratio=args.trim_ratio,
         byzantine=args.byzantine,
         select=args.select,
         clip_input_norm=args.clip_input_norm,
         clip_output_norm=args.clip_output_norm,
     )
-    result = aggregate([g.tensors for g in gradients], params, args.num_samples)
+    result = aggregate([g.tensors for g in gradients], params, num_samples)
     save_npz(args.output, Gradient(result))
     print(args.output)
     return _exit.SUCCESS

@@ -41,13 +41,31 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for register in _REGISTRARS:
         register(sub)
+    _add_debug_everywhere(parser)
     return parser
+
+
+def _add_debug_everywhere(parser: argparse.ArgumentParser) -> None:
+    """Accept ``--debug`` after the subcommand too (``gradstore put x.npz --debug``)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in set(action.choices.values()):
+                child.add_argument(
+                    "--debug",
+                    action="store_true",
+                    default=argparse.SUPPRESS,
+                    help=argparse.SUPPRESS,
+                )
+                _add_debug_everywhere(child)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``gradstore`` with ``argv``; return the exit code (see ``_exit``)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # usage error (2), --help or --version (0): a code, not an exit
+        return exc.code if isinstance(exc.code, int) else _exit.USAGE
     run: Command = args.run
     try:
         return run(args)
@@ -59,11 +77,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"error: {_one_line(exc)}", file=sys.stderr)
         return _exit.ERROR
+    except Exception as exc:  # a bug: still one line, the traceback is one flag away
+        if args.debug:
+            raise
+        print(
+            f"error: unexpected {type(exc).__name__}: {_one_line(exc)} "
+            "(run with --debug for the traceback)",
+            file=sys.stderr,
+        )
+        return _exit.ERROR
 
 
 def _one_line(exc: BaseException) -> str:
     if isinstance(exc, FileNotFoundError) and exc.filename:
         return f"no such file: {exc.filename}"
+    if isinstance(exc, OSError) and exc.filename and exc.strerror:
+        return f"{exc.filename}: {exc.strerror}"
     text = str(exc) or type(exc).__name__
     return " ".join(text.split())
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -11,15 +12,33 @@ import numpy as np
 from ..errors import FormatError
 from ..format import Gradient
 
+_PICKLE_REFUSED = "Object arrays cannot be loaded"  # NumPy's message when allow_pickle=False bites
+
 
 def load_npz(path: str | Path, meta: dict[str, Any] | None = None) -> Gradient:
     """Read every array of an ``.npz`` (``allow_pickle=False``) as a gradient."""
+    with open(path, "rb"):  # a missing or unreadable file is an OSError naming it
+        pass
+    if not zipfile.is_zipfile(path):
+        raise FormatError(f"{path}: not an .npz file (not a zip archive of .npy arrays)")
+    tensors: dict[str, np.ndarray[Any, Any]] = {}
     try:
         with np.load(path, allow_pickle=False) as npz:
-            tensors = {name: np.asarray(npz[name]) for name in npz.files}
-    except FileNotFoundError:
+            for name in npz.files:
+                value = npz[name]
+                if not isinstance(value, np.ndarray):
+                    raise FormatError(f"{path}: member {name!r} is not a .npy array")
+                tensors[name] = value
+    except FormatError:
         raise
-    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
+    except ValueError as exc:
+        if _PICKLE_REFUSED in str(exc):
+            raise FormatError(
+                f"{path}: holds an object array (pickled Python objects); "
+                "gradstore loads plain numeric arrays only (allow_pickle=False)"
+            ) from exc
+        raise FormatError(f"{path}: not a readable .npz of plain arrays ({exc})") from exc
+    except (OSError, zipfile.BadZipFile, EOFError) as exc:
         raise FormatError(f"{path}: not a readable .npz of plain arrays ({exc})") from exc
     if not tensors:
         raise FormatError(f"{path}: the .npz holds no arrays")
@@ -27,5 +46,19 @@ def load_npz(path: str | Path, meta: dict[str, Any] | None = None) -> Gradient:
 
 
 def save_npz(path: str | Path, gradient: Gradient) -> None:
-    """Write the gradient's tensors to an uncompressed ``.npz`` (meta is not kept)."""
-    np.savez(path, **gradient.tensors)  # type: ignore[arg-type]
+    """Write the tensors to an uncompressed ``.npz`` at exactly ``path`` (meta is not kept).
+
+    Written member by member (any tensor name works, ``file`` included), to a temporary
+    file renamed into place, so a failure never leaves a half-written ``.npz`` behind.
+    """
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.part")
+    try:
+        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+            for name, array in gradient.tensors.items():
+                with zf.open(name + ".npy", "w", force_zip64=True) as member:
+                    np.lib.format.write_array(member, np.asarray(array), allow_pickle=False)
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

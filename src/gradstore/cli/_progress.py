@@ -19,6 +19,7 @@ class ProgressBar:
         self.start = time.perf_counter()
         self._last = 0.0
         self._drawn = False
+        self._width = 0
 
     def __call__(self, done: int, total: int) -> None:
         if not self.enabled or max(done, total) < _MIN_BYTES:
@@ -33,7 +34,9 @@ class ProgressBar:
             bar = f"[{'#' * filled}{' ' * (30 - filled)}] {done / 1e6:.1f}/{total / 1e6:.1f} MB"
         else:
             bar = f"{done / 1e6:.1f} MB"
-        self.stream.write(f"\r{self.label} {bar} {rate:.0f} MB/s")
+        line = f"{self.label} {bar} {rate:.0f} MB/s"
+        self.stream.write(f"\r{line:<{self._width}}")  # pad over a longer previous line
+        self._width = len(line)
         self.stream.flush()
         self._drawn = True
 

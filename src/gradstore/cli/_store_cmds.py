@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from ..dag import CID, file_cid
-from ..errors import CIDError, FormatError
+from ..errors import CIDError, FormatError, LimitExceededError, NodeTimeoutError
 from ..format import DocumentHeader, decode, encode, read_header
 from ..store import GradientStore
 from . import _exit
@@ -57,12 +57,14 @@ def register(sub: Any) -> None:
         "--meta", action="append", default=[], metavar="K=V", help="meta entry (repeatable)"
     )
     add_node_options(p)
+    _add_timeout(p)
     p.set_defaults(run=cmd_put)
 
     p = sub.add_parser("get", help="fetch, verify and decode a gradient into an .npz")
     p.add_argument("cid")
     p.add_argument("-o", "--output", required=True, help=".npz to write")
     add_node_options(p)
+    _add_timeout(p)
     p.set_defaults(run=cmd_get)
 
     p = sub.add_parser(
@@ -70,6 +72,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument("cid")
     add_node_options(p)
+    _add_timeout(p)
     p.set_defaults(run=cmd_verify)
 
     p = sub.add_parser(
@@ -78,6 +81,7 @@ def register(sub: Any) -> None:
     p.add_argument("target", help="a CID or a document file")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     add_node_options(p)
+    _add_timeout(p)
     p.set_defaults(run=cmd_inspect)
 
 
@@ -88,6 +92,8 @@ def parse_meta(items: list[str]) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise FormatError(f"--meta expects KEY=VALUE, got {item!r}")
+        if key in meta:
+            raise FormatError(f"--meta {key} is given twice")
         try:
             parsed = json.loads(value)
         except json.JSONDecodeError:
@@ -101,6 +107,17 @@ def _read_file(path: str) -> np.ndarray:
     return np.fromfile(path, dtype=np.uint8)
 
 
+def _read_document(path: str, parse: Callable[[np.ndarray], T]) -> T:
+    """Parse a document file with ``parse``; a refusal names the file."""
+    buf = _read_file(path)
+    try:
+        return parse(buf)
+    except LimitExceededError as exc:
+        raise LimitExceededError(f"{path}: {exc}") from exc
+    except FormatError as exc:
+        raise FormatError(f"{path}: not a valid gradstore/1 document: {exc}") from exc
+
+
 def _file_pieces(path: str) -> Any:
     with open(path, "rb") as f:
         while True:
@@ -111,11 +128,33 @@ def _file_pieces(path: str) -> Any:
             yield memoryview(buf)[:n]
 
 
-def _with_store(args: argparse.Namespace, work: Callable[[GradientStore], Awaitable[T]]) -> T:
+def _add_timeout(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="give up after S seconds (Kubo waits for a missing block as long as it is asked to)",
+    )
+
+
+def _with_store(
+    args: argparse.Namespace, what: str, work: Callable[[GradientStore], Awaitable[T]]
+) -> T:
+    """Run ``work`` on a store over the chosen node, within ``--timeout`` if given."""
+
     async def run() -> T:
         node = node_from_args(args)
+        deadline = asyncio.timeout(args.timeout)
         try:
-            return await work(GradientStore(node))
+            async with deadline:
+                return await work(GradientStore(node))
+        except TimeoutError as exc:
+            if not deadline.expired():
+                raise
+            raise NodeTimeoutError(
+                f"{what}: no result from {node.name} within {args.timeout:g}s"
+            ) from exc
         finally:
             await node.aclose()
 
@@ -131,7 +170,7 @@ def cmd_encode(args: argparse.Namespace) -> int:
 
 
 def cmd_decode(args: argparse.Namespace) -> int:
-    save_npz(args.output, decode(_read_file(args.input)))
+    save_npz(args.output, _read_document(args.input, decode))
     print(args.output)
     return _exit.SUCCESS
 
@@ -148,7 +187,7 @@ def cmd_put(args: argparse.Namespace) -> int:
     gradient = load_npz(args.input, parse_meta(args.meta))
     bar = ProgressBar("put")
     try:
-        cid = _with_store(args, lambda s: s.put(gradient, progress=bar))
+        cid = _with_store(args, "put", lambda s: s.put(gradient, progress=bar))
     finally:
         bar.close()
     print(cid)
@@ -159,7 +198,7 @@ def cmd_get(args: argparse.Namespace) -> int:
     cid = CID.parse(args.cid)
     bar = ProgressBar("get")
     try:
-        gradient = _with_store(args, lambda s: s.get(cid, progress=bar))
+        gradient = _with_store(args, f"get {cid}", lambda s: s.get(cid, progress=bar))
     finally:
         bar.close()
     save_npz(args.output, gradient)
@@ -169,7 +208,7 @@ def cmd_get(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     cid = CID.parse(args.cid)
-    report = _with_store(args, lambda s: s.verify(cid))
+    report = _with_store(args, f"verify {cid}", lambda s: s.verify(cid))
     print(
         f"ok {report.cid}: {report.size} bytes, {report.blocks} blocks, "
         f"{report.tensors} tensors, verified in {report.seconds:.2f}s"
@@ -181,14 +220,14 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     target: str = args.target
     if Path(target).is_file():
         source = target
-        header = read_header(_read_file(target))
+        header = _read_document(target, read_header)
     else:
         try:
             cid = CID.parse(target)
         except CIDError as exc:
             raise CIDError(f"{target!r} is neither a file nor a CID ({exc})") from exc
         source = str(cid)
-        buf = _with_store(args, lambda s: s.fetch_document(cid))
+        buf = _with_store(args, f"inspect {cid}", lambda s: s.fetch_document(cid))
         header = read_header(buf)
     if args.json:
         print(json.dumps(_header_json(source, header), indent=2, default=_json_default))
@@ -228,7 +267,7 @@ def _print_header(source: str, header: DocumentHeader) -> None:
         out.write("meta:\n")
         for key, value in header.meta.items():
             out.write(f"  {key} = {value!r}\n")
-    width = max((len(t.name) for t in header.tensors), default=4)
+    width = max([len("name"), *(len(t.name) for t in header.tensors)])
     out.write(f"  {'name':<{width}}  {'dtype':<5}  {'shape':<20}  bytes\n")
     for t in header.tensors:
         shape = "(" + ", ".join(map(str, t.shape)) + ("," if len(t.shape) == 1 else "") + ")"

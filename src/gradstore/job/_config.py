@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..aggregate import METHODS, AggregationParams
-from ..errors import CoordinatorError
+from ..errors import AggregationError, CoordinatorError
 from ..format import DTYPES, Limits
 from ..messages import public_key_from_did
 
@@ -101,7 +101,7 @@ def load_job(path: str | Path) -> JobConfig:
     try:
         with open(path, "rb") as f:
             raw = tomllib.load(f)
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise CoordinatorError(f"{path}: not valid TOML ({exc})") from exc
     return parse_job(raw, source=str(path))
 
@@ -142,9 +142,18 @@ def parse_job(raw: Mapping[str, Any], source: str = "job") -> JobConfig:
         raise where.err(
             "aggregation.method", f"unknown method {method!r} (one of {', '.join(METHODS)})"
         )
-    weights = {
-        str(k): where.num(v, f"aggregation.weights.{k}") for k, v in agg.get("weights", {}).items()
-    }
+    weights_raw = agg.get("weights", {})
+    where.keys(
+        weights_raw,
+        set(weights_raw) if isinstance(weights_raw, Mapping) else set(),
+        "aggregation.weights.",
+    )
+    weights = {str(k): where.num(v, f"aggregation.weights.{k}") for k, v in weights_raw.items()}
+    negative = [k for k, w in weights.items() if w < 0]
+    if negative:
+        raise where.err(f"aggregation.weights.{negative[0]}", "must be >= 0")
+    if weights and method != "weighted":
+        raise where.err("aggregation.weights", f"does not apply to method {method!r}")
     if method == "weighted":
         missing = [p for p in peers if p not in weights]
         if missing:
@@ -191,7 +200,7 @@ def parse_job(raw: Mapping[str, Any], source: str = "job") -> JobConfig:
 
     schema = None
     if "schema" in raw:
-        specs = []
+        specs: list[TensorSpec] = []
         for i, item in enumerate(where.req(raw, "schema", list, "")):
             where.keys(item, {"name", "dtype", "shape"}, f"schema[{i}].")
             dtype = where.req(item, "dtype", str, f"schema[{i}].")
@@ -201,7 +210,12 @@ def parse_job(raw: Mapping[str, Any], source: str = "job") -> JobConfig:
                 where.int_(d, f"schema[{i}].shape", 0)
                 for d in where.req(item, "shape", list, f"schema[{i}].")
             )
-            specs.append(TensorSpec(where.req(item, "name", str, f"schema[{i}]."), dtype, shape))
+            name = where.req(item, "name", str, f"schema[{i}].")
+            if not name:
+                raise where.err(f"schema[{i}].name", "must not be empty")
+            if any(s.name == name for s in specs):
+                raise where.err(f"schema[{i}].name", f"{name!r} is listed twice")
+            specs.append(TensorSpec(name, dtype, shape))
         schema = tuple(sorted(specs, key=lambda s: s.name.encode()))
 
     cfg = JobConfig(
@@ -219,9 +233,18 @@ def parse_job(raw: Mapping[str, Any], source: str = "job") -> JobConfig:
         limits=limits,
         schema=schema,
     )
-    try:  # the same checks the aggregator applies, early, with the quorum as the smallest input count
-        cfg.params_for(list(peers)).validate(rounds.quorum)
-    except ValueError as exc:
+    for key in ("trim_ratio", "byzantine", "select", "clip_input_norm", "clip_output_norm"):
+        if key in agg:  # each parameter on its own first, so the error names its key
+            try:
+                AggregationParams(method, **{key: getattr(cfg, key)})
+            except AggregationError as exc:
+                raise where.err(f"aggregation.{key}", str(exc)) from exc
+    # The checks the aggregator applies, early, for the smallest round the quorum allows: any
+    # `quorum` peers (for `weighted`, the heaviest ones: weights are per peer, not per slot).
+    smallest = sorted(peers, key=lambda p: -weights.get(p, 0.0))[: rounds.quorum]
+    try:
+        cfg.params_for(smallest).validate(rounds.quorum)
+    except AggregationError as exc:
         raise CoordinatorError(
             f"{source}: [aggregation] cannot work with quorum {rounds.quorum}: {exc}"
         ) from exc

@@ -50,7 +50,7 @@ class SigningKey:
             fd = os.open(p, os.O_RDONLY)
         except FileNotFoundError:
             raise KeyFileError(
-                f"no key file at {p} (create one with `gradstore keygen {p}`)"
+                f"no key file at {p} (create one with `gradstore keygen --out {p}`)"
             ) from None
         except OSError as exc:
             raise KeyFileError(f"cannot open key file {p}: {exc.strerror}") from exc

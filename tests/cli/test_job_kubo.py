@@ -1,0 +1,173 @@
+"""A whole job through the command line, each role in its own process, on one real Kubo daemon."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gradstore.node import KuboDaemon
+
+from .conftest import Cli
+from .helpers import SEED, write_npz
+
+pytestmark = [pytest.mark.kubo, pytest.mark.slow]
+
+CID = r"(baf[a-z2-7]+)"
+
+
+def _topics(kubo: KuboDaemon) -> set[str]:
+    """The topics the daemon's clients subscribe to (the ``ipfs`` CLI prints them decoded)."""
+    return set(kubo.run("pubsub", "ls").stdout.decode().split())
+
+
+def _wait_topic(kubo: KuboDaemon, topic: str, procs: list[subprocess.Popen[bytes]]) -> None:
+    deadline = time.monotonic() + 60
+    while topic not in _topics(kubo):
+        assert all(p.poll() is None for p in procs), "a process exited early"
+        assert time.monotonic() < deadline, f"nobody subscribed to {topic}"
+        time.sleep(0.1)
+
+
+def _start(tmp_path: Path, name: str, *argv: object) -> subprocess.Popen[bytes]:
+    """``python -m gradstore ARGV`` with output in files (a full pipe never blocks it)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("GRADSTORE_API", None)
+    with open(tmp_path / f"{name}.out", "wb") as out, open(tmp_path / f"{name}.err", "wb") as err:
+        return subprocess.Popen(
+            [sys.executable, "-m", "gradstore", *map(str, argv)], stdout=out, stderr=err, env=env
+        )
+
+
+def _finish(tmp_path: Path, name: str, proc: subprocess.Popen[bytes]) -> str:
+    """Wait for a process; assert exit 0; return its stdout."""
+    try:
+        code = proc.wait(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    out = (tmp_path / f"{name}.out").read_text()
+    err = (tmp_path / f"{name}.err").read_text()
+    assert code == 0, f"{name} exited {code}\nstdout:\n{out}\nstderr:\n{err}"
+    return out
+
+
+def test_job_through_the_cli(cli: Cli, kubo: KuboDaemon, tmp_path: Path) -> None:
+    api = kubo.api_url
+    keys = {name: tmp_path / f"{name}.key" for name in ("coord", "alice", "bob")}
+    dids = {name: cli("keygen", "--out", path).line for name, path in keys.items()}
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'job = "cli-{os.getpid()}"\n'
+        f'coordinator = "{dids["coord"]}"\n'
+        f'peers = ["{dids["alice"]}", "{dids["bob"]}"]\n'
+        '[aggregation]\nmethod = "fedavg"\n'
+        "[rounds]\ncount = 1\nquorum = 2\ndeadline_s = 120\n"
+    )
+    rng = np.random.default_rng(SEED)
+    grads = {
+        name: write_npz(
+            tmp_path / f"{name}.npz",
+            w=rng.standard_normal((32, 10)).astype(np.float32),
+            b=rng.standard_normal(10).astype(np.float32),
+        )
+        for name in ("alice", "bob")
+    }
+    samples = {"alice": 30, "bob": 10}
+    job_name = f"cli-{os.getpid()}"
+
+    coord = _start(
+        tmp_path, "coord", "coordinator", "--config", job, "--key", keys["coord"],
+        "--api", api, "--state", tmp_path / "state",
+    )  # fmt: skip
+    procs = [coord]
+    try:
+        _wait_topic(kubo, f"gradstore/v1/{job_name}/gradients", procs)
+        waiter = _start(
+            tmp_path, "await", "peer", "await", "--config", job, "--round", 0,
+            "-o", tmp_path / "agg.npz", "--timeout", 150, "--api", api,
+        )  # fmt: skip
+        procs.append(waiter)
+        _wait_topic(kubo, f"gradstore/v1/{job_name}/results", procs)
+        publishers = {
+            name: _start(
+                tmp_path,
+                name,
+                "peer",
+                "publish",
+                "--config",
+                job,
+                "--key",
+                keys[name],
+                "--round",
+                0,
+                "--num-samples",
+                samples[name],
+                "--timeout",
+                150,
+                "--api",
+                api,
+                grads[name],
+            )
+            for name in ("alice", "bob")
+        }
+        procs.extend(publishers.values())
+        published = {name: _finish(tmp_path, name, p).strip() for name, p in publishers.items()}
+        awaited = _finish(tmp_path, "await", waiter)
+        coord_out = _finish(tmp_path, "coord", coord)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+    for name, line in published.items():
+        assert re.fullmatch(CID, line), (name, line)
+
+    # coordinator: one line for its one round, naming the aggregate and the record
+    lines = coord_out.splitlines()
+    assert len(lines) == 1, coord_out
+    m = re.match(
+        rf"round 0 closed: 2 peers \(2/2 verified\), aggregate {CID} record {CID}", lines[0]
+    )
+    assert m, lines[0]
+    aggregate_cid, record_cid = m.groups()
+    assert awaited.split() == [aggregate_cid, record_cid]
+
+    # the saved aggregate is the one `gradstore aggregate` computes offline (inputs by peer id)
+    order = sorted(("alice", "bob"), key=lambda n: dids[n])
+    offline = tmp_path / "offline.npz"
+    r = cli(
+        "aggregate", "--method", "fedavg", "--num-samples", *(samples[n] for n in order),
+        *(grads[n] for n in order), "-o", offline,
+    )  # fmt: skip
+    assert r.code == 0, r.err
+    with np.load(tmp_path / "agg.npz") as got, np.load(offline) as want:
+        assert set(got.files) == {"w", "b"}
+        for name in got.files:
+            assert got[name].tobytes() == want[name].tobytes()
+    assert cli("get", aggregate_cid, "-o", tmp_path / "again.npz", "--api", api).code == 0
+
+    # round show: the record as JSON with each peer's status and gradient CID
+    r = cli("round", "show", record_cid, "--api", api)
+    assert r.code == 0 and r.err == ""
+    record = json.loads(r.out)
+    assert record["record"] == record_cid and record["output"] == aggregate_cid
+    assert (record["job"], record["round"], record["method"]) == (job_name, 0, "fedavg")
+    assert record["coordinator"] == dids["coord"] and record["prev"] is None
+    peers = {p["peer"]: p for p in record["peers"]}
+    assert peers.keys() == {dids["alice"], dids["bob"]}
+    for name in ("alice", "bob"):
+        peer = peers[dids[name]]
+        assert peer["status"] == "aggregated"
+        assert peer["gradient"] == published[name]
+        assert peer["num_samples"] == samples[name]
+    assert [p["peer"] for p in record["peers"]] == sorted(peers)

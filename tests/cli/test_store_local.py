@@ -1,0 +1,221 @@
+"""Store commands without Kubo: encode/decode/cid/inspect on files, put/get/verify/inspect on LocalNode."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from gradstore.cli._store_cmds import parse_meta
+from gradstore.dag import file_cid
+from gradstore.errors import FormatError
+from gradstore.format import DTYPES, Gradient, decode, encode
+
+from .conftest import Cli
+from .helpers import SEED, sample_arrays, write_npz
+
+
+def _array(dtype: str, shape: tuple[int, ...], seed: int) -> np.ndarray[Any, Any]:
+    rng = np.random.default_rng(seed)
+    dt = np.dtype(dtype)
+    if dt.kind == "b":
+        return rng.integers(0, 2, shape).astype(dt)
+    if dt.kind in "iu":
+        info = np.iinfo(dt)
+        return rng.integers(info.min, info.max, shape, dtype=dt, endpoint=True)
+    return rng.standard_normal(shape).astype(dt)
+
+
+def _load(path: Path) -> dict[str, np.ndarray[Any, Any]]:
+    with np.load(path, allow_pickle=False) as npz:
+        return {name: npz[name] for name in npz.files}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_of_encode_round_trips_every_dtype(cli: Cli, tmp_path: Path, dtype: str) -> None:
+    seed = SEED + DTYPES.index(dtype)
+    arrays = {
+        "matrix": _array(dtype, (5, 7), seed),
+        "scalar": _array(dtype, (), seed + 1),
+        "empty": _array(dtype, (0, 3), seed + 2),
+    }
+    src = write_npz(tmp_path / "in.npz", **arrays)
+    r = cli("encode", src, "-o", tmp_path / "doc")
+    assert (r.code, r.line) == (0, str(tmp_path / "doc"))
+    # the file is the canonical document of the same gradient
+    assert (tmp_path / "doc").read_bytes() == encode(Gradient(arrays)).tobytes()
+
+    r = cli("decode", tmp_path / "doc", "-o", tmp_path / "out.npz")
+    assert r.code == 0, r.err
+    back = _load(tmp_path / "out.npz")
+    assert back.keys() == arrays.keys()
+    for name, a in arrays.items():
+        assert back[name].dtype == a.dtype, (name, seed)
+        assert back[name].shape == a.shape
+        np.testing.assert_array_equal(back[name], a, err_msg=f"seed {seed}")
+
+
+def test_big_endian_input_is_stored_little_endian(cli: Cli, tmp_path: Path) -> None:
+    a = np.arange(12, dtype=">f4").reshape(3, 4)
+    src = write_npz(tmp_path / "be.npz", w=a)
+    assert cli("encode", src, "-o", tmp_path / "doc").code == 0
+    assert cli("decode", tmp_path / "doc", "-o", tmp_path / "out.npz").code == 0
+    back = _load(tmp_path / "out.npz")["w"]
+    assert back.dtype == np.dtype("<f4")
+    np.testing.assert_array_equal(back, a)
+
+
+def test_decode_writes_exactly_the_output_path_and_any_tensor_name(
+    cli: Cli, tmp_path: Path
+) -> None:
+    # np.savez would append ".npz" to "out" and cannot take a tensor called "file"
+    arrays: dict[str, np.ndarray[Any, Any]] = {
+        "file": np.ones(3, np.float32),
+        "allow_pickle": np.zeros(2),
+        "a/b.npy": np.ones(1),
+    }
+    (tmp_path / "doc").write_bytes(encode(Gradient(arrays)).tobytes())
+    r = cli("decode", tmp_path / "doc", "-o", tmp_path / "out")
+    assert (r.code, r.line) == (0, str(tmp_path / "out"))
+    assert not (tmp_path / "out.npz").exists()
+    back = _load(tmp_path / "out")
+    assert back.keys() == arrays.keys()
+    for name, a in arrays.items():
+        np.testing.assert_array_equal(back[name], a)
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".part")] == []
+
+
+def test_cid_is_the_document_cid_and_needs_no_node(
+    cli: Cli, grad_npz: Path, tmp_path: Path
+) -> None:
+    expected = file_cid(encode(Gradient(sample_arrays())))
+    r = cli("cid", grad_npz)
+    assert (r.code, r.line, r.err) == (0, str(expected), "")
+
+
+def test_cid_with_meta_matches_encode_with_meta(cli: Cli, grad_npz: Path, tmp_path: Path) -> None:
+    meta = ("--meta", "round=3", "--meta", "peer=alice")
+    with_meta = cli("cid", grad_npz, *meta).line
+    assert with_meta != cli("cid", grad_npz).line
+    assert cli("encode", grad_npz, "-o", tmp_path / "doc", *meta).code == 0
+    assert with_meta == cli("cid", "--raw", tmp_path / "doc").line
+    doc = decode(np.fromfile(tmp_path / "doc", dtype=np.uint8))
+    assert doc.meta == {"round": 3, "peer": "alice"}
+
+
+@pytest.mark.parametrize(
+    "size", [0, 1, 1 << 20, (1 << 20) + 1], ids=["empty", "1B", "1MiB", "1MiB+1"]
+)
+def test_cid_raw_is_file_cid_of_the_bytes(cli: Cli, tmp_path: Path, size: int) -> None:
+    data = np.random.default_rng(SEED).integers(0, 256, size, dtype=np.uint8)
+    path = tmp_path / "blob"
+    data.tofile(path)
+    assert cli("cid", "--raw", path).line == str(file_cid([data.data]))
+
+
+@pytest.mark.parametrize(
+    ("item", "value"),
+    [
+        ("round=3", 3),
+        ("lr=0.5", 0.5),
+        ("peer=alice", "alice"),
+        ('tag="3"', "3"),
+        ("ok=true", True),
+        ("note=null", None),
+        ("layers=[1, 2]", [1, 2]),
+        ("expr=a=b", "a=b"),
+        ("empty=", ""),
+    ],
+)
+def test_meta_values_parse_as_json_else_string(item: str, value: object) -> None:
+    key = item.partition("=")[0]
+    assert parse_meta([item]) == {key: value}
+
+
+@pytest.mark.parametrize("item", ["novalue", "=3"])
+def test_meta_without_key_or_equals_is_refused(cli: Cli, grad_npz: Path, item: str) -> None:
+    with pytest.raises(FormatError, match="KEY=VALUE"):
+        parse_meta([item])
+    line = cli("cid", grad_npz, "--meta", item).one_error_line()
+    assert "--meta expects KEY=VALUE" in line
+
+
+def test_meta_key_given_twice_is_refused(cli: Cli, grad_npz: Path) -> None:
+    r = cli("put", grad_npz, "--meta", "a=1", "--meta", "a=2", "--local", grad_npz.parent / "n")
+    line = r.one_error_line()
+    assert "--meta a is given twice" in line
+
+
+def test_meta_nan_is_refused_by_the_format(cli: Cli, grad_npz: Path) -> None:
+    line = cli("cid", grad_npz, "--meta", "x=NaN").one_error_line()
+    assert "finite" in line and "$.meta.x" in line
+
+
+def test_put_get_verify_on_local_node(cli: Cli, grad_npz: Path, tmp_path: Path) -> None:
+    node = tmp_path / "node"
+    r = cli("put", grad_npz, "--meta", "round=1", "--local", node)
+    assert r.code == 0 and r.err == ""
+    cid = r.line
+    assert cid == cli("cid", grad_npz, "--meta", "round=1").line
+    assert (node / "blocks" / cid).is_file()
+
+    r = cli("get", cid, "-o", tmp_path / "back.npz", "--local", node)
+    assert (r.code, r.line) == (0, str(tmp_path / "back.npz"))
+    back = _load(tmp_path / "back.npz")
+    for name, a in sample_arrays().items():
+        np.testing.assert_array_equal(back[name], a)
+        assert back[name].dtype == a.dtype
+
+    r = cli("verify", cid, "--local", node)
+    assert r.code == 0
+    assert r.line.startswith(f"ok {cid}: ")
+    assert "1 blocks, 3 tensors" in r.line
+
+
+def test_inspect_file_text_and_json(cli: Cli, grad_npz: Path, tmp_path: Path) -> None:
+    doc = tmp_path / "doc"
+    cli("encode", grad_npz, "-o", doc, "--meta", "round=2", "--meta", "kind=gradient")
+    size = doc.stat().st_size
+
+    r = cli("inspect", doc)
+    assert r.code == 0 and r.err == ""
+    lines = r.out.splitlines()
+    assert lines[0] == f"{doc}: gradstore/1, {size} bytes, 3 tensors"
+    assert "  kind = 'gradient'" in lines and "  round = 2" in lines
+    table = lines[lines.index("meta:") + 3 :]
+    assert table[0].split() == ["name", "dtype", "shape", "bytes"]
+    rows = [row.split(None, 2) for row in table[1:]]
+    # sorted by name; columns line up under the header
+    assert [row[0] for row in rows] == ["layer1.bias", "layer1.weight", "steps"]
+    assert rows[1][1] == "<f4" and rows[1][2].split() == ["(16,", "8)", "512"]
+    assert rows[0][2].split() == ["(8,)", "64"]
+    assert rows[2][2].split() == ["()", "8"]
+    name_col = table[0].index("dtype")
+    assert all(row.index("<") == name_col for row in table[1:])
+
+    r = cli("inspect", doc, "--json")
+    info = json.loads(r.out)
+    assert info["source"] == str(doc) and info["size"] == size
+    assert info["meta"] == {"kind": "gradient", "round": 2}
+    assert [(t["name"], t["dtype"], t["shape"], t["nbytes"]) for t in info["tensors"]] == [
+        ("layer1.bias", "<f8", [8], 64),
+        ("layer1.weight", "<f4", [16, 8], 512),
+        ("steps", "<i8", [], 8),
+    ]
+    assert all(t["offset"] % 64 == 0 for t in info["tensors"])
+
+
+def test_inspect_cid_on_local_node(cli: Cli, grad_npz: Path, tmp_path: Path) -> None:
+    node = tmp_path / "node"
+    cid = cli("put", grad_npz, "--meta", "round=5", "--local", node).line
+    r = cli("inspect", cid, "--local", node, "--json")
+    assert r.code == 0
+    info = json.loads(r.out)
+    assert info["source"] == cid
+    assert info["meta"] == {"round": 5}
+    assert [t["name"] for t in info["tensors"]] == ["layer1.bias", "layer1.weight", "steps"]
+    text = cli("inspect", cid, "--local", node)
+    assert text.out.splitlines()[0].startswith(f"{cid}: gradstore/1, ")
