@@ -171,3 +171,13 @@ def test_job_through_the_cli(cli: Cli, kubo: KuboDaemon, tmp_path: Path) -> None
         assert peer["gradient"] == published[name]
         assert peer["num_samples"] == samples[name]
     assert [p["peer"] for p in record["peers"]] == sorted(peers)
+    assert record["counts"] == {"expected": 2, "aggregated": 2, "absent": 0, "failed": 0}
+
+    # with the coordinator's journal, the round's stats (what a user asks after a slow round)
+    r = cli("round", "show", record_cid, "--api", api, "--state", tmp_path / "state")
+    assert r.code == 0, r.err
+    stats = json.loads(r.out)["stats"]
+    assert stats["expected"] == stats["verified"] == 2 and stats["bytes_fetched"] > 0
+    assert {"resolve_s", "aggregate_s", "publish_s", "open_s"} <= stats.keys()
+    r = cli("round", "show", record_cid, "--api", api, "--state", tmp_path / "nowhere")
+    assert r.code == 1 and "no coordinator journal" in r.err

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..aggregate import METHODS, AggregationParams, aggregate
-from ..coordinator import Coordinator, RoundOutcome, format_outcome
+from ..coordinator import Coordinator, Journal, RoundOutcome, format_outcome
 from ..dag import CID
-from ..errors import AggregationError
+from ..errors import AggregationError, CoordinatorError
 from ..format import Gradient
 from ..job import load_job
 from ..messages import SigningKey, decode_record
@@ -90,6 +90,11 @@ def register(sub: Any) -> None:
     rsub = rnd.add_subparsers(dest="round_command", metavar="ACTION", required=True)
     p = rsub.add_parser("show", help="a round record as JSON, with each peer's status")
     p.add_argument("record", help="round record CID")
+    p.add_argument(
+        "--state",
+        default=None,
+        help="the coordinator's journal folder: adds the round's stats (seconds per stage, bytes)",
+    )
     add_node_options(p)
     p.set_defaults(run=cmd_round_show)
 
@@ -226,6 +231,23 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
     return _exit.SUCCESS
 
 
+def _journal_stats(state: Path, job: str, round_: int, record: str) -> dict[str, Any]:
+    """The round's stats as the coordinator journaled them; refuses another job's journal."""
+    path = state / "journal.sqlite"
+    if not path.is_file():
+        raise CoordinatorError(f"no coordinator journal at {path}")
+    journal = Journal(path)
+    try:
+        if journal.get_meta("job") not in (None, job):
+            raise CoordinatorError(f"{path} is the journal of another job")
+        row = next((r for r in journal.rounds() if r.round == round_), None)
+        if row is None or row.record != record:
+            raise CoordinatorError(f"{path} has no closed round {round_} with record {record}")
+        return journal.stats(round_) or {}
+    finally:
+        journal.close()
+
+
 def cmd_round_show(args: argparse.Namespace) -> int:
     cid = CID.parse(args.record)
 
@@ -266,6 +288,14 @@ def cmd_round_show(args: argparse.Namespace) -> int:
             }
             for e in record.excluded
         ],
+        "counts": {
+            "expected": len(record.inputs) + len(record.excluded),
+            "aggregated": len(record.inputs),
+            "absent": sum(e.reason.startswith("absent") for e in record.excluded),
+            "failed": sum(not e.reason.startswith("absent") for e in record.excluded),
+        },
     }
+    if args.state:
+        doc["stats"] = _journal_stats(Path(args.state), record.job, record.round, str(cid))
     print(json.dumps(doc, indent=2))
     return _exit.SUCCESS

@@ -75,12 +75,12 @@ class Journal:
     def bind(self, job: str, coordinator: str) -> None:
         """Tie the journal to one job and coordinator; refuse to mix jobs in one state dir."""
         for key, value in (("job", job), ("coordinator", coordinator)):
-            row = self._db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
-            if row is None:
-                self._db.execute("INSERT INTO meta VALUES (?, ?)", (key, value))
-            elif row[0] != value:
+            known = self.get_meta(key)
+            if known is None:
+                self.set_meta(key, value)
+            elif known != value:
                 raise CoordinatorError(
-                    f"state {self.path} belongs to {key} {row[0]!r}, not {value!r}: use another --state"
+                    f"state {self.path} belongs to {key} {known!r}, not {value!r}: use another --state"
                 )
 
     def get_meta(self, key: str) -> Any:
