@@ -219,3 +219,27 @@ def test_inspect_cid_on_local_node(cli: Cli, grad_npz: Path, tmp_path: Path) -> 
     assert [t["name"] for t in info["tensors"]] == ["layer1.bias", "layer1.weight", "steps"]
     text = cli("inspect", cid, "--local", node)
     assert text.out.splitlines()[0].startswith(f"{cid}: gradstore/1, ")
+
+
+def test_max_bytes_bounds_get_decode_and_inspect(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """Documents over --max-bytes are refused before they are fetched whole; a larger bound admits them."""
+    import numpy as np
+
+    from gradstore.cli import main
+
+    npz = tmp_path / "g.npz"
+    np.savez(npz, w=np.arange(300_000, dtype=np.float32))  # ~1.2 MB document
+    node = str(tmp_path / "node")
+    doc = tmp_path / "g.doc"
+    assert main(["encode", str(npz), "-o", str(doc)]) == 0
+    assert main(["decode", str(doc), "-o", str(tmp_path / "x.npz"), "--max-bytes", "100000"]) == 1
+    assert main(["decode", str(doc), "-o", str(tmp_path / "x.npz"), "--max-bytes", "2000000"]) == 0
+    assert main(["inspect", str(doc), "--max-bytes", "100000"]) == 1
+    capsys.readouterr()
+    assert main(["put", str(npz), "--local", node]) == 0
+    cid = capsys.readouterr().out.strip()
+    out = str(tmp_path / "y.npz")
+    assert main(["get", cid, "-o", out, "--local", node, "--max-bytes", "100000"]) == 1
+    assert "limit" in capsys.readouterr().err.lower()
+    assert main(["get", cid, "-o", out, "--local", node, "--max-bytes", "2000000"]) == 0
+    assert main(["verify", cid, "--local", node, "--max-bytes", "100000"]) == 1

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..dag import CID, file_cid
 from ..errors import CIDError, FormatError, LimitExceededError, NodeTimeoutError
-from ..format import DocumentHeader, decode, encode, read_header
+from ..format import DEFAULT_LIMITS, DocumentHeader, Limits, decode, encode, read_header
 from ..store import GradientStore
 from . import _exit
 from ._nodes import add_node_options, node_from_args
@@ -37,6 +37,7 @@ def register(sub: Any) -> None:
     p = sub.add_parser("decode", help="turn a gradstore/1 document back into an .npz")
     p.add_argument("input", help="document file")
     p.add_argument("-o", "--output", required=True, help=".npz to write")
+    _add_max_bytes(p)
     p.set_defaults(run=cmd_decode)
 
     p = sub.add_parser(
@@ -65,6 +66,7 @@ def register(sub: Any) -> None:
     p.add_argument("-o", "--output", required=True, help=".npz to write")
     add_node_options(p)
     _add_timeout(p)
+    _add_max_bytes(p)
     p.set_defaults(run=cmd_get)
 
     p = sub.add_parser(
@@ -73,6 +75,7 @@ def register(sub: Any) -> None:
     p.add_argument("cid")
     add_node_options(p)
     _add_timeout(p)
+    _add_max_bytes(p)
     p.set_defaults(run=cmd_verify)
 
     p = sub.add_parser(
@@ -82,6 +85,7 @@ def register(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     add_node_options(p)
     _add_timeout(p)
+    _add_max_bytes(p)
     p.set_defaults(run=cmd_inspect)
 
 
@@ -128,6 +132,24 @@ def _file_pieces(path: str) -> Any:
             yield memoryview(buf)[:n]
 
 
+def _add_max_bytes(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--max-bytes",
+        type=int,
+        default=DEFAULT_LIMITS.max_bytes,
+        metavar="N",
+        help=f"refuse documents larger than N bytes (default {DEFAULT_LIMITS.max_bytes}, 1 GiB)",
+    )
+
+
+def _limits(args: argparse.Namespace) -> Limits:
+    """The decoding limits a command runs with: the defaults, scaled to ``--max-bytes``."""
+    max_bytes = getattr(args, "max_bytes", DEFAULT_LIMITS.max_bytes)
+    if max_bytes <= 0:
+        raise LimitExceededError(f"--max-bytes must be positive, got {max_bytes}")
+    return Limits(max_bytes=max_bytes, max_elements=max(DEFAULT_LIMITS.max_elements, max_bytes))
+
+
 def _add_timeout(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout",
@@ -148,7 +170,7 @@ def _with_store(
         deadline = asyncio.timeout(args.timeout)
         try:
             async with deadline:
-                return await work(GradientStore(node))
+                return await work(GradientStore(node, limits=_limits(args)))
         except TimeoutError as exc:
             if not deadline.expired():
                 raise
@@ -170,7 +192,8 @@ def cmd_encode(args: argparse.Namespace) -> int:
 
 
 def cmd_decode(args: argparse.Namespace) -> int:
-    save_npz(args.output, _read_document(args.input, decode))
+    limits = _limits(args)
+    save_npz(args.output, _read_document(args.input, lambda buf: decode(buf, limits)))
     print(args.output)
     return _exit.SUCCESS
 
@@ -220,7 +243,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     target: str = args.target
     if Path(target).is_file():
         source = target
-        header = _read_document(target, read_header)
+        limits = _limits(args)
+        header = _read_document(target, lambda buf: read_header(buf, limits))
     else:
         try:
             cid = CID.parse(target)
@@ -228,7 +252,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             raise CIDError(f"{target!r} is neither a file nor a CID ({exc})") from exc
         source = str(cid)
         buf = _with_store(args, f"inspect {cid}", lambda s: s.fetch_document(cid))
-        header = read_header(buf)
+        header = read_header(buf, _limits(args))
     if args.json:
         print(json.dumps(_header_json(source, header), indent=2, default=_json_default))
     else:
