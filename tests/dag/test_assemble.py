@@ -295,3 +295,49 @@ def test_a_dag_that_expands_far_beyond_its_size_is_refused() -> None:
     with pytest.raises(DAGError, match="too many blocks"):
         for block in reversed(blocks):
             asm.add(block)
+
+
+def test_leaf_spans_tile_the_file_and_verify_in_place() -> None:
+    """What the store's `cat` path relies on: spans cover every byte once, each hashed in place."""
+    rng = np.random.default_rng(99)
+    data = rng.integers(0, 256, 3 * (1 << 20) + 12345, dtype=np.uint8)
+    blocks = list(build_file([memoryview(data)]))
+    root = blocks[-1]
+    for flip in (None, (1 << 20) + 5):
+        asm = FileAssembler(root.cid, len(data))
+        assert asm.leaf_spans() is None  # nothing known before the root
+        asm.add(root)
+        spans = asm.leaf_spans()
+        assert spans is not None
+        assert [s.offset for s in spans] == [i << 20 for i in range(4)]
+        assert sum(s.size for s in spans) == len(data)
+        assert [s.cid for s in spans] == [b.cid for b in blocks[:-1]]
+        assert asm.buffer is not None
+        asm.buffer[:] = data
+        if flip is not None:
+            asm.buffer[flip] ^= 1
+        for s in spans:
+            if flip is not None and s.offset <= flip < s.offset + s.size:
+                with pytest.raises(IntegrityError) as info:
+                    asm.verify_in_place(s)
+                assert info.value.cid == str(s.cid)
+            else:
+                asm.verify_in_place(s)
+        assert asm.done == (flip is None)
+        if flip is None:
+            assert bytes(asm.result()) == data.tobytes()
+
+
+def test_repeated_leaves_get_one_span_per_place() -> None:
+    zeros = np.zeros(3 << 20, dtype=np.uint8)  # three identical leaves, one CID
+    blocks = list(build_file([memoryview(zeros)]))
+    asm = FileAssembler(blocks[-1].cid, len(zeros))
+    asm.add(blocks[-1])
+    spans = asm.leaf_spans()
+    assert spans is not None and len(spans) == 3 and len({s.cid for s in spans}) == 1
+    assert asm.buffer is not None
+    asm.buffer[:] = 0
+    for s in spans:
+        assert not asm.done
+        asm.verify_in_place(s)
+    assert asm.done

@@ -39,6 +39,14 @@ class _Node(NamedTuple):
     filesize: int
 
 
+class LeafSpan(NamedTuple):
+    """Where one occurrence of a raw leaf sits in the file: ``buffer[offset : offset + size]``."""
+
+    offset: int
+    size: int
+    cid: CID
+
+
 class FileAssembler:
     """Rebuild the file under ``root`` from blocks fed to ``add``; bounded by ``max_size`` bytes."""
 
@@ -59,6 +67,7 @@ class FileAssembler:
         self._nodes: dict[CID, _Node] = {}  # received dag-pb nodes, to place again if reused
         self._buf: np.ndarray | None = None
         self._budget = 0  # placements left; set from the root's filesize
+        self._in_place: dict[CID, int] = {}  # leaf -> places still to verify in the buffer
 
     def wanted(self) -> set[CID]:
         """CIDs still needed (known from the blocks received so far)."""
@@ -78,6 +87,52 @@ class FileAssembler:
                 f"e.g. {missing}"
             )
         return self._buf
+
+    @property
+    def buffer(self) -> np.ndarray | None:
+        """The file's buffer once the root has arrived (bytes not yet placed are undefined)."""
+        return self._buf
+
+    def leaf_spans(self) -> list[LeafSpan] | None:
+        """Every pending place, in file order, when all of them are raw leaves tiling the file.
+
+        Then the file's bytes may be written into ``buffer`` by other means
+        (Kubo's ``cat``) and checked with ``verify_in_place``: every byte lies
+        in exactly one leaf span, so hashing the spans verifies the whole file.
+        ``None`` while dag-pb nodes are pending, before the root, or when some
+        bytes live in the nodes themselves (then feed blocks to ``add``).
+        """
+        if self._buf is None or any(cid.codec != RAW for cid in self._pending):
+            return None
+        spans = sorted(
+            LeafSpan(place.offset, place.size, cid)
+            for cid, places in self._pending.items()
+            for place in places
+        )
+        end = 0
+        for span in spans:
+            if span.offset != end or span.size < 0:
+                return None
+            end += span.size
+        if end != len(self._buf):
+            return None
+        self._in_place = {cid: len(places) for cid, places in self._pending.items()}
+        return spans
+
+    def verify_in_place(self, span: LeafSpan) -> None:
+        """Hash the bytes already at ``span`` against its leaf CID (IntegrityError if they differ).
+
+        Only for spans from ``leaf_spans``; the leaf counts as received once
+        each of its places has been verified.
+        """
+        buf = self._buf
+        assert buf is not None and span.cid in self._in_place
+        verify_block(span.cid, buf[span.offset : span.offset + span.size].data)
+        left = self._in_place[span.cid] - 1
+        self._in_place[span.cid] = left
+        if left == 0:
+            del self._pending[span.cid]
+            self._leaves[span.cid] = (span.offset, span.size)
 
     def add(self, block: Block) -> None:
         """Verify and place one block. IntegrityError (names the CID) if it does not hash to it."""

@@ -1,0 +1,192 @@
+"""The fast get path on real Kubo (dag-pb nodes by block/get, leaves by `cat` straight into the
+buffer, each leaf hashed in place): a TCP proxy in front of the daemon lies about `cat`'s bytes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+
+from gradstore.dag import CID
+from gradstore.errors import DAGError, IntegrityError
+from gradstore.format import Gradient
+from gradstore.node import KuboDaemon, KuboNode
+from gradstore.store import GradientStore
+
+pytestmark = pytest.mark.kubo
+MIB = 1 << 20
+
+
+def _read_until(sock: socket.socket, marker: bytes, buf: bytearray) -> bytes:
+    while marker not in buf:
+        data = sock.recv(65536)
+        if not data:
+            break
+        buf += data
+    head, _, rest = bytes(buf).partition(marker)
+    buf[:] = rest
+    return head + marker
+
+
+def _dechunk(body: bytes) -> tuple[bytes, bytes]:
+    """(data, trailer section) of a chunked body."""
+    out = bytearray()
+    pos = 0
+    while True:
+        end = body.index(b"\r\n", pos)
+        size = int(body[pos:end].split(b";")[0], 16)
+        pos = end + 2
+        if size == 0:
+            return bytes(out), body[pos:]
+        out += body[pos : pos + size]
+        pos += size + 2
+
+
+class CatProxy:
+    """Forwards everything to a real Kubo; answers to ``cat`` get one byte flipped or are cut short."""
+
+    def __init__(
+        self, upstream: str, *, flip_at: int | None = None, cut_at: int | None = None
+    ) -> None:
+        host, port = upstream.removeprefix("http://").split(":")
+        self.upstream = (host, int(port))
+        self.flip_at, self.cut_at = flip_at, cut_at
+        self.cat_requests = 0
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.server.settimeout(0.1)
+        self.stopped = threading.Event()
+        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
+        self._threads: list[threading.Thread] = []
+
+    def serve(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                client, _ = self.server.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            client.settimeout(None)
+            t = threading.Thread(target=self._handle, args=(client,), daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def _handle(self, client: socket.socket) -> None:
+        with client, socket.create_connection(self.upstream) as up:
+            pending = bytearray()
+            head = _read_until(client, b"\r\n\r\n", pending)
+            up.sendall(head + bytes(pending))
+            if b"/api/v0/cat" not in head.split(b"\r\n")[0]:
+                self._pump(client, up)
+                return
+            self.cat_requests += 1
+            answer = bytearray()
+            while data := up.recv(1 << 20):
+                answer += data
+            resp_head, _, body = bytes(answer).partition(b"\r\n\r\n")
+            data, trailers = _dechunk(body)
+            if self.flip_at is not None:
+                flipped = bytearray(data)
+                flipped[self.flip_at] ^= 0x04
+                data = bytes(flipped)
+            if self.cut_at is not None:
+                data, trailers = data[: self.cut_at], b"\r\n"
+            chunks = b"".join(
+                b"%x\r\n%s\r\n" % (len(data[i : i + 65536]), data[i : i + 65536])
+                for i in range(0, len(data), 65536)
+            )
+            client.sendall(resp_head + b"\r\n\r\n" + chunks + b"0\r\n" + trailers)
+
+    @staticmethod
+    def _pump(client: socket.socket, up: socket.socket) -> None:
+        def copy(src: socket.socket, dst: socket.socket) -> None:
+            try:
+                while data := src.recv(65536):
+                    dst.sendall(data)
+            except OSError:
+                pass
+            finally:
+                with contextlib.suppress(OSError):
+                    dst.shutdown(socket.SHUT_WR)
+
+        back = threading.Thread(target=copy, args=(up, client), daemon=True)
+        back.start()
+        copy(client, up)
+        back.join(10)
+
+
+@contextmanager
+def proxy(daemon: KuboDaemon, **kwargs: int) -> Iterator[CatProxy]:
+    p = CatProxy(daemon.api_url, **kwargs)
+    server = threading.Thread(target=p.serve, daemon=True)
+    server.start()
+    try:
+        yield p
+    finally:
+        p.stopped.set()
+        server.join(5)
+        p.server.close()
+
+
+def _gradient() -> Gradient:
+    rng = np.random.default_rng(31337)
+    return Gradient({"w": rng.standard_normal(800_000).astype(np.float32)})  # ~3.2 MB, four leaves
+
+
+def _put(daemon: KuboDaemon, g: Gradient) -> CID:
+    async def go() -> CID:
+        async with daemon.node() as node:
+            return await GradientStore(node).put(g)
+
+    return asyncio.run(go())
+
+
+def test_an_honest_proxy_changes_nothing(kubo: KuboDaemon) -> None:
+    g = _gradient()
+    cid = _put(kubo, g)
+
+    async def go() -> None:
+        with proxy(kubo) as p:
+            async with KuboNode(p.url) as node:
+                assert node.bulk_reads
+                assert await GradientStore(node).get(cid) == g
+            assert p.cat_requests == 1  # the leaves came by `cat`, not by a CAR
+
+    asyncio.run(go())
+
+
+def test_one_flipped_byte_in_cat_is_an_integrity_error_naming_the_leaf(kubo: KuboDaemon) -> None:
+    g = _gradient()
+    cid = _put(kubo, g)
+
+    async def go() -> None:
+        with proxy(kubo, flip_at=MIB + 777) as p:  # inside the second leaf
+            async with KuboNode(p.url) as node:
+                got: list[Gradient] = []
+                with pytest.raises(IntegrityError) as info:
+                    got.append(await GradientStore(node).get(cid))
+                assert not got and p.cat_requests == 1
+        leaf = CID.parse(info.value.cid)
+        assert leaf != cid and leaf.codec == 0x55 and str(leaf) in str(info.value)
+
+    asyncio.run(go())
+
+
+def test_a_short_cat_body_is_refused(kubo: KuboDaemon) -> None:
+    g = _gradient()
+    cid = _put(kubo, g)
+
+    async def go() -> None:
+        with proxy(kubo, cut_at=2 * MIB + 5) as p:
+            async with KuboNode(p.url) as node:
+                with pytest.raises(DAGError, match="incomplete"):
+                    await GradientStore(node).get(cid)
+                assert p.cat_requests == 1
+
+    asyncio.run(go())
