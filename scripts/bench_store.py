@@ -6,8 +6,10 @@ One run, one freshly started isolated Kubo daemon (own temporary repo, the
 
   encode        format.encode(g)                    (lazy: header + views of the arrays)
   local CID     dag.file_cid(encode(g))             (no node; chunk + sha256 in 2 threads)
-  put           GradientStore.put(g)                (CAR to dag/import, root pinned, root checked)
-  get+verify    GradientStore.get(cid)              (dag/export, every block hashed, decoded)
+  put           GradientStore.put(g)                (one pass: leaves streamed to dag/import as they
+                                                     are hashed, then the dag-pb nodes; Kubo pins the root)
+  get+verify    GradientStore.get(cid)              (dag-pb nodes by block/get, leaves by cat into one
+                                                     buffer, every block hashed, decoded)
 
 next to the reference on documents of the same size:
 

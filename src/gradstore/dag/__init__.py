@@ -7,7 +7,7 @@ Kubo node initialised with ``--profile=unixfs-v1-2025``.
 from .assemble import MAX_DEPTH, FileAssembler
 from .block import Block, block_links
 from .builder import EMPTY_FILE, build_file, file_cid, layout
-from .car import CarReader, decode_header, encode_header, write_car
+from .car import CarReader, car_header, car_sections, decode_header, encode_header, write_car
 from .chunker import chunks
 from .cid import CID, DAG_CBOR, DAG_PB, RAW, verify_block
 from .dagpb import PBLink, PBNode, decode_pbnode, encode_pbnode
@@ -34,6 +34,8 @@ __all__ = [
     "UnixFSData",
     "block_links",
     "build_file",
+    "car_header",
+    "car_sections",
     "chunks",
     "decode_header",
     "decode_pbnode",

@@ -48,8 +48,18 @@ def encode_header(roots: Sequence[CID]) -> bytes:
 
 def write_car(roots: Sequence[CID], blocks: Iterable[Block]) -> Iterator[bytes | memoryview]:
     """Stream a CAR v1: the header, then one section per block; block data is yielded as-is."""
+    yield car_header(roots)
+    yield from car_sections(blocks)
+
+
+def car_header(roots: Sequence[CID]) -> bytes:
+    """The length-prefixed CAR v1 header naming ``roots``."""
     header = encode_header(roots)
-    yield encode_varint(len(header)) + header
+    return encode_varint(len(header)) + header
+
+
+def car_sections(blocks: Iterable[Block]) -> Iterator[bytes | memoryview]:
+    """One CAR section per block (length, CID, data); the data is passed through zero-copy."""
     for block in blocks:
         cid = block.cid.bytes
         yield encode_varint(len(cid) + len(block.data)) + cid

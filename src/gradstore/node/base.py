@@ -78,9 +78,18 @@ class Node(Protocol):
         ...
 
     async def import_car(
-        self, body: AsyncIterable[Buffer] | Iterable[Buffer], *, pin_roots: bool = True
+        self,
+        body: AsyncIterable[Buffer] | Iterable[Buffer],
+        *,
+        pin_roots: bool = True,
+        complete: bool = False,
     ) -> list[CID]:
-        """Store every block of a CAR stream; return the reported roots (pinned by default)."""
+        """Store every block of a CAR stream; return the reported roots (pinned by default).
+
+        ``complete=True`` vouches that every block under the roots is in the node
+        once the stream is in (e.g. the rest came in an earlier CAR), so the node
+        may pin without first checking the DAG.
+        """
         ...
 
     def export_car(self, root: CID) -> AsyncIterator[bytes]:

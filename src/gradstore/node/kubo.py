@@ -211,16 +211,24 @@ class KuboNode:
         return rpc.parse_version(await self._json("version"))
 
     async def import_car(
-        self, body: AsyncIterable[Buffer] | Iterable[Buffer], *, pin_roots: bool = True
+        self,
+        body: AsyncIterable[Buffer] | Iterable[Buffer],
+        *,
+        pin_roots: bool = True,
+        complete: bool = False,
     ) -> list[CID]:
-        """``dag/import`` of one CAR stream; return its header's roots, pinned unless told not to.
+        """``dag/import`` of one CAR stream; return its roots, pinned unless told not to.
 
         The body is streamed once (no retry: an iterator cannot be replayed).
-        Roots are pinned afterwards with ``offline=true``, so a root whose DAG
-        is incomplete raises ``BlockNotFoundError`` at once (Kubo's own
-        ``pin-roots`` would search the network until the request times out).
+        By default roots are pinned afterwards with ``offline=true`` after a
+        ``dag/stat`` walk, so a root whose DAG is incomplete raises
+        ``BlockNotFoundError`` at once (Kubo's own ``pin-roots`` would search
+        the network until the request times out). With ``complete=True`` the
+        caller vouches for the DAG and Kubo pins the roots itself in the same
+        request (one walk fewer); the roots are then the ones Kubo reports.
         """
         seen = rpc.CarRoots()
+        kubo_pins = pin_roots and complete
 
         async def tap() -> AsyncIterator[Buffer]:
             if isinstance(body, AsyncIterable):
@@ -234,14 +242,16 @@ class KuboNode:
 
         answer = await self._upload(
             "dag/import",
-            rpc.dag_import_params(pin_roots=False),
+            rpc.dag_import_params(pin_roots=kubo_pins),
             tap(),
             retry=False,
             filename="import.car",
         )
-        rpc.parse_ndjson("dag/import", answer)  # raises on an error item
+        pinned = rpc.parse_dag_import(rpc.parse_ndjson("dag/import", answer))  # raises on errors
         if seen.roots is None:
             raise DAGError("dag/import: the body ended before its CAR header")
+        if kubo_pins:
+            return pinned
         if pin_roots:
             for root in seen.roots:
                 await self.pin(root, offline=True)

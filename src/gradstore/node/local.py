@@ -194,9 +194,16 @@ class LocalNode:
         return self._block_path(cid).exists()
 
     async def import_car(
-        self, body: AsyncIterable[Buffer] | Iterable[Buffer], *, pin_roots: bool = True
+        self,
+        body: AsyncIterable[Buffer] | Iterable[Buffer],
+        *,
+        pin_roots: bool = True,
+        complete: bool = False,
     ) -> list[CID]:
-        """Store every block of a CAR v1 stream (each verified); pin the header's roots."""
+        """Store every block of a CAR v1 stream (each verified); pin the header's roots.
+
+        ``complete`` changes nothing here: pinning always checks the DAG (it is cheap locally).
+        """
         reader = CarReader(MAX_BLOCK_SIZE)
 
         def feed(chunk: memoryview) -> None:

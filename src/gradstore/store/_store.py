@@ -1,10 +1,11 @@
 """GradientStore: gradients in, CIDs out, and every fetched block verified before use.
 
-put streams the canonical document through the chunker and DAG builder and
-sends one CAR to the node (root pinned), then checks that the node reports the
-locally computed root.  get streams the node's CAR export, verifies every
-block against its CID while writing leaf data into one preallocated buffer,
-and only then decodes.
+put streams the canonical document through the chunker and DAG builder in one
+pass: leaves go to the node as a CAR while they are hashed, the dag-pb nodes
+follow in a second CAR naming the root, and the node must report exactly the
+locally computed root as pinned.  get verifies every block against its CID
+while writing leaf data into one preallocated buffer (Kubo: nodes by block/get,
+leaves by cat hashed in place; other nodes: a CAR export), and only then decodes.
 """
 
 from __future__ import annotations
@@ -18,7 +19,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..dag import CID, Block, CarReader, FileAssembler, build_file, file_cid, write_car
+from ..dag import (
+    CID,
+    Block,
+    CarReader,
+    FileAssembler,
+    build_file,
+    car_header,
+    car_sections,
+    file_cid,
+    write_car,
+)
 from ..dag.assemble import LeafSpan
 from ..dag.cid import RAW
 from ..errors import DAGError, IntegrityError, NodeError
@@ -28,7 +39,8 @@ from ..node import KuboNode, Node
 Progress = Callable[[int, int], None]
 """Called with (bytes done, bytes total) as a transfer advances."""
 
-_BATCH_BYTES = 8 << 20  # blocks handed between the hashing thread and the loop per step
+_BATCH_BYTES = 8 << 20  # progress is reported about this often
+_QUEUE_BLOCKS = 16  # leaves hashed ahead of the upload (16 MiB)
 _MAX_NODE_FETCHES = 64  # dag-pb nodes fetched at once by block/get (64 GiB files under the profile)
 
 
@@ -60,20 +72,73 @@ class GradientStore:
     async def put_document(
         self, doc: EncodedDocument, *, pin: bool = True, progress: Progress | None = None
     ) -> CID:
-        """Store an encoded document; the root is computed locally first and must match the node's.
+        """Store an encoded document; the root is computed locally and must match the node's.
 
-        The DAG is built once (leaves hashed in two threads, zero-copy views of
-        the document) and then streamed as a CAR: nothing is hashed twice.
-        Do not modify the gradient's arrays until ``put`` returns.
+        One pass: a worker thread chunks and hashes (two threads, zero-copy
+        views of the document) while the loop streams the leaves to the node
+        as a first CAR; the few dag-pb nodes follow as a second CAR whose
+        header names the root, which is then pinned. A CAR header must name
+        its roots first, so a single CAR would need a hashing pass before
+        the upload could start. Do not modify the arrays until ``put`` returns.
         """
-        blocks = await asyncio.to_thread(_build_blocks, doc)
-        root = blocks[-1].cid
+        loop = asyncio.get_running_loop()
+        leaves: asyncio.Queue[Block | BaseException | None] = asyncio.Queue(maxsize=_QUEUE_BLOCKS)
+        inner: list[Block] = []
+        first_leaf: list[CID] = []
+        stop = threading.Event()
+
+        def produce() -> None:
+            try:
+                for block in build_file(doc, threads=2):
+                    if stop.is_set():
+                        return
+                    if block.cid.codec == RAW:
+                        asyncio.run_coroutine_threadsafe(leaves.put(block), loop).result()
+                    else:
+                        inner.append(block)
+                item: Block | BaseException | None = None
+            except BaseException as exc:  # handed to the loop, raised there
+                item = exc
+            asyncio.run_coroutine_threadsafe(leaves.put(item), loop).result()
+
+        async def leaf_car() -> AsyncIterator[bytes | memoryview]:
+            first = await leaves.get()
+            if isinstance(first, BaseException):
+                raise first
+            assert first is not None  # a document always has at least one leaf
+            first_leaf.append(first.cid)
+            sent = reported = 0
+            block: Block | BaseException | None = first
+            yield car_header([first.cid])  # any root will do: this CAR's roots are not pinned
+            while block is not None:
+                if isinstance(block, BaseException):
+                    raise block
+                for piece in car_sections([block]):
+                    yield piece
+                sent += len(block.data)
+                if progress is not None and sent - reported >= _BATCH_BYTES:
+                    progress(min(sent, doc.size), doc.size)
+                    reported = sent
+                block = await leaves.get()
+
+        worker = threading.Thread(target=produce, name="gradstore-put", daemon=True)
+        worker.start()
+        try:
+            await self.node.import_car(leaf_car(), pin_roots=False)
+        finally:
+            stop.set()
+            while not leaves.empty():  # let a producer blocked on a full queue finish
+                leaves.get_nowait()
+            await asyncio.to_thread(worker.join)
+        root = inner[-1].cid if inner else first_leaf[0]  # one chunk: the leaf is the root
         reported = await self.node.import_car(
-            _car_stream(root, blocks, doc.size, progress), pin_roots=pin
+            write_car([root], inner), pin_roots=pin, complete=True
         )
         if reported != [root]:
             got = ", ".join(map(str, reported)) or "nothing"
             raise NodeError(f"node {self.node.name} imported {got}, expected root {root}")
+        if progress is not None:
+            progress(doc.size, doc.size)
         return root
 
     # -- get ---------------------------------------------------------------
@@ -261,26 +326,6 @@ async def _cat_leaves(
     if progress is not None:
         progress(size, size)
     return result
-
-
-def _build_blocks(doc: EncodedDocument) -> list[Block]:
-    """Every block of ``doc``'s DAG, root last (leaves are views of the document's buffers)."""
-    return list(build_file(doc, threads=2))
-
-
-async def _car_stream(
-    root: CID, blocks: list[Block], size: int, progress: Progress | None
-) -> AsyncIterator[bytes | memoryview]:
-    """The CAR of ``blocks`` (already hashed), with ``progress`` about every 8 MiB."""
-    sent = reported = 0
-    for piece in write_car([root], blocks):
-        yield piece
-        sent += len(piece)
-        if progress is not None and sent - reported >= _BATCH_BYTES:
-            progress(min(sent, size), size)
-            reported = sent
-    if progress is not None:
-        progress(size, size)
 
 
 def _add_all(assembler: FileAssembler, blocks: list[Block]) -> None:
