@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from . import _exit
+from ._nodes import add_node_options
 
 
 def _positive_int(text: str) -> int:
@@ -68,20 +69,7 @@ def register(sub: Any) -> None:
         default=2,
         help="federated: local epochs per round (default 2)",
     )
-    group = p.add_argument_group("node")
-    group.add_argument(
-        "--api",
-        default=None,
-        help="Kubo RPC endpoint to use if it answers (env GRADSTORE_API, default http://127.0.0.1:5001)",
-    )
-    group.add_argument(
-        "--local", metavar="DIR", default=None, help="use the embedded node stored in DIR"
-    )
-    group.add_argument(
-        "--api-auth",
-        default=None,
-        help="Authorization header value for Kubo (env GRADSTORE_API_AUTH)",
-    )
+    add_node_options(p, api_help="Kubo RPC endpoint to use if it answers")
     out = p.add_argument_group("output")
     out.add_argument("--plot", metavar="PNG", default=None, help="save loss and accuracy per round")
     out.add_argument("--summary-json", metavar="PATH", default=None, help="write a JSON summary")

@@ -10,12 +10,15 @@ from ..node import KuboNode, LocalNode, Node
 DEFAULT_API = "http://127.0.0.1:5001"
 
 
-def add_node_options(parser: argparse.ArgumentParser) -> None:
+def add_node_options(
+    parser: argparse.ArgumentParser, *, api_help: str = "Kubo RPC endpoint"
+) -> None:
+    """``--api``, ``--local`` and ``--api-auth``, in a "node" group."""
     group = parser.add_argument_group("node")
     group.add_argument(
         "--api",
         default=None,
-        help=f"Kubo RPC endpoint (env GRADSTORE_API, default {DEFAULT_API})",
+        help=f"{api_help} (env GRADSTORE_API, default {DEFAULT_API})",
     )
     group.add_argument(
         "--local", metavar="DIR", default=None, help="use the embedded node stored in DIR"

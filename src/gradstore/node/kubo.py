@@ -28,7 +28,8 @@ from ..errors import (
 from . import _bulk
 from . import kubo_rpc as rpc
 from ._config import DEFAULT_API, DEFAULT_TIMEOUTS, Retry, Timeouts, check_pubsub_size
-from .base import NodeIdentity, PubsubMessage
+from ._subscription import QueuedSubscription
+from .base import NodeIdentity
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -483,10 +484,7 @@ class KuboNode:
             await asyncio.sleep(interval)
 
 
-_CLOSED = object()
-
-
-class KuboSubscription:
+class KuboSubscription(QueuedSubscription):
     """A ``pubsub/sub`` stream read by a background task into an unbounded queue.
 
     Kubo buffers only 32 messages per subscriber and drops the rest, so the
@@ -496,32 +494,15 @@ class KuboSubscription:
     """
 
     def __init__(self, node: KuboNode, topic: str) -> None:
+        super().__init__(topic)
         self.node = node
-        self.topic = topic
-        self._queue: asyncio.Queue[object] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self._ready: asyncio.Future[None] | None = None
-        self._closed = False
 
     def __repr__(self) -> str:
         return f"KuboSubscription({self.node.api!r}, {self.topic!r})"
 
-    async def __aenter__(self) -> Self:
-        await self.ready()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
-    async def ready(self) -> None:
-        """Start the subscription (once) and return when Kubo is subscribed; errors raise here."""
-        if self._closed:
-            raise NodeError(f"{self!r} is closed")
+    async def _activate(self) -> None:
         if self._ready is None:
             self._ready = asyncio.get_running_loop().create_future()
             self._task = asyncio.create_task(
@@ -556,35 +537,7 @@ class KuboSubscription:
         finally:
             await client.aclose()
 
-    def __aiter__(self) -> Self:
-        return self
-
-    async def __anext__(self) -> PubsubMessage:
-        if self._ready is None:
-            await self.ready()
-        if self._closed and self._queue.empty():
-            raise StopAsyncIteration
-        item = await self._queue.get()
-        if item is _CLOSED:
-            raise StopAsyncIteration
-        if isinstance(item, BaseException):
-            self._queue.put_nowait(item)  # every later read fails the same way
-            raise item
-        assert isinstance(item, PubsubMessage)
-        return item
-
-    async def get(self, timeout: float | None = None) -> PubsubMessage:
-        """The next message; ``TimeoutError`` after ``timeout`` s, ``NodeError`` once closed."""
-        try:
-            return await asyncio.wait_for(self.__anext__(), timeout)
-        except StopAsyncIteration:
-            raise NodeError(f"{self!r} is closed") from None
-
-    async def aclose(self) -> None:
-        """Stop reading and close the stream; iteration then ends after queued messages."""
-        if self._closed:
-            return
-        self._closed = True
+    async def _deactivate(self) -> None:
         self.node._subscriptions.discard(self)
         if self._task is not None:
             self._task.cancel()
@@ -592,4 +545,3 @@ class KuboSubscription:
                 await self._task
         if self._ready is not None and not self._ready.done():
             self._ready.cancel()
-        self._queue.put_nowait(_CLOSED)

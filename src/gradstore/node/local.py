@@ -25,8 +25,9 @@ from .. import __version__
 from ..dag.block import Block, block_links
 from ..dag.car import CarReader, write_car
 from ..dag.cid import CID, RAW, verify_block
-from ..errors import BlockNotFoundError, LimitExceededError, NodeError
+from ..errors import BlockNotFoundError, LimitExceededError
 from ._config import check_pubsub_size
+from ._subscription import QueuedSubscription
 from .base import NodeIdentity, PubsubMessage
 from .kubo_rpc import byte_view
 
@@ -255,25 +256,18 @@ class LocalNode:
         return LocalSubscription(self, topic)
 
 
-_CLOSED = object()
-
-
-class LocalSubscription:
+class LocalSubscription(QueuedSubscription):
     """An in-process subscription, active from ``async with`` (or ``ready()``) to ``aclose()``."""
 
     def __init__(self, node: LocalNode, topic: str) -> None:
+        super().__init__(topic)
         self.node = node
-        self.topic = topic
-        self._queue: asyncio.Queue[object] = asyncio.Queue()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._closed = False
 
     def __repr__(self) -> str:
         return f"LocalSubscription({str(self.node.path)!r}, {self.topic!r})"
 
-    async def ready(self) -> None:
-        if self._closed:
-            raise NodeError(f"{self!r} is closed")
+    async def _activate(self) -> None:
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
             self.node._hub.subscribers.setdefault(self.topic, set()).add(self)
@@ -292,44 +286,8 @@ class LocalSubscription:
         else:
             loop.call_soon_threadsafe(self._queue.put_nowait, message)
 
-    async def __aenter__(self) -> Self:
-        await self.ready()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
-    def __aiter__(self) -> Self:
-        return self
-
-    async def __anext__(self) -> PubsubMessage:
-        if self._loop is None:
-            await self.ready()
-        if self._closed and self._queue.empty():
-            raise StopAsyncIteration
-        item = await self._queue.get()
-        if item is _CLOSED:
-            raise StopAsyncIteration
-        assert isinstance(item, PubsubMessage)
-        return item
-
-    async def get(self, timeout: float | None = None) -> PubsubMessage:
-        try:
-            return await asyncio.wait_for(self.__anext__(), timeout)
-        except StopAsyncIteration:
-            raise NodeError(f"{self!r} is closed") from None
-
-    async def aclose(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+    async def _deactivate(self) -> None:
         subs = self.node._hub.subscribers.get(self.topic)
         if subs is not None:
             subs.discard(self)
         self.node._subscriptions.discard(self)
-        self._queue.put_nowait(_CLOSED)
