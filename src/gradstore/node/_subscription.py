@@ -8,16 +8,16 @@ messages, or with an exception that every later read re-raises.
 from __future__ import annotations
 
 import asyncio
-from types import TracebackType
 from typing import Self
 
 from ..errors import NodeError
+from ._closing import AsyncClosing
 from .base import PubsubMessage
 
 _CLOSED = object()
 
 
-class QueuedSubscription:
+class QueuedSubscription(AsyncClosing):
     """Base of ``KuboSubscription`` and ``LocalSubscription``."""
 
     def __init__(self, topic: str) -> None:
@@ -40,14 +40,6 @@ class QueuedSubscription:
     async def __aenter__(self) -> Self:
         await self.ready()
         return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     def __aiter__(self) -> Self:
         return self

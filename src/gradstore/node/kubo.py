@@ -12,8 +12,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import httpx
 
@@ -27,6 +26,7 @@ from ..errors import (
 )
 from . import _bulk
 from . import kubo_rpc as rpc
+from ._closing import AsyncClosing
 from ._config import DEFAULT_API, DEFAULT_TIMEOUTS, Retry, Timeouts, check_pubsub_size
 from ._subscription import QueuedSubscription
 from .base import NodeIdentity
@@ -38,7 +38,7 @@ BodyFactory = Callable[[], AsyncIterator[bytes | memoryview]]
 """Builds a fresh request body per attempt, so a retried call sends its body again."""
 
 
-class KuboNode:
+class KuboNode(AsyncClosing):
     """A Kubo daemon reached over its RPC API; implements ``Node`` plus a few Kubo-only calls.
 
     ``auth`` is sent as the ``Authorization`` header (Kubo's
@@ -77,17 +77,6 @@ class KuboNode:
             timeout=timeout,
             transport=self._transport,
         )
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         """Close every open subscription and the HTTP client."""

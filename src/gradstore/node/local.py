@@ -18,14 +18,14 @@ import tempfile
 import threading
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
 from pathlib import Path
-from types import TracebackType
-from typing import TYPE_CHECKING, Final, Self
+from typing import TYPE_CHECKING, Final
 
 from .. import __version__
 from ..dag.block import Block, block_links
 from ..dag.car import CarReader, write_car
 from ..dag.cid import CID, RAW, verify_block
 from ..errors import BlockNotFoundError, LimitExceededError
+from ._closing import AsyncClosing
 from ._config import check_pubsub_size
 from ._subscription import QueuedSubscription
 from .base import NodeIdentity, PubsubMessage
@@ -78,7 +78,7 @@ def _atomic_write(path: Path, pieces: Iterable[Buffer]) -> None:
         raise
 
 
-class LocalNode:
+class LocalNode(AsyncClosing):
     """A ``Node`` in a directory; pubsub reaches the LocalNodes of that directory in-process."""
 
     def __init__(self, path: str | Path) -> None:
@@ -92,17 +92,6 @@ class LocalNode:
 
     def __repr__(self) -> str:
         return f"LocalNode({str(self.path)!r})"
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         for sub in list(self._subscriptions):
