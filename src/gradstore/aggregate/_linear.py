@@ -44,17 +44,19 @@ def combine(
         tmp_buf = scratch.get("tmp", (BLOCK,), _F64)
         for lo, hi in blocks(start, stop, BLOCK):
             acc, tmp = acc_buf[: hi - lo], tmp_buf[: hi - lo]
-            first = flats[0][name][lo:hi]
-            if factors is None:
-                np.copyto(acc, first)
-            else:
-                np.multiply(first, factors[0], out=acc, dtype=_F64)
+            # widening with copyto first is a plain SIMD loop; a ufunc with dtype=float64
+            # on float32 input goes through NumPy's buffered casting (about 10% slower).
+            # Same values either way: x is widened exactly, then multiplied in float64.
+            np.copyto(acc, flats[0][name][lo:hi])
+            if factors is not None:
+                np.multiply(acc, factors[0], out=acc)
             for index in range(1, len(flats)):
                 x = flats[index][name][lo:hi]
                 if factors is None:
                     np.add(acc, x, out=acc, dtype=_F64)
                 else:
-                    np.multiply(x, factors[index], out=tmp, dtype=_F64)
+                    np.copyto(tmp, x)
+                    np.multiply(tmp, factors[index], out=tmp)
                     np.add(acc, tmp, out=acc)
             if divisor is not None:
                 np.divide(acc, divisor, out=acc)

@@ -21,6 +21,7 @@ import numpy as np
 
 from ..dag import (
     CID,
+    EMPTY_FILE,
     Block,
     CarReader,
     FileAssembler,
@@ -41,6 +42,8 @@ Progress = Callable[[int, int], None]
 
 _BATCH_BYTES = 8 << 20  # progress is reported about this often
 _QUEUE_BLOCKS = 16  # leaves hashed ahead of the upload (16 MiB)
+_PUT_HASH_THREADS = 2  # sha256 threads while the node ingests
+_PUT_STREAMS = 2  # concurrent leaf CAR imports
 _MAX_NODE_FETCHES = 64  # dag-pb nodes fetched at once by block/get (64 GiB files under the profile)
 
 
@@ -76,23 +79,27 @@ class GradientStore:
 
         One pass: a worker thread chunks and hashes (two threads, zero-copy
         views of the document) while the loop streams the leaves to the node
-        as a first CAR; the few dag-pb nodes follow as a second CAR whose
-        header names the root, which is then pinned. A CAR header must name
-        its roots first, so a single CAR would need a hashing pass before
-        the upload could start. Do not modify the arrays until ``put`` returns.
+        as they come, over ``_PUT_STREAMS`` concurrent CAR imports (Kubo then
+        writes on every core); the few dag-pb nodes follow as a last CAR whose
+        header names the root, which the node pins. A CAR header must name its
+        roots first, so one CAR would need a hashing pass before the upload
+        could start. Do not modify the arrays until ``put`` returns.
         """
         loop = asyncio.get_running_loop()
         leaves: asyncio.Queue[Block | BaseException | None] = asyncio.Queue(maxsize=_QUEUE_BLOCKS)
         inner: list[Block] = []
         first_leaf: list[CID] = []
         stop = threading.Event()
+        sent = [0, 0]  # bytes sent, bytes at the last progress report
 
         def produce() -> None:
             try:
-                for block in build_file(doc, threads=2):
+                for block in build_file(doc, threads=_PUT_HASH_THREADS):
                     if stop.is_set():
                         return
                     if block.cid.codec == RAW:
+                        if not first_leaf:
+                            first_leaf.append(block.cid)
                         asyncio.run_coroutine_threadsafe(leaves.put(block), loop).result()
                     else:
                         inner.append(block)
@@ -102,29 +109,30 @@ class GradientStore:
             asyncio.run_coroutine_threadsafe(leaves.put(item), loop).result()
 
         async def leaf_car() -> AsyncIterator[bytes | memoryview]:
-            first = await leaves.get()
-            if isinstance(first, BaseException):
-                raise first
-            assert first is not None  # a document always has at least one leaf
-            first_leaf.append(first.cid)
-            sent = reported = 0
-            block: Block | BaseException | None = first
-            yield car_header([first.cid])  # any root will do: this CAR's roots are not pinned
-            while block is not None:
-                if isinstance(block, BaseException):
+            # any root will do: these CARs' roots are not pinned (the empty block: no leaf yet)
+            yield car_header([EMPTY_FILE.cid])
+            while True:
+                block = await leaves.get()
+                if block is None or isinstance(block, BaseException):
+                    leaves.put_nowait(block)  # the other streams end (or fail) too
+                    if block is None:
+                        return
                     raise block
                 for piece in car_sections([block]):
                     yield piece
-                sent += len(block.data)
-                if progress is not None and sent - reported >= _BATCH_BYTES:
-                    progress(min(sent, doc.size), doc.size)
-                    reported = sent
-                block = await leaves.get()
+                sent[0] += len(block.data)
+                if progress is not None and sent[0] - sent[1] >= _BATCH_BYTES:
+                    progress(min(sent[0], doc.size), doc.size)
+                    sent[1] = sent[0]
 
         worker = threading.Thread(target=produce, name="gradstore-put", daemon=True)
         worker.start()
         try:
-            await self.node.import_car(leaf_car(), pin_roots=False)
+            async with asyncio.TaskGroup() as group:
+                for _ in range(_PUT_STREAMS):
+                    group.create_task(self.node.import_car(leaf_car(), pin_roots=False))
+        except BaseExceptionGroup as group_error:
+            raise group_error.exceptions[0] from None
         finally:
             stop.set()
             while not leaves.empty():  # let a producer blocked on a full queue finish
