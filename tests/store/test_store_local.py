@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from gradstore.dag import CID, file_cid
-from gradstore.errors import BlockNotFoundError, IntegrityError, LimitExceededError
+from gradstore.errors import BlockNotFoundError, IntegrityError, LimitExceededError, NodeError
 from gradstore.format import Gradient, Limits, encode
 from gradstore.node import LocalNode
 from gradstore.store import GradientStore, SyncGradientStore
@@ -93,3 +93,30 @@ def test_unpin(tmp_path: Path) -> None:
         assert cid not in await node.pins()
 
     asyncio.run(go())
+
+
+class _FailingImports(LocalNode):
+    """A local node whose leaf imports break off after a few blocks, as a dying daemon would."""
+
+    async def import_car(self, body, *, pin_roots=True, complete=False):  # type: ignore[no-untyped-def,override]
+        if complete:
+            return await super().import_car(body, pin_roots=pin_roots, complete=complete)
+        seen = 0
+        async for piece in body:
+            seen += len(piece)
+            if seen > 3 << 20:
+                raise NodeError("connection reset by the node")
+        return []
+
+
+def test_a_put_that_fails_midway_raises_and_leaves_no_thread_behind(tmp_path: Path) -> None:
+    import threading
+
+    g = _gradient(5_000_000)  # ~20 MB: many leaves still queued when the import fails
+
+    async def go() -> None:
+        with pytest.raises(NodeError, match="connection reset"):
+            await GradientStore(_FailingImports(tmp_path)).put(g)
+
+    asyncio.run(asyncio.wait_for(go(), 30))
+    assert not [t for t in threading.enumerate() if t.name == "gradstore-put"]
