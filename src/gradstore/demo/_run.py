@@ -34,8 +34,7 @@ from ..coordinator import Coordinator, RoundOutcome
 from ..dag import CID
 from ..errors import CoordinatorError
 from ..format import Gradient, encode
-from ..job import JobConfig
-from ..job._config import parse_job
+from ..job import JobConfig, parse_job
 from ..messages import SigningKey
 from ..node import Node
 from ..peer import Peer, apply
