@@ -124,3 +124,16 @@ def test_repeatable(seed: int) -> None:
     b, ib = aggregate_with_info(inputs, AggregationParams("multikrum", byzantine=1))
     assert ia == ib
     assert all(a[k].tobytes() == b[k].tobytes() for k in a)
+
+
+def test_selection_ignores_last_bit_differences_in_scores() -> None:
+    """Another machine's BLAS may round the distances differently in the last bits: the
+    selection, and so the output CID an auditor re-derives, must not change."""
+    from gradstore.aggregate._krum import RANK_DIGITS, select_lowest
+
+    base = [10.0, 10.0, 12.5, 30.0]
+    nudged = [10.0 * (1 + 4e-16), 10.0, 12.5, 30.0]  # score 0 a few ulps higher
+    assert select_lowest(base, 1) == select_lowest(nudged, 1) == (0,)
+    assert select_lowest(base, 2) == select_lowest(nudged, 2) == (0, 1)
+    clearly = [10.0 * (1 + 10.0 ** -(RANK_DIGITS - 2)), 10.0, 12.5, 30.0]  # a real difference
+    assert select_lowest(clearly, 1) == (1,)

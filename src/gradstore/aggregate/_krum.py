@@ -10,7 +10,9 @@ the last bits; the output is bit-identical whenever the same inputs are selected
 
 score(i) = sum of the n - f - 2 smallest distances from i to the others. Krum selects the
 lowest score (ties: lowest index); multi-Krum selects the m lowest (Blanchard's
-non-iterative variant) and averages them in input order.
+non-iterative variant) and averages them in input order. Scores are ranked at
+``RANK_DIGITS`` significant digits, so last-bit differences between machines' BLAS
+cannot change the selection (and with it the output CID).
 """
 
 from __future__ import annotations
@@ -86,7 +88,17 @@ def krum_scores(dist: np.ndarray, byzantine: int) -> list[float]:
     return scores
 
 
+#: Scores are ranked at this many significant digits. BLAS may round the Gram matrix
+#: differently on another machine (last bits only); ranking coarser than that makes an
+#: auditor elsewhere select the same inputs, and so re-derive the same output CID.
+RANK_DIGITS: Final = 9
+
+
 def select_lowest(scores: Sequence[float], m: int) -> tuple[int, ...]:
-    """Indices of the ``m`` lowest scores (ties: lower index first), in increasing index order."""
-    ranked = sorted(range(len(scores)), key=lambda i: (scores[i], i))
+    """Indices of the ``m`` lowest scores (ties, to ``RANK_DIGITS``: lower index first), in index order."""
+    ranked = sorted(range(len(scores)), key=lambda i: (_rank_key(scores[i]), i))
     return tuple(sorted(ranked[:m]))
+
+
+def _rank_key(score: float) -> float:
+    return float(f"{score:.{RANK_DIGITS - 1}e}")
