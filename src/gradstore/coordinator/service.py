@@ -49,7 +49,7 @@ from ..messages import (
     encode_record,
     verify_message,
 )
-from ..node import Node, PubsubMessage
+from ..node import Node, PubsubMessage, follow
 from ..store import GradientStore
 from .journal import Journal
 from .slots import PeerSlot, PeerState, schema_of
@@ -223,7 +223,7 @@ class Coordinator:
 
     # -- announcements ------------------------------------------------------
     async def _read(self, sub: Any) -> None:
-        async for msg in sub:
+        async for msg in follow(self.node, sub):
             try:
                 await self._on_message(msg)
             except Exception:  # one bad message must never stop the service

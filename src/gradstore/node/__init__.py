@@ -5,6 +5,7 @@ and local runs.
 """
 
 from ._config import MAX_PUBSUB_DATA, DaemonSettings, Retry, Timeouts
+from ._follow import follow
 from .base import Node, NodeIdentity, PubsubMessage, Subscription
 from .daemon import KuboDaemon, find_kubo_binary, stop_all
 from .kubo import KuboNode, KuboSubscription
@@ -25,5 +26,6 @@ __all__ = [
     "Subscription",
     "Timeouts",
     "find_kubo_binary",
+    "follow",
     "stop_all",
 ]

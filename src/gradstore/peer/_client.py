@@ -21,7 +21,7 @@ from ..errors import CoordinatorError, MessageError
 from ..format import Gradient
 from ..job import JobConfig
 from ..messages import Announce, Result, SigningKey, Status, encode_message, verify_message
-from ..node import Node
+from ..node import Node, follow
 from ..store import GradientStore
 
 log = logging.getLogger("gradstore.peer")
@@ -83,7 +83,7 @@ class Peer:
 
     async def _read(self) -> None:
         cfg = self.config
-        async for msg in self._sub:
+        async for msg in follow(self.node, self._sub):
             try:
                 parsed = verify_message(
                     msg.data, job=cfg.job, coordinator=cfg.coordinator, peers=cfg.peers
