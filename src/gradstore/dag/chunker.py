@@ -25,7 +25,7 @@ def as_bytes_view(piece: Buffer) -> memoryview:
     if view.format == "B" and view.ndim == 1:
         return view
     if not view.c_contiguous:
-        raise TypeError("chunks() needs C-contiguous buffers (use np.ascontiguousarray)")
+        raise TypeError("a C-contiguous buffer is needed (use np.ascontiguousarray)")
     return view.cast("B")
 
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import httpx
 
+from ..dag.chunker import as_bytes_view
 from ..dag.cid import CID, verify_block
 from ..errors import (
     BlockNotFoundError,
@@ -275,7 +276,7 @@ class KuboNode(AsyncClosing):
 
     async def put_block(self, data: Buffer, codec: int) -> CID:
         """``block/put`` (CIDv1, sha2-256); the CID Kubo reports must equal the local hash."""
-        view = rpc.byte_view(data)
+        view = as_bytes_view(data)
         expected = CID.hash(codec, view)
         answer = await self._upload("block/put", rpc.block_put_params(codec), (view,), retry=True)
         got = rpc.parse_block_put(rpc.parse_json("block/put", answer))

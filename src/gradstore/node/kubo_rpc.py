@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Final
 import httpx
 
 from ..dag.car import MAX_HEADER_BYTES, decode_header
+from ..dag.chunker import as_bytes_view
 from ..dag.cid import CID
 from ..dag.varint import MAX_VARINT_BYTES, read_varint
 from ..errors import (
@@ -145,7 +146,7 @@ class CarRoots:
     def see(self, piece: Buffer) -> None:
         if self.roots is not None:
             return
-        view = byte_view(piece)
+        view = as_bytes_view(piece)
         self._head += view[: MAX_HEADER_BYTES + MAX_VARINT_BYTES - len(self._head)]
         try:
             length, start = read_varint(self._head, 0, "CAR header length")
@@ -192,19 +193,9 @@ def multipart_tail(boundary: str) -> bytes:
     return f"\r\n--{boundary}--\r\n".encode("ascii")
 
 
-def byte_view(piece: Buffer) -> memoryview:
-    """A flat unsigned-byte view of a buffer (bytes, memoryview, C-contiguous NumPy array)."""
-    view = memoryview(piece)
-    if view.format == "B" and view.ndim == 1:
-        return view
-    if not view.c_contiguous:
-        raise TypeError("request bodies need C-contiguous buffers")
-    return view.cast("B")
-
-
 def slices(piece: Buffer, size: int = UPLOAD_CHUNK) -> Iterable[memoryview]:
     """Zero-copy slices of at most ``size`` bytes (keeps every copy in the HTTP stack small)."""
-    view = byte_view(piece)
+    view = as_bytes_view(piece)
     for start in range(0, len(view), size):
         yield view[start : start + size]
 

@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING, Final
 from .. import __version__
 from ..dag.block import Block, block_links
 from ..dag.car import CarReader, write_car
+from ..dag.chunker import as_bytes_view
 from ..dag.cid import CID, RAW, verify_block
 from ..errors import BlockNotFoundError, LimitExceededError
 from ._closing import AsyncClosing
 from ._config import check_pubsub_size
 from ._subscription import QueuedSubscription
 from .base import NodeIdentity, PubsubMessage
-from .kubo_rpc import byte_view
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -171,7 +171,7 @@ class LocalNode(AsyncClosing):
 
     async def put_block(self, data: Buffer, codec: int) -> CID:
         """Store one block under its CIDv1 (sha2-256)."""
-        view = byte_view(data)
+        view = as_bytes_view(data)
         cid = await asyncio.to_thread(CID.hash, codec, view)
         await asyncio.to_thread(self._store, cid, view)
         return cid
@@ -202,10 +202,10 @@ class LocalNode(AsyncClosing):
 
         if isinstance(body, AsyncIterable):
             async for piece in body:
-                await asyncio.to_thread(feed, byte_view(piece))
+                await asyncio.to_thread(feed, as_bytes_view(piece))
         else:
             for piece in body:
-                await asyncio.to_thread(feed, byte_view(piece))
+                await asyncio.to_thread(feed, as_bytes_view(piece))
         reader.close()
         roots = list(reader.roots or [])
         if pin_roots:
