@@ -36,7 +36,9 @@ def test_put_get_round_trip_multi_chunk(tmp_path: Path) -> None:
         assert cid == file_cid(encode(g)), f"seed {SEED}"
         assert str(cid).startswith("bafybei")
         back = store.get(cid)
+        report = store.verify(cid)
     assert back == g
+    assert (report.blocks, report.tensors) == (5, 3)  # four 1 MiB leaves and their root
     assert cid in asyncio.run(LocalNode(tmp_path).pins())
 
 

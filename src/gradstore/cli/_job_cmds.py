@@ -124,7 +124,8 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     def report(outcome: RoundOutcome) -> None:
         print(format_outcome(outcome), flush=True)
 
-    async def run() -> list[RoundOutcome]:
+    async def run() -> bool:
+        """True once every round of the job is done (now or in an earlier run)."""
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -137,14 +138,14 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
                 file=sys.stderr,
                 flush=True,
             )
-            return await Coordinator(config, key, node, state, on_round=report).run(stop)
+            coordinator = Coordinator(config, key, node, state, on_round=report)
+            await coordinator.run(stop)
+            return config.rounds.count > 0 and coordinator.round >= config.rounds.count
         finally:
             await node.aclose()
 
-    outcomes = asyncio.run(run())
-    done = config.rounds.count
-    if done and len(outcomes) < done and not any(o.round == done - 1 for o in outcomes):
-        # stopped early by a signal: the journal keeps the open round for a restart
+    if not asyncio.run(run()):
+        # stopped by a signal: the journal keeps the open round for a restart
         return _exit.INTERRUPTED
     return _exit.SUCCESS
 

@@ -8,6 +8,7 @@ sees so ``await_result`` also answers for a round that closed a moment ago.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Mapping
@@ -186,14 +187,7 @@ class Peer:
 
 
 def _with_time(announce: Announce) -> Announce:
-    return Announce(
-        announce.job,
-        announce.round,
-        announce.peer,
-        announce.cid,
-        announce.num_samples,
-        int(time.time() * 1000),
-    )
+    return dataclasses.replace(announce, sent_at=int(time.time() * 1000))
 
 
 def apply(
