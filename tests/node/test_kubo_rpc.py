@@ -173,6 +173,23 @@ def test_parse_dag_import_reports_roots_and_pin_errors() -> None:
         rpc.parse_dag_import(failing)
 
 
+def test_a_guarded_import_accepts_only_its_guard_as_unpinnable() -> None:
+    guard, other = CID.hash(RAW, b"guard"), CID.hash(RAW, b"other")
+    unpinnable = {"Cid": {"/": str(guard)}, "PinErrorMsg": f"ipld: could not find {guard}"}
+    rpc.parse_guarded_import([{"Root": unpinnable}], guard)  # expected: the guard is never stored
+    with pytest.raises(NodeError, match="unexpected root"):
+        rpc.parse_guarded_import([{"Root": {"Cid": {"/": str(other)}}}], guard)
+
+
+def test_dag_put_params_store_the_block_as_it_is() -> None:
+    assert rpc.dag_put_params(DAG_PB, pin=True) == [
+        ("input-codec", "dag-pb"),
+        ("store-codec", "dag-pb"),
+        ("pin", "true"),
+    ]
+    assert ("input-codec", "raw") in rpc.dag_put_params(RAW, pin=False)
+
+
 def test_parse_pubsub_message_decodes_multibase_fields() -> None:
     item = {
         "from": "12D3KooWPeer",

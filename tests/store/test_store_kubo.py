@@ -14,6 +14,7 @@ from gradstore.dag import CID, file_cid
 from gradstore.errors import IntegrityError
 from gradstore.format import Gradient, encode
 from gradstore.node import KuboDaemon, KuboNode
+from gradstore.node._guarded_import import GuardedImport
 from gradstore.store import GradientStore
 
 pytestmark = pytest.mark.kubo
@@ -157,3 +158,102 @@ def test_profile_flags_give_the_same_cid_past_the_default_link_limit(
     flags = ["--cid-version=1", "--raw-leaves", "--chunker=size-1048576", "--max-file-links=1024"]
     out = kubo.run("add", "--only-hash", "-Q", *flags, str(path)).stdout.decode().strip()
     assert out == str(file_cid([memoryview(data)]))
+
+
+class _Recording:
+    """Wraps ``KuboNode.guarded_import`` to keep each ``GuardedImport`` it hands out."""
+
+    def __init__(self, node: KuboNode) -> None:
+        self.imports: list[GuardedImport] = []
+        make = node.guarded_import
+
+        def guarded_import() -> GuardedImport:
+            self.imports.append(make())
+            return self.imports[-1]
+
+        node.guarded_import = guarded_import  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("n", [100, 700_000])  # one raw leaf as the root; three leaves
+def test_put_pins_only_the_root_and_leaves_no_canary_behind(kubo: KuboDaemon, n: int) -> None:
+    g = _gradient(n, seed=SEED + 2)  # blocks no other test pins
+
+    async def go() -> None:
+        async with kubo.node() as node:
+            recording = _Recording(node)
+            before = await node.pins()
+            cid = await GradientStore(node).put(g)
+            assert cid == file_cid(encode(g))
+            assert await node.pins() - before == {cid}
+            (guarded,) = recording.imports
+            assert len(guarded.canaries) == 2  # one per leaf stream
+            for canary in [*guarded.canaries, guarded.guard]:
+                assert not await node.has_block(canary)
+            # the whole DAG is there: Kubo walks it offline without complaint
+            stat = await node.dag_stat(cid, offline=True)
+            assert stat["TotalSize"] >= encode(g).size
+            assert decode_equal(await GradientStore(node).get(cid), g)
+
+    asyncio.run(go())
+
+
+def decode_equal(a: Gradient, b: Gradient) -> bool:
+    return (
+        a.meta == b.meta
+        and all(np.array_equal(a.tensors[k], b.tensors[k]) for k in b.tensors)
+        and sorted(a.tensors) == sorted(b.tensors)
+    )
+
+
+def test_a_gc_during_put_is_caught_and_the_dag_sent_again(
+    kubo: KuboDaemon, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A GC between the leaf imports and the root's pin collects the unpinned leaves. put must
+    # notice (its canaries are gone) and send the DAG again, so the pinned root is complete.
+    g = _gradient(700_000, seed=SEED + 1)  # blocks no other test pins
+
+    async def go() -> None:
+        async with kubo.node() as node:
+            recording = _Recording(node)
+            original_finish = GuardedImport.finish
+
+            async def finish_after_gc(self: GuardedImport, root, *, pin):  # type: ignore[no-untyped-def]
+                await asyncio.to_thread(kubo.run, "repo", "gc", "--quiet")
+                return await original_finish(self, root, pin=pin)
+
+            GuardedImport.finish = finish_after_gc  # type: ignore[method-assign]
+            before = await node.pins()
+            try:
+                cid = await GradientStore(node).put(g)
+            finally:
+                GuardedImport.finish = original_finish  # type: ignore[method-assign]
+            assert len(recording.imports) == 1  # the DAG went again as one walked CAR
+            assert await node.pins() - before == {cid}
+            stat = await node.dag_stat(cid, offline=True)  # raises if a block is missing
+            assert stat["TotalSize"] >= encode(g).size
+            assert decode_equal(await GradientStore(node).get(cid), g)
+            assert "collected garbage during the upload" in caplog.text
+
+    asyncio.run(go())
+
+
+@pytest.mark.slow
+def test_put_of_a_two_level_tree_pins_a_complete_dag(kubo: KuboDaemon) -> None:
+    # > 1024 leaves: the dag-pb nodes below the root go in a request of their own
+    g = Gradient({"w": np.arange(1025 * MIB // 4 + 5, dtype=np.float32)}, {})
+
+    async def go() -> None:
+        async with kubo.node() as node:
+            before = await node.pins()
+            cid = await GradientStore(node).put(g)
+            try:
+                assert cid == file_cid(encode(g))
+                assert await node.pins() - before == {cid}
+                stat = await node.dag_stat(cid, offline=True)
+                leaves = -(-encode(g).size // MIB)  # 1026: the header pushes the tail into one more
+                assert stat["UniqueBlocks"] == leaves + 1 + 2  # the root, two nodes below it
+            finally:
+                await node.unpin(cid)
+                await asyncio.to_thread(kubo.run, "repo", "gc", "--quiet")
+
+    asyncio.run(go())

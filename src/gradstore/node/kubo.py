@@ -29,6 +29,7 @@ from . import _bulk
 from . import kubo_rpc as rpc
 from ._closing import AsyncClosing
 from ._config import DEFAULT_API, DEFAULT_TIMEOUTS, Retry, Timeouts, check_pubsub_size
+from ._guarded_import import GuardedImport
 from ._subscription import QueuedSubscription
 from .base import NodeIdentity
 
@@ -247,6 +248,13 @@ class KuboNode(AsyncClosing):
             for root in seen.roots:
                 await self.pin(root, offline=True)
         return list(seen.roots)
+
+    def guarded_import(self) -> GuardedImport:
+        """Send a new DAG over several requests and pin its root without Kubo's walk.
+
+        Kubo's GC cannot take a block on the way unnoticed: see ``GuardedImport``.
+        """
+        return GuardedImport(self)
 
     async def export_car(self, root: CID, *, offline: bool = False) -> AsyncIterator[bytes]:
         """``dag/export``: the DAG under ``root`` as a CAR v1 byte stream.

@@ -130,6 +130,29 @@ def dag_import_params(*, pin_roots: bool) -> Params:
     return [("pin-roots", flag(pin_roots)), ("stats", "false")]
 
 
+def guarded_import_params() -> Params:
+    """``dag/import`` holding Kubo's GC lock for the whole request (``pin-roots=true``).
+
+    The CAR's header names a root that is never stored, so Kubo pins nothing
+    (and walks nothing); no DHT announcement is made for that root.
+    """
+    return [("pin-roots", "true"), ("stats", "false"), ("fast-provide-root", "false")]
+
+
+def dag_put_params(codec: int, *, pin: bool) -> Params:
+    """``dag/put`` of one block stored as-is in ``codec`` (raw or dag-pb), pinned if asked.
+
+    Kubo records the pin without walking the DAG (the caller vouches for it).
+    """
+    name = CID(codec, bytes(32)).codec_name
+    return [("input-codec", name), ("store-codec", name), ("pin", flag(pin))]
+
+
+def block_rm_params(cids: Sequence[CID]) -> Params:
+    """``block/rm`` of ``cids``; blocks already gone are not an error."""
+    return [*(("arg", str(c)) for c in cids), ("force", "true"), ("quiet", "true")]
+
+
 class CarRoots:
     """Learns a CAR stream's header roots from its first bytes as the stream goes by.
 
@@ -382,6 +405,21 @@ def parse_dag_import(items: Sequence[object]) -> list[CID]:
             raise KuboCommandError("dag/import", f"could not pin root {cid}: {pin_error}")
         roots.append(cid)
     return roots
+
+
+def parse_guarded_import(items: Sequence[object], guard: CID) -> None:
+    """Check ``dag/import``'s NDJSON for a guarded import: only ``guard`` may be unpinnable."""
+    for item in items:
+        if not isinstance(item, dict) or "Root" not in item:
+            continue
+        cid = parse_cid(_field(item["Root"], "Cid", "dag/import"), "dag/import")
+        if cid != guard:
+            raise NodeError(f"kubo dag/import: unexpected root {cid} in the answer")
+
+
+def parse_dag_put(obj: object) -> CID:
+    """The CID ``dag/put`` stored."""
+    return parse_cid(_field(obj, "Cid", "dag/put"), "dag/put")
 
 
 def parse_add(items: Sequence[object]) -> CID:

@@ -1,6 +1,7 @@
 """GradientStore: put/get/verify gradstore/1 documents over any Node."""
 
-from ._store import GradientStore, Progress, VerifyReport
+from ._put import Progress
+from ._store import GradientStore, VerifyReport
 from ._sync import SyncGradientStore
 
 __all__ = ["GradientStore", "Progress", "SyncGradientStore", "VerifyReport"]

@@ -1,9 +1,8 @@
 """GradientStore: gradients in, CIDs out, and every fetched block verified before use.
 
 put streams the canonical document through the chunker and DAG builder in one
-pass: leaves go to the node as a CAR while they are hashed, the dag-pb nodes
-follow in a second CAR naming the root, and the node must report exactly the
-locally computed root as pinned.  get verifies every block against its CID
+pass (``_put``): leaves go to the node while they are hashed, the dag-pb nodes
+follow, and the node must store exactly the locally computed root, pinned.  get verifies every block against its CID
 while writing leaf data into one preallocated buffer (Kubo: nodes by block/get,
 leaves by cat hashed in place; other nodes: a CAR export), and only then decodes.
 """
@@ -14,7 +13,6 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,23 +24,14 @@ from ..dag import (
     CarReader,
     FileAssembler,
     build_file,
-    car_header,
-    car_sections,
-    write_car,
 )
 from ..dag.assemble import LeafSpan
 from ..dag.cid import RAW
-from ..errors import DAGError, IntegrityError, NodeError
+from ..errors import DAGError, IntegrityError
 from ..format import DEFAULT_LIMITS, EncodedDocument, Gradient, Limits, decode, encode
 from ..node import KuboNode, Node
+from ._put import PROGRESS_BYTES, Progress, put_document
 
-Progress = Callable[[int, int], None]
-"""Called with (bytes done, bytes total) as a transfer advances."""
-
-_BATCH_BYTES = 8 << 20  # progress is reported about this often
-_QUEUE_BLOCKS = 16  # leaves hashed ahead of the upload (16 MiB)
-_PUT_HASH_THREADS = 2  # sha256 threads while the node ingests
-_PUT_STREAMS = 2  # concurrent leaf CAR imports
 _MAX_NODE_FETCHES = 64  # dag-pb nodes fetched at once by block/get (64 GiB files under the profile)
 
 
@@ -76,77 +65,11 @@ class GradientStore:
     ) -> CID:
         """Store an encoded document; the root is computed locally and must match the node's.
 
-        One pass: a worker thread chunks and hashes (two threads, zero-copy
-        views of the document) while the loop streams the leaves to the node
-        as they come, over ``_PUT_STREAMS`` concurrent CAR imports (Kubo then
-        writes on every core); the few dag-pb nodes follow as a last CAR whose
-        header names the root, which the node pins. A CAR header must name its
-        roots first, so one CAR would need a hashing pass before the upload
-        could start. Do not modify the arrays until ``put`` returns.
+        One pass: the leaves are streamed to the node while a worker thread hashes
+        them, then the dag-pb nodes and the root (see ``_put``). Do not modify the
+        arrays until ``put`` returns.
         """
-        loop = asyncio.get_running_loop()
-        leaves: asyncio.Queue[Block | BaseException | None] = asyncio.Queue(maxsize=_QUEUE_BLOCKS)
-        inner: list[Block] = []
-        first_leaf: list[CID] = []
-        stop = threading.Event()
-        sent = [0, 0]  # bytes sent, bytes at the last progress report
-
-        def produce() -> None:
-            try:
-                for block in build_file(doc, threads=_PUT_HASH_THREADS):
-                    if stop.is_set():
-                        return
-                    if block.cid.codec == RAW:
-                        if not first_leaf:
-                            first_leaf.append(block.cid)
-                        asyncio.run_coroutine_threadsafe(leaves.put(block), loop).result()
-                    else:
-                        inner.append(block)
-                item: Block | BaseException | None = None
-            except BaseException as exc:  # handed to the loop, raised there
-                item = exc
-            asyncio.run_coroutine_threadsafe(leaves.put(item), loop).result()
-
-        async def leaf_car() -> AsyncIterator[bytes | memoryview]:
-            # any root will do: these CARs' roots are not pinned (the empty block: no leaf yet)
-            yield car_header([EMPTY_FILE.cid])
-            while True:
-                block = await leaves.get()
-                if block is None or isinstance(block, BaseException):
-                    leaves.put_nowait(block)  # the other streams end (or fail) too
-                    if block is None:
-                        return
-                    raise block
-                for piece in car_sections([block]):
-                    yield piece
-                sent[0] += len(block.data)
-                if progress is not None and sent[0] - sent[1] >= _BATCH_BYTES:
-                    progress(min(sent[0], doc.size), doc.size)
-                    sent[1] = sent[0]
-
-        worker = threading.Thread(target=produce, name="gradstore-put", daemon=True)
-        worker.start()
-        try:
-            async with asyncio.TaskGroup() as group:
-                for _ in range(_PUT_STREAMS):
-                    group.create_task(self.node.import_car(leaf_car(), pin_roots=False))
-        except BaseExceptionGroup as group_error:
-            raise group_error.exceptions[0] from None
-        finally:
-            stop.set()
-            while not leaves.empty():  # let a producer blocked on a full queue finish
-                leaves.get_nowait()
-            await asyncio.to_thread(worker.join)
-        root = inner[-1].cid if inner else first_leaf[0]  # one chunk: the leaf is the root
-        reported = await self.node.import_car(
-            write_car([root], inner), pin_roots=pin, complete=True
-        )
-        if reported != [root]:
-            got = ", ".join(map(str, reported)) or "nothing"
-            raise NodeError(f"node {self.node.name} imported {got}, expected root {root}")
-        if progress is not None:
-            progress(doc.size, doc.size)
-        return root
+        return await put_document(self.node, doc, pin=pin, progress=progress)
 
     # -- get ---------------------------------------------------------------
     async def fetch_document(
@@ -183,7 +106,7 @@ class GradientStore:
             for block in reader.feed(chunk):
                 pending.append(block)
                 pending_bytes += len(block.data)
-            if pending_bytes >= _BATCH_BYTES:
+            if pending_bytes >= PROGRESS_BYTES:
                 await asyncio.to_thread(_add_all, assembler, pending)
                 pending, pending_bytes = [], 0
                 if progress is not None:
@@ -305,7 +228,7 @@ async def _cat_leaves(
                 return
             assembler.verify_in_place(span)
             done = span.offset + span.size
-            if progress is not None and done - reported >= _BATCH_BYTES:
+            if progress is not None and done - reported >= PROGRESS_BYTES:
                 loop.call_soon_threadsafe(progress, done, size)
                 reported = done
 

@@ -10,7 +10,8 @@ import numpy as np
 from ..dag import CID
 from ..format import Gradient, Limits
 from ..node import Node
-from ._store import GradientStore, Progress, VerifyReport
+from ._put import Progress
+from ._store import GradientStore, VerifyReport
 
 
 class SyncGradientStore:

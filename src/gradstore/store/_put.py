@@ -1,0 +1,133 @@
+"""put: a document's blocks to a node in one pass, hashed as they go, the root checked and pinned.
+
+A worker thread chunks and hashes (two threads, zero-copy views of the
+document) while the event loop streams the leaves to the node as they come,
+over ``_PUT_STREAMS`` concurrent imports (Kubo then writes on every core). The
+few dag-pb nodes follow once the last leaf is hashed: only then is the root
+known. On Kubo the imports hold its GC lock and the root is pinned without
+Kubo's DAG walk (``KuboNode.guarded_import``); elsewhere they are CAR imports
+and the node pins the root named by the last CAR.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
+
+from ..dag import CID, EMPTY_FILE, Block, build_file, car_header, car_sections, write_car
+from ..dag.cid import RAW
+from ..errors import NodeError
+from ..format import EncodedDocument
+from ..node import KuboNode, Node
+
+log = logging.getLogger("gradstore.store")
+
+Progress = Callable[[int, int], None]
+"""Called with (bytes done, bytes total) as a transfer advances."""
+
+PROGRESS_BYTES = 8 << 20  # progress is reported about this often
+_QUEUE_BLOCKS = 16  # leaves hashed ahead of the upload (16 MiB)
+_PUT_HASH_THREADS = 2  # sha256 threads while the node ingests
+_PUT_STREAMS = 2  # concurrent leaf imports
+
+
+async def put_document(
+    node: Node, doc: EncodedDocument, *, pin: bool, progress: Progress | None
+) -> CID:
+    """Store ``doc``'s DAG on ``node`` and return its root, which the node must agree on."""
+    loop = asyncio.get_running_loop()
+    leaves: asyncio.Queue[Block | BaseException | None] = asyncio.Queue(maxsize=_QUEUE_BLOCKS)
+    inner: list[Block] = []
+    first_leaf: list[Block] = []
+    stop = threading.Event()
+    sent = [0, 0]  # bytes sent, bytes at the last progress report
+
+    def produce() -> None:
+        try:
+            for block in build_file(doc, threads=_PUT_HASH_THREADS):
+                if stop.is_set():
+                    return
+                if block.cid.codec == RAW:
+                    if not first_leaf:
+                        first_leaf.append(block)
+                    asyncio.run_coroutine_threadsafe(leaves.put(block), loop).result()
+                else:
+                    inner.append(block)
+            item: Block | BaseException | None = None
+        except BaseException as exc:  # handed to the loop, raised there
+            item = exc
+        asyncio.run_coroutine_threadsafe(leaves.put(item), loop).result()
+
+    async def leaf_blocks() -> AsyncIterator[Block]:
+        while True:
+            block = await leaves.get()
+            if block is None or isinstance(block, BaseException):
+                leaves.put_nowait(block)  # the other streams end (or fail) too
+                if block is None:
+                    return
+                raise block
+            yield block
+            sent[0] += len(block.data)
+            if progress is not None and sent[0] - sent[1] >= PROGRESS_BYTES:
+                progress(min(sent[0], doc.size), doc.size)
+                sent[1] = sent[0]
+
+    guarded = node.guarded_import() if isinstance(node, KuboNode) else None
+
+    async def send(blocks: AsyncIterable[Block]) -> None:
+        if guarded is not None:
+            await guarded.send(blocks)
+        else:
+            await node.import_car(_car_of(blocks), pin_roots=False)
+
+    worker = threading.Thread(target=produce, name="gradstore-put", daemon=True)
+    worker.start()
+    try:
+        async with asyncio.TaskGroup() as group:
+            for _ in range(_PUT_STREAMS):
+                group.create_task(send(leaf_blocks()))
+    except BaseExceptionGroup as group_error:
+        raise group_error.exceptions[0] from None
+    finally:
+        stop.set()
+        while not leaves.empty():  # let a producer blocked on a full queue finish
+            leaves.get_nowait()
+        await asyncio.to_thread(worker.join)
+    root = inner[-1] if inner else first_leaf[0]  # one chunk: the leaf is the root
+    if guarded is None:
+        await _import_checked(node, root.cid, inner, pin)
+    else:
+        if len(inner) > 1:
+            await guarded.send(_aiter(inner[:-1]))
+        if not await guarded.finish(root, pin=pin):
+            log.warning(
+                "put %s: Kubo collected garbage during the upload; sending the DAG again", root.cid
+            )
+            blocks = await asyncio.to_thread(list, build_file(doc, threads=_PUT_HASH_THREADS))
+            await _import_checked(node, root.cid, blocks, pin)
+    if progress is not None:
+        progress(doc.size, doc.size)
+    return root.cid
+
+
+async def _import_checked(node: Node, root: CID, blocks: Sequence[Block], pin: bool) -> None:
+    """One CAR naming ``root``; the node pins it (its DAG is complete) and must report it."""
+    reported = await node.import_car(write_car([root], blocks), pin_roots=pin, complete=True)
+    if reported != [root]:
+        got = ", ".join(map(str, reported)) or "nothing"
+        raise NodeError(f"node {node.name} imported {got}, expected root {root}")
+
+
+async def _car_of(blocks: AsyncIterable[Block]) -> AsyncIterator[bytes | memoryview]:
+    # any root will do: these CARs' roots are not pinned (the empty block: no leaf yet)
+    yield car_header([EMPTY_FILE.cid])
+    async for block in blocks:
+        for piece in car_sections([block]):
+            yield piece
+
+
+async def _aiter(blocks: Sequence[Block]) -> AsyncIterator[Block]:
+    for block in blocks:
+        yield block
