@@ -7,7 +7,8 @@ One run, one freshly started isolated Kubo daemon (own temporary repo, the
   encode        format.encode(g)                    (lazy: header + views of the arrays)
   local CID     dag.file_cid(encode(g))             (no node; chunk + sha256 in 2 threads)
   put           GradientStore.put(g)                (one pass: leaves streamed to dag/import as they
-                                                     are hashed, then the dag-pb nodes; Kubo pins the root)
+                                                     are hashed, then the dag-pb nodes; the root by
+                                                     dag/put --pin, so Kubo does not walk the DAG)
   get+verify    GradientStore.get(cid)              (dag-pb nodes by block/get, leaves by cat into one
                                                      buffer, every block hashed, decoded)
 
