@@ -257,3 +257,34 @@ def test_put_of_a_two_level_tree_pins_a_complete_dag(kubo: KuboDaemon) -> None:
                 await asyncio.to_thread(kubo.run, "repo", "gc", "--quiet")
 
     asyncio.run(go())
+
+
+class _WrongDagPut(httpx.AsyncBaseTransport):
+    """In front of a real Kubo: forwards every call, but answers dag/put with another CID."""
+
+    def __init__(self, claimed: CID) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.claimed = claimed
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self.inner.handle_async_request(request)
+        if not request.url.path.endswith("/dag/put"):
+            return response
+        await response.aread()
+        body = b'{"Cid":{"/":"%s"}}\n' % str(self.claimed).encode()
+        return httpx.Response(200, headers={"Content-Type": "application/json"}, content=body)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def test_a_node_that_stores_another_root_fails_the_put(kubo: KuboDaemon) -> None:
+    g = _gradient(300_000, seed=SEED + 3)
+    other = file_cid(encode(_gradient(300_000, seed=SEED + 4)))
+
+    async def go() -> None:
+        async with KuboNode(kubo.api_url, transport=_WrongDagPut(other)) as node:
+            with pytest.raises(IntegrityError, match="dag/put stored"):
+                await GradientStore(node).put(g)
+
+    asyncio.run(go())
