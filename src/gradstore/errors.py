@@ -17,6 +17,7 @@ GradstoreError
 ├── KeyFileError (ValueError)         a key file is missing, too open or not Ed25519
 ├── AggregationError (ValueError)     inputs an aggregator cannot honestly combine
 ├── CoordinatorError                  a job or round cannot proceed
+│   └── RoundFailedError              the coordinator says a round ended without an aggregate
 └── AuditError                        an independent re-check failed; carries the ``check`` name
 """
 
@@ -120,6 +121,15 @@ class AggregationError(GradstoreError, ValueError):
 
 class CoordinatorError(GradstoreError):
     """A job or a round cannot proceed (bad config, failed round, ...)."""
+
+
+class RoundFailedError(CoordinatorError):
+    """The coordinator's signed status says round ``round`` failed, for ``reason``."""
+
+    def __init__(self, job: str, round_: int, reason: str) -> None:
+        self.round = round_
+        self.reason = reason
+        super().__init__(f"round {round_} of job {job} failed: {reason}")
 
 
 class AuditError(GradstoreError):

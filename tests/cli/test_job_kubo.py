@@ -181,3 +181,54 @@ def test_job_through_the_cli(cli: Cli, kubo: KuboDaemon, tmp_path: Path) -> None
     assert {"resolve_s", "aggregate_s", "publish_s", "open_s"} <= stats.keys()
     r = cli("round", "show", record_cid, "--api", api, "--state", tmp_path / "nowhere")
     assert r.code == 1 and "no coordinator journal" in r.err
+
+
+def _exit_code(tmp_path: Path, name: str, proc: subprocess.Popen[bytes]) -> tuple[int, str]:
+    """Wait for a process; return its exit code and stderr."""
+    try:
+        code = proc.wait(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return code, (tmp_path / f"{name}.err").read_text()
+
+
+def test_peer_await_of_a_failed_round_says_why(cli: Cli, kubo: KuboDaemon, tmp_path: Path) -> None:
+    api = kubo.api_url
+    keys = {name: tmp_path / f"{name}.key" for name in ("coord", "alice")}
+    dids = {name: cli("keygen", "--out", path).line for name, path in keys.items()}
+    job_name = f"fail-{os.getpid()}"
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'job = "{job_name}"\ncoordinator = "{dids["coord"]}"\npeers = ["{dids["alice"]}"]\n'
+        "[rounds]\ncount = 1\nquorum = 1\ndeadline_s = 8\n"
+    )
+    coord = _start(
+        tmp_path, "coord", "coordinator", "--config", job, "--key", keys["coord"],
+        "--api", api, "--state", tmp_path / "state",
+    )  # fmt: skip
+    procs = [coord]
+    try:
+        _wait_topic(kubo, f"gradstore/v1/{job_name}/gradients", procs)
+        started = time.monotonic()
+        waiter = _start(
+            tmp_path, "await", "peer", "await", "--config", job, "--round", 0,
+            "-o", tmp_path / "agg.npz", "--timeout", 120, "--api", api,
+        )  # fmt: skip
+        procs.append(waiter)
+        code, err = _exit_code(tmp_path, "await", waiter)
+        waited = time.monotonic() - started
+        coord_code, _ = _exit_code(tmp_path, "coord", coord)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert code == 1 and err.strip().splitlines() == [
+        f"error: round 0 of job {job_name} failed: quorum not met: 0 verified of 1 needed"
+    ], err
+    assert waited < 60  # told by the coordinator's status, not by its own 120 s timeout
+    # the coordinator ran its one round (exit 0, as after any `count` rounds) and says it failed
+    assert coord_code == 0 and not (tmp_path / "agg.npz").exists()
+    assert (tmp_path / "coord.out").read_text().startswith("round 0 failed: quorum not met")

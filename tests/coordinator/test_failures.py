@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 from gradstore.coordinator import Coordinator
+from gradstore.errors import RoundFailedError
 from gradstore.format import Gradient
 from gradstore.messages import Announce, decode_record, encode_message
 from gradstore.node import KuboNode
@@ -79,14 +81,23 @@ def test_round_without_quorum_fails_and_the_next_one_opens(kubo_factory, tmp_pat
         async with world(daemons, config, coord, peers) as w:
             _, task = start_coordinator(w, tmp_path)
             await wait_subscribed(w)
-            first: list[Gradient | None] = list(gradients(4, 0))
-            first[1] = None
-            await publish_all(w, 0, first, [1] * 4)
-            await publish_all(w, 1, gradients(4, 1), [1] * 4)  # buffered while round 0 waits
+            async with Peer(w.config, w.peer_nodes[0]) as listener:
+                first: list[Gradient | None] = list(gradients(4, 0))
+                first[1] = None
+                await publish_all(w, 0, first, [1] * 4)
+                await publish_all(w, 1, gradients(4, 1), [1] * 4)  # buffered while 0 waits
+                # a peer awaiting the failed round hears why from the coordinator's signed
+                # status, long before its own timeout
+                started = time.monotonic()
+                with pytest.raises(RoundFailedError, match="quorum not met") as info:
+                    await listener.await_result(0, timeout=60)
+                assert info.value.round == 0 and time.monotonic() - started < 30
+                assert (await listener.await_result(1, timeout=30)).round == 1
             failed, closed = await asyncio.wait_for(task, 30)
             assert failed.status == "failed" and "quorum not met: 3 verified of 4 needed" in (
                 failed.reason or ""
             )
+            assert info.value.reason == failed.reason
             assert failed.record is None and failed.output is None
             assert closed.status == "closed" and closed.round == 1 and len(closed.peers) == 4
             record = decode_record(await w.coord_node.get_block(closed.record), cid=closed.record)

@@ -57,9 +57,11 @@ def _craft(pairs: list[tuple[str, Any]], key: SigningKey) -> bytes:
 def _pairs(msg: Announce | Result | Status) -> list[tuple[str, Any]]:
     from dataclasses import fields
 
+    values = [(f.name, getattr(msg, f.name)) for f in fields(msg)]
     return [("v", 1), ("type", msg.kind.value)] + [
-        (f.name, list(v) if isinstance(v := getattr(msg, f.name), tuple) else v)
-        for f in fields(msg)
+        (name, list(v) if isinstance(v, tuple) else v)
+        for name, v in values
+        if v is not None or name != "failed"  # an unset optional field is not on the wire
     ]
 
 
@@ -89,6 +91,34 @@ def test_result_and_status_round_trip(coord_key: SigningKey) -> None:
         data = encode_message(msg, coord_key)
         assert verify_message(data, job=JOB, coordinator=coord_key.did) == msg
         assert decode_message(data) == msg
+
+
+def test_a_failed_status_carries_its_reason_before_the_signature(coord_key: SigningKey) -> None:
+    a = seeded_key(1).did
+    msg = Status(job=JOB, round=3, received=(a,), sent_at=5, failed="quorum not met: 1 of 2")
+    data = encode_message(msg, coord_key)
+    assert verify_message(data, job=JOB, coordinator=coord_key.did) == msg
+    keys = [k for k, _ in msgpack.unpackb(data, object_pairs_hook=list)]
+    assert keys == ["v", "type", "job", "round", "received", "sent_at", "failed", "sig"]
+    # without a reason the status is exactly DESIGN's: no `failed` key at all
+    plain = encode_message(Status(job=JOB, round=3, received=(a,), sent_at=5), coord_key)
+    assert "failed" not in dict(msgpack.unpackb(plain, object_pairs_hook=list))
+
+
+@pytest.mark.parametrize("bad", [None, "", 7, b"quorum"])
+def test_a_failed_field_must_be_a_non_empty_string(coord_key: SigningKey, bad: Any) -> None:
+    pairs = _pairs(Status(job=JOB, round=3, received=(), sent_at=5, failed="x"))
+    i = [k for k, _ in pairs].index("failed")
+    pairs[i] = ("failed", bad)
+    assert _reason(_craft(pairs, coord_key), coordinator=coord_key.did) == "malformed"
+    with pytest.raises(MessageError):
+        Status(job=JOB, round=3, received=(), sent_at=5, failed=bad or "")
+
+
+def test_failed_is_only_a_status_field(coord_key: SigningKey) -> None:
+    pairs = _pairs(_result(seeded_key(1).did))
+    pairs.append(("failed", "quorum not met"))
+    assert _reason(_craft(pairs, coord_key), coordinator=coord_key.did) == "malformed"
 
 
 def test_wire_layout_is_designs_key_order_with_sig_last(peer_key: SigningKey) -> None:

@@ -109,6 +109,7 @@ class Coordinator:
         self._opened_at = 0.0
         self._changed = asyncio.Event()
         self._last_result: bytes | None = None
+        self._last_failure: bytes | None = None  # the last failed round's status, re-broadcast
         self._journal: Journal | None = None
         self._bytes_fetched = 0
         self._fetch_seconds = 0.0
@@ -469,7 +470,8 @@ class Coordinator:
         self, round_: int, reason: str, excluded: tuple[tuple[str, str], ...], stats: dict[str, Any]
     ) -> RoundOutcome:
         self.journal.fail_round(round_, reason)
-        await self._publish_status(round_)
+        self._last_failure = self._status(round_, failed=reason)
+        await self._publish(self._last_failure)
         return RoundOutcome(round_, "failed", None, None, (), excluded, reason, stats)
 
     # -- publishing -----------------------------------------------------------
@@ -486,10 +488,15 @@ class Coordinator:
         self._last_result = encode_message(msg, self.key)
         await self._publish(self._last_result)
 
-    async def _publish_status(self, round_: int) -> None:
+    def _status(self, round_: int, *, failed: str | None = None) -> bytes:
         received = tuple(sorted(row.peer for row in self.journal.inputs(round_)))
-        status = Status(job=self.config.job, round=round_, received=received, sent_at=_now_ms())
-        await self._publish(encode_message(status, self.key))
+        status = Status(
+            job=self.config.job, round=round_, received=received, sent_at=_now_ms(), failed=failed
+        )
+        return encode_message(status, self.key)
+
+    async def _publish_status(self, round_: int) -> None:
+        await self._publish(self._status(round_))
 
     async def _publish(self, data: bytes) -> None:
         try:
@@ -498,15 +505,16 @@ class Coordinator:
             log.warning("publishing on %s failed: %s", self.config.results_topic, exc)
 
     async def _rebroadcast(self) -> None:
-        """Pubsub may drop messages: repeat the open round's status and the last result."""
+        """Pubsub may drop messages: repeat the open round's status, the last result and failure."""
         while True:
             await asyncio.sleep(self.rebroadcast_s)
             if self._journal is None:
                 return
             if self.journal.inputs(self.round):
                 await self._publish_status(self.round)
-            if self._last_result is not None:
-                await self._publish(self._last_result)
+            for last in (self._last_result, self._last_failure):
+                if last is not None:
+                    await self._publish(last)
 
 
 def _check(gradient: Gradient, expected: Schema | None) -> str | None:

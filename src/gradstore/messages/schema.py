@@ -148,12 +148,17 @@ class Result:
 
 @dataclass(frozen=True, slots=True)
 class Status:
-    """The coordinator's "for round ``round`` I hold announcements from ``received``"."""
+    """The coordinator's "for round ``round`` I hold announcements from ``received``".
+
+    ``failed`` (gradstore's addition to DESIGN 5, on the wire only when set) says
+    the round ended without an aggregate, and why (e.g. ``"quorum not met: ..."``).
+    """
 
     job: str
     round: int
     received: tuple[str, ...]
     sent_at: int
+    failed: str | None = None
 
     kind: ClassVar[MessageKind] = MessageKind.STATUS
 
@@ -162,6 +167,8 @@ class Status:
         check_uint("round", self.round)
         _set(self, "received", check_dids("received", self.received))
         check_uint("sent_at", self.sent_at)
+        if self.failed is not None:
+            check_text("failed", self.failed)
 
 
 Message = Announce | Result | Status
@@ -175,8 +182,15 @@ def field_names(cls: type[Announce] | type[Result] | type[Status]) -> tuple[str,
     return tuple(f.name for f in fields(cls))
 
 
+#: Fields that are left off the wire when None (so messages without them stay as DESIGN 5 has them).
+OPTIONAL_FIELDS: Final = frozenset({"failed"})
+
+
 def unsigned_pairs(msg: Message) -> list[tuple[str, Any]]:
     """The (key, value) pairs that are signed: ``v``, ``type``, then the fields in order."""
     pairs: list[tuple[str, Any]] = [("v", PROTOCOL_VERSION), ("type", msg.kind.value)]
-    pairs.extend((name, getattr(msg, name)) for name in field_names(type(msg)))
+    for name in field_names(type(msg)):
+        value = getattr(msg, name)
+        if value is not None or name not in OPTIONAL_FIELDS:
+            pairs.append((name, value))
     return pairs

@@ -17,6 +17,7 @@ from .didkey import SIGNATURE_LEN, public_key_from_did, verify_signature
 from .keys import SigningKey
 from .schema import (
     MESSAGE_TYPES,
+    OPTIONAL_FIELDS,
     PROTOCOL_VERSION,
     Announce,
     Message,
@@ -59,7 +60,7 @@ def _decode_unverified(data: bytes, max_bytes: int) -> tuple[Message, bytes, byt
     if not isinstance(kind, str) or kind not in MESSAGE_TYPES:
         raise MessageError("unknown-type", f"unknown message type {kind!r:.40}")
     cls = MESSAGE_TYPES[kind]
-    names = field_names(cls)
+    names = [n for n in field_names(cls) if n not in OPTIONAL_FIELDS or n in keys]
     expected = ["v", "type", *names, "sig"]
     if keys != expected:
         raise MessageError("malformed", f"`{kind}` messages have keys {expected}, got {keys}")

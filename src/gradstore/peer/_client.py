@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..dag import CID
-from ..errors import CoordinatorError, MessageError
+from ..errors import CoordinatorError, MessageError, RoundFailedError
 from ..format import Gradient
 from ..job import JobConfig
 from ..messages import Announce, Result, SigningKey, Status, encode_message, verify_message
@@ -64,6 +64,7 @@ class Peer:
         self.max_backoff_s = max_backoff_s
         self.announcements_sent = 0
         self._results: dict[int, Result] = {}
+        self._failed: dict[int, str] = {}  # round -> the coordinator's reason
         self._acked: dict[int, set[str]] = {}
         self._news = asyncio.Condition()
         self._sub: Any = None
@@ -97,6 +98,8 @@ class Peer:
                     self._results.setdefault(parsed.round, parsed)
                 elif isinstance(parsed, Status):
                     self._acked.setdefault(parsed.round, set()).update(parsed.received)
+                    if parsed.failed is not None:
+                        self._failed.setdefault(parsed.round, parsed.failed)
                 self._news.notify_all()
 
     def _acknowledged(self, round_: int) -> bool:
@@ -159,13 +162,20 @@ class Peer:
             delay = min(delay * 2, self.max_backoff_s)
 
     async def await_result(self, round_: int, *, timeout: float | None = None) -> AggregateResult:
-        """Wait for the round's signed result, then fetch and verify the aggregate."""
+        """Wait for the round's signed result, then fetch and verify the aggregate.
+
+        Raises ``RoundFailedError`` as soon as the coordinator's status says the round failed.
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
-        ok = await self._wait_for(lambda: round_ in self._results, None, deadline)
+        ok = await self._wait_for(
+            lambda: round_ in self._results or round_ in self._failed, None, deadline
+        )
         if not ok:
             raise TimeoutError(
                 f"no result for round {round_} of job {self.config.job} within {timeout}s"
             )
+        if round_ not in self._results:
+            raise RoundFailedError(self.config.job, round_, self._failed[round_])
         result = self._results[round_]
         gradient = await self.store.get(result.cid)
         return AggregateResult(
