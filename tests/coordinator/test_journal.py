@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
 
-from gradstore.coordinator import Journal
-from gradstore.errors import CoordinatorError
+from gradstore.coordinator import Coordinator, Journal
+from gradstore.errors import CoordinatorError, RoundFailedError
+from gradstore.node import LocalNode
+from gradstore.peer import Peer
+
+from .harness import make_job
 
 
 def test_accept_is_once_per_peer_and_round(tmp_path: Path) -> None:
@@ -52,3 +57,25 @@ def test_a_state_dir_belongs_to_one_job(tmp_path: Path) -> None:
         j.bind("job-b", "did:coord")
     with pytest.raises(CoordinatorError, match="coordinator"):
         j.bind("job-a", "did:other")
+
+
+def test_a_restarted_coordinator_still_tells_late_peers_why_a_round_failed(tmp_path: Path) -> None:
+    # Round 0 fails (nobody announces); the coordinator exits. Restarted on the same journal
+    # with the job already done, it re-broadcasts that failure while it lingers.
+    config, coord, _ = make_job(2, rounds=1, quorum=1, deadline_s=0.3)
+    state, blocks = tmp_path / "state", tmp_path / "node"
+
+    async def go() -> None:
+        first = Coordinator(config, coord, LocalNode(blocks), state, linger_s=0)
+        (outcome,) = await first.run()
+        assert outcome.status == "failed"
+        node = LocalNode(blocks)
+        async with Peer(config, node) as late:
+            again = Coordinator(config, coord, node, state, rebroadcast_s=0.1, linger_s=2)
+            rerun = asyncio.create_task(again.run())
+            with pytest.raises(RoundFailedError, match="quorum not met: 0 verified of 1") as info:
+                await late.await_result(0, timeout=10)
+            assert info.value.reason == outcome.reason
+            assert await rerun == []  # nothing left to run
+
+    asyncio.run(go())

@@ -154,6 +154,10 @@ class Coordinator:
                     record = decode_record(await self.node.get_block(self.head), cid=self.head)
                     await self._publish_result(row.round, record, self.head)
                     self.journal.mark_published(row.round)
+        failed = [r for r in rows if r.state == "failed"]
+        if failed:  # late peers of the last failed round still learn why
+            last = failed[-1]
+            self._last_failure = self._status(last.round, failed=last.reason or "failed")
         open_rows = [r for r in rows if r.state == "open"]
         if open_rows:
             self.round = open_rows[0].round
