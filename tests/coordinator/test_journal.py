@@ -12,7 +12,7 @@ from gradstore.errors import CoordinatorError, RoundFailedError
 from gradstore.node import LocalNode
 from gradstore.peer import Peer
 
-from .harness import make_job
+from .harness import gradients, make_job
 
 
 def test_accept_is_once_per_peer_and_round(tmp_path: Path) -> None:
@@ -77,5 +77,28 @@ def test_a_restarted_coordinator_still_tells_late_peers_why_a_round_failed(tmp_p
                 await late.await_result(0, timeout=10)
             assert info.value.reason == outcome.reason
             assert await rerun == []  # nothing left to run
+
+    asyncio.run(go())
+
+
+def test_a_restarted_coordinator_re_broadcasts_the_last_result(tmp_path: Path) -> None:
+    config, coord, peers = make_job(1, method="mean", rounds=1, quorum=1, deadline_s=30)
+    state, blocks = tmp_path / "state", tmp_path / "node"
+    (grad,) = gradients(1, 0)
+
+    async def go() -> None:
+        node = LocalNode(blocks)
+        first = Coordinator(config, coord, node, state, linger_s=0)
+        running = asyncio.create_task(first.run())
+        async with Peer(config, node, peers[0]) as peer:
+            await peer.publish(grad, 0, num_samples=1, timeout=20)
+        (outcome,) = await running
+        assert outcome.status == "closed"
+        async with Peer(config, LocalNode(blocks)) as late:
+            again = Coordinator(config, coord, LocalNode(blocks), state, rebroadcast_s=0.1)
+            rerun = asyncio.create_task(again.run())
+            result = await late.await_result(0, timeout=10)
+            assert (result.cid, result.record) == (outcome.output, outcome.record)
+            assert await rerun == []
 
     asyncio.run(go())

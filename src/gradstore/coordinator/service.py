@@ -147,13 +147,13 @@ class Coordinator:
     async def _recover(self) -> None:
         """Resume from the journal: head record, current round, unpublished results."""
         rows = self.journal.rounds()
-        for row in rows:
-            if row.state == "closed" and row.record:
-                self.head = CID.parse(row.record)
-                if not row.published:
-                    record = decode_record(await self.node.get_block(self.head), cid=self.head)
-                    await self._publish_result(row.round, record, self.head)
-                    self.journal.mark_published(row.round)
+        closed = [row for row in rows if row.state == "closed" and row.record]
+        for row in closed:
+            self.head = CID.parse(row.record or "")
+            if not row.published or row is closed[-1]:  # the last one is re-broadcast too
+                record = decode_record(await self.node.get_block(self.head), cid=self.head)
+                await self._publish_result(row.round, record, self.head)
+                self.journal.mark_published(row.round)
         failed = [r for r in rows if r.state == "failed"]
         if failed:  # late peers of the last failed round still learn why
             last = failed[-1]
