@@ -23,6 +23,14 @@ _CODECS: Final = {RAW: "raw", DAG_PB: "dag-pb", DAG_CBOR: "dag-cbor"}
 _BytesLike: TypeAlias = bytes | bytearray | memoryview
 
 
+def codec_name(codec: int) -> str:
+    """The multicodec name of a codec this profile knows (``CIDError`` for any other)."""
+    name = _CODECS.get(codec)
+    if name is None:
+        raise CIDError(f"unsupported CID codec 0x{codec:x} (expected raw, dag-pb or dag-cbor)")
+    return name
+
+
 def _varint(n: int) -> bytes:
     out = bytearray()
     while True:
@@ -44,10 +52,7 @@ class CID:
     version: int = 1
 
     def __post_init__(self) -> None:
-        if self.codec not in _CODECS:
-            raise CIDError(
-                f"unsupported CID codec 0x{self.codec:x} (expected raw, dag-pb or dag-cbor)"
-            )
+        codec_name(self.codec)  # refuses codecs outside the profile
         if len(self.digest) != SHA2_256_LEN:
             raise CIDError(f"sha2-256 digest must be 32 bytes, got {len(self.digest)}")
         if self.version == 0 and self.codec != DAG_PB:

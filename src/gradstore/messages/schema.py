@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields
 from enum import StrEnum
 from typing import Any, ClassVar, Final
 
-from ..dag.cid import CID, DAG_CBOR
+from ..dag.cid import CID, DAG_CBOR, codec_name
 from ..errors import CIDError, MessageError
 from .didkey import public_key_from_did
 
@@ -84,7 +84,7 @@ def check_cid(name: str, value: object, codec: int | None = None) -> str:
     if codec is not None and cid.codec != codec:
         raise MessageError(
             "malformed",
-            f"`{name}` must be a {CID.hash(codec, b'').codec_name} CID, got {cid.codec_name}",
+            f"`{name}` must be a {codec_name(codec)} CID, got {cid.codec_name}",
         )
     return str(cid)
 

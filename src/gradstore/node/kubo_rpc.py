@@ -25,7 +25,7 @@ import httpx
 
 from ..dag.car import MAX_HEADER_BYTES, decode_header
 from ..dag.chunker import as_bytes_view
-from ..dag.cid import CID
+from ..dag.cid import CID, codec_name
 from ..dag.varint import MAX_VARINT_BYTES, read_varint
 from ..errors import (
     BlockNotFoundError,
@@ -121,8 +121,7 @@ def decode_multibase(text: str) -> bytes:
 
 def block_put_params(codec: int, *, pin: bool = False) -> Params:
     """``block/put`` for a CIDv1 sha2-256 block of ``codec`` (raw, dag-pb, dag-cbor)."""
-    codec_name = CID(codec, bytes(32)).codec_name
-    return [("cid-codec", codec_name), ("mhtype", "sha2-256"), ("pin", flag(pin))]
+    return [("cid-codec", codec_name(codec)), ("mhtype", "sha2-256"), ("pin", flag(pin))]
 
 
 def dag_import_params(*, pin_roots: bool) -> Params:
@@ -144,7 +143,7 @@ def dag_put_params(codec: int, *, pin: bool) -> Params:
 
     Kubo records the pin without walking the DAG (the caller vouches for it).
     """
-    name = CID(codec, bytes(32)).codec_name
+    name = codec_name(codec)
     return [("input-codec", name), ("store-codec", name), ("pin", flag(pin))]
 
 
