@@ -11,7 +11,7 @@ told before allocating for it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -50,6 +50,16 @@ def write_car(roots: Sequence[CID], blocks: Iterable[Block]) -> Iterator[bytes |
     """Stream a CAR v1: the header, then one section per block; block data is yielded as-is."""
     yield car_header(roots)
     yield from car_sections(blocks)
+
+
+async def write_car_async(
+    roots: Sequence[CID], blocks: AsyncIterable[Block]
+) -> AsyncIterator[bytes | memoryview]:
+    """``write_car`` for blocks that arrive asynchronously (e.g. while they are hashed)."""
+    yield car_header(roots)
+    async for block in blocks:
+        for piece in car_sections((block,)):
+            yield piece
 
 
 def car_header(roots: Sequence[CID]) -> bytes:

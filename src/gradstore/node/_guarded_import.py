@@ -28,7 +28,7 @@ from collections.abc import AsyncIterable, AsyncIterator
 from typing import TYPE_CHECKING
 
 from ..dag.block import Block
-from ..dag.car import car_header, car_sections
+from ..dag.car import write_car_async
 from ..dag.cid import CID, RAW
 from ..errors import IntegrityError, NodeError
 from . import kubo_rpc as rpc
@@ -57,16 +57,14 @@ class GuardedImport:
         canary = _canary()
         self.canaries.append(canary.cid)
 
-        async def car() -> AsyncIterator[bytes | memoryview]:
-            yield car_header([self.guard])
-            for piece in car_sections([canary]):
-                yield piece
+        async def canary_first() -> AsyncIterator[Block]:
+            yield canary
             async for block in blocks:
-                for piece in car_sections([block]):
-                    yield piece
+                yield block
 
+        car = write_car_async([self.guard], canary_first())
         answer = await self.node._upload(
-            "dag/import", rpc.guarded_import_params(), car(), retry=False, filename="import.car"
+            "dag/import", rpc.guarded_import_params(), car, retry=False, filename="import.car"
         )
         rpc.parse_guarded_import(rpc.parse_ndjson("dag/import", answer), self.guard)
 

@@ -16,7 +16,8 @@ import logging
 import threading
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 
-from ..dag import CID, EMPTY_FILE, Block, build_file, car_header, car_sections, write_car
+from ..dag import CID, EMPTY_FILE, Block, build_file, write_car
+from ..dag.car import write_car_async
 from ..dag.cid import RAW
 from ..errors import NodeError
 from ..format import EncodedDocument
@@ -80,7 +81,8 @@ async def put_document(
         if guarded is not None:
             await guarded.send(blocks)
         else:
-            await node.import_car(_car_of(blocks), pin_roots=False)
+            # any root will do: these CARs' roots are not pinned (the empty block: no leaf yet)
+            await node.import_car(write_car_async([EMPTY_FILE.cid], blocks), pin_roots=False)
 
     worker = threading.Thread(target=produce, name="gradstore-put", daemon=True)
     worker.start()
@@ -118,14 +120,6 @@ async def _import_checked(node: Node, root: CID, blocks: Sequence[Block], pin: b
     if reported != [root]:
         got = ", ".join(map(str, reported)) or "nothing"
         raise NodeError(f"node {node.name} imported {got}, expected root {root}")
-
-
-async def _car_of(blocks: AsyncIterable[Block]) -> AsyncIterator[bytes | memoryview]:
-    # any root will do: these CARs' roots are not pinned (the empty block: no leaf yet)
-    yield car_header([EMPTY_FILE.cid])
-    async for block in blocks:
-        for piece in car_sections([block]):
-            yield piece
 
 
 async def _aiter(blocks: Sequence[Block]) -> AsyncIterator[Block]:
