@@ -46,16 +46,21 @@ def _start(tmp_path: Path, name: str, *argv: object) -> subprocess.Popen[bytes]:
         )
 
 
-def _finish(tmp_path: Path, name: str, proc: subprocess.Popen[bytes]) -> str:
-    """Wait for a process; assert exit 0; return its stdout."""
+def _exit_code(tmp_path: Path, name: str, proc: subprocess.Popen[bytes]) -> tuple[int, str]:
+    """Wait for a process; return its exit code and stderr."""
     try:
         code = proc.wait(timeout=180)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    return code, (tmp_path / f"{name}.err").read_text()
+
+
+def _finish(tmp_path: Path, name: str, proc: subprocess.Popen[bytes]) -> str:
+    """Wait for a process; assert exit 0; return its stdout."""
+    code, err = _exit_code(tmp_path, name, proc)
     out = (tmp_path / f"{name}.out").read_text()
-    err = (tmp_path / f"{name}.err").read_text()
     assert code == 0, f"{name} exited {code}\nstdout:\n{out}\nstderr:\n{err}"
     return out
 
@@ -181,17 +186,6 @@ def test_job_through_the_cli(cli: Cli, kubo: KuboDaemon, tmp_path: Path) -> None
     assert {"resolve_s", "aggregate_s", "publish_s", "open_s"} <= stats.keys()
     r = cli("round", "show", record_cid, "--api", api, "--state", tmp_path / "nowhere")
     assert r.code == 1 and "no coordinator journal" in r.err
-
-
-def _exit_code(tmp_path: Path, name: str, proc: subprocess.Popen[bytes]) -> tuple[int, str]:
-    """Wait for a process; return its exit code and stderr."""
-    try:
-        code = proc.wait(timeout=180)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    return code, (tmp_path / f"{name}.err").read_text()
 
 
 def test_peer_await_of_a_failed_round_says_why(cli: Cli, kubo: KuboDaemon, tmp_path: Path) -> None:
