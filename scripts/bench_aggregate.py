@@ -18,6 +18,8 @@ default 32 x 25M run needs about 12 GB. OpenBLAS settings in the environment can
 NumPy down; run as
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python scripts/bench_aggregate.py
 Quick run: ``--inputs 8 --sizes 25000000`` (or ``--sizes 4000000``).
+fedavg runs gradstore's numba kernel when numba loads; ``GRADSTORE_NUMBA=0`` times the
+NumPy path instead (same bits). The first call compiles or loads it: ours is best of --repeat.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from gradstore.aggregate import AggregationParams, aggregate, aggregate_with_info
+from gradstore.aggregate import AggregationParams, _fused, aggregate, aggregate_with_info
 
 METHODS = ("fedavg", "median", "trimmed_mean", "krum")
 TARGET_GBPS = {"fedavg": 5.0, "median": 1.0}
@@ -148,6 +150,15 @@ def bench_one(
     return row
 
 
+def linear_kernel() -> str:
+    """Which kernel fedavg runs on inputs this large: numba (with its version) or NumPy."""
+    if _fused.kernel(_fused.MIN_ELEMENTS) is None:
+        return f"numpy {np.__version__}"
+    import numba
+
+    return f"numba {numba.__version__}"
+
+
 def print_table(rows: list[dict[str, Any]]) -> None:
     header = (
         f"{'method':<13}{'n':>4}{'size':>12}{'input GB':>10}{'ours s':>10}{'ours GB/s':>11}"
@@ -170,6 +181,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         f"targets: fedavg >= {TARGET_GBPS['fedavg']} GB/s, median >= {TARGET_GBPS['median']} "
         f"GB/s, ratio >= {TARGET_RATIO}x; ours = best of --repeat, naive = one run"
     )
+    print(f"linear kernel (fedavg): {linear_kernel()}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -198,7 +210,11 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  done {method} n={n} size={size:,}", file=sys.stderr, flush=True)
         del arrays
     if args.json:
-        json.dump({"seed": SEED, "threads": args.threads, "rows": rows}, sys.stdout, indent=2)
+        json.dump(
+            {"seed": SEED, "threads": args.threads, "linear_kernel": linear_kernel(), "rows": rows},
+            sys.stdout,
+            indent=2,
+        )
         print()
     else:
         print_table(rows)

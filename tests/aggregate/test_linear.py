@@ -1,4 +1,7 @@
-"""sum, mean, fedavg, weighted: exact against the float64 loop they promise, reproducible."""
+"""sum, mean, fedavg, weighted: exact against the float64 loop they promise, reproducible.
+
+Every test runs once on the NumPy kernel and once on the numba kernel (``linear_kernel``).
+"""
 
 from __future__ import annotations
 
@@ -16,6 +19,8 @@ from gradstore.aggregate import (
     sum_,
     weighted,
 )
+
+pytestmark = pytest.mark.usefixtures("linear_kernel")
 
 Grad = dict[str, np.ndarray[Any, Any]]
 

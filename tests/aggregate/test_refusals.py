@@ -91,6 +91,7 @@ def test_not_an_array() -> None:
         sum_([{"w": np.zeros(2)}, {"w": [0.0, 0.0]}])  # type: ignore[dict-item]
 
 
+@pytest.mark.usefixtures("linear_kernel")  # both sum/mean/fedavg/weighted kernels
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 @pytest.mark.parametrize("index", [0, 3])
@@ -103,6 +104,7 @@ def test_nan_or_inf_names_input_and_tensor(method: str, bad: float, index: int) 
         run(method, inputs)
 
 
+@pytest.mark.usefixtures("linear_kernel")  # both sum/mean/fedavg/weighted kernels
 @pytest.mark.parametrize("method", ["mean", "median", "krum"])
 def test_nan_refused_also_with_input_clipping(method: str) -> None:
     inputs = make_inputs(5)
@@ -112,6 +114,7 @@ def test_nan_refused_also_with_input_clipping(method: str) -> None:
         aggregate(inputs, AggregationParams(method, clip_input_norm=1.0, **extra))
 
 
+@pytest.mark.usefixtures("linear_kernel")  # both sum/mean/fedavg/weighted kernels
 def test_nan_with_zero_weight_is_still_refused() -> None:
     inputs = make_inputs(2)
     inputs[1]["w"][1, 1] = np.nan
@@ -119,7 +122,8 @@ def test_nan_with_zero_weight_is_still_refused() -> None:
         aggregate(inputs, AggregationParams("weighted", weights=(1.0, 0.0)))
 
 
-@pytest.mark.parametrize("dtype", ["<f2", "<f8"])
+@pytest.mark.usefixtures("linear_kernel")  # both sum/mean/fedavg/weighted kernels
+@pytest.mark.parametrize("dtype", ["<f2", "<f4", "<f8"])
 def test_an_aggregate_that_overflows_its_dtype(dtype: str) -> None:
     big = float(np.finfo(np.dtype(dtype)).max)
     inputs = [{"x": np.array([big], dtype)}, {"x": np.array([big], dtype)}]

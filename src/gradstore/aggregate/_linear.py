@@ -4,15 +4,19 @@ For every element: ``acc = c[0] * x[0]; acc += c[i] * x[i]`` for i = 1..n-1 in i
 then ``acc / divisor``, then one rounding to the inputs' dtype. With no coefficients
 (sum, mean) the multiplications are skipped. Nothing else rounds, so the aggregate is
 bit-for-bit reproducible from the same inputs in the same order.
+
+Large layouts run the numba-compiled kernel of ``_fused`` (same operations, same bits);
+the NumPy path below serves small layouts, other dtypes, and machines without numba.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import numpy as np
 
+from . import _fused
 from ._blocks import Scratch, blocks, chunks, run
 from ._checks import Flat, Layout, NonFiniteResult
 
@@ -37,6 +41,36 @@ def combine(
     """
     out = layout.empty()
     out_flat = {name: array.reshape(-1) for name, array in out.items()}
+    numpy_work = _numpy_kernel(flats, out_flat, coefs, divisor)
+    fused = _fused.kernel(sum(layout.size(name) for name in layout.names))
+    if fused is None:
+        run(numpy_work, chunks(layout), threads)
+        return out
+    addresses = {
+        name: np.array([flat[name].ctypes.data for flat in flats], np.intp)
+        for name in layout.names
+        if _fused.usable([flat[name] for flat in flats] + [out_flat[name]])
+    }
+    factors = np.array([1.0] * len(flats) if coefs is None else coefs, np.float64)
+    scale = 1.0 if divisor is None else float(divisor)  # x * 1.0 and x / 1.0 are exact
+
+    def work(name: str, start: int, stop: int) -> None:
+        if name not in addresses:
+            numpy_work(name, start, stop)
+        elif fused(out_flat[name], addresses[name], factors, scale, start, stop):
+            raise NonFiniteResult(name)
+
+    run(work, chunks(layout), threads)
+    return out
+
+
+def _numpy_kernel(
+    flats: Sequence[Flat],
+    out_flat: dict[str, np.ndarray[Any, Any]],
+    coefs: Sequence[float] | None,
+    divisor: float | None,
+) -> Callable[[str, int, int], None]:
+    """The NumPy form of the kernel: ``work(name, start, stop)`` fills ``out_flat[name][start:stop]``."""
     factors = None if coefs is None else [np.float64(c) for c in coefs]
     scratch = Scratch()
 
@@ -70,5 +104,4 @@ def combine(
             if not finite.all():
                 raise NonFiniteResult(name)
 
-    run(work, chunks(layout), threads)
-    return out
+    return work
