@@ -138,3 +138,14 @@ def test_without_numba_the_numpy_path_is_used(
         assert sum_(inputs)["g"].tobytes() == expected.astype(np.float32).tobytes()
     finally:
         _fused._compiled.cache_clear()
+
+
+def test_prepare_says_whether_inputs_like_these_will_run_compiled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(_fused.ENV, raising=False)
+    large = {"w": np.zeros((1024, 1024), np.float32)}
+    assert _fused.prepare(large)
+    assert not _fused.prepare({"w": np.zeros(16, np.float32)})
+    monkeypatch.setenv(_fused.ENV, "0")
+    assert not _fused.prepare(large)

@@ -16,6 +16,7 @@ select outside [1, n - f]; parameters that do not apply to the method.
 from ._checks import Tensors
 from ._clip import clip_inputs, clip_output, global_norm
 from ._dispatch import AggregationInfo, aggregate, aggregate_with_info
+from ._fused import prepare
 from ._methods import fedavg, krum, mean, median, multikrum, sum_, trimmed_mean, weighted
 from ._params import METHODS, AggregationParams
 
@@ -34,6 +35,7 @@ __all__ = [
     "mean",
     "median",
     "multikrum",
+    "prepare",
     "sum_",
     "trimmed_mean",
     "weighted",

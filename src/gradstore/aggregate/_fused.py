@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import cache
 from typing import Any, Final
 
@@ -58,12 +58,26 @@ def kernel(elements: int) -> Kernel | None:
     return _compiled()
 
 
+def prepare(tensors: Mapping[str, np.ndarray[Any, Any]]) -> bool:
+    """Load (or compile) the kernel now; whether inputs like ``tensors`` will use it.
+
+    The first use in a process imports numba and loads the compiled code from disk (or
+    compiles it, about a second): a coordinator calls this when the first input arrives, so
+    the aggregate stage itself does not pay for it.
+    """
+    return kernel(sum(int(np.size(array)) for array in tensors.values())) is not None
+
+
 @cache
 def _compiled() -> Kernel | None:
-    """Import the numba kernel once per process (it compiles on first call, then loads from disk)."""
+    """Import and compile the numba kernel once per process (compiled code is cached on disk)."""
     try:
         from ._numba_kernel import combine_range
-    except Exception as exc:  # ImportError, or numba refusing this NumPy version
+
+        for dtype in _DTYPES:  # compile (or load) both now: a failure here, not mid-aggregate
+            one = np.ones(1, dtype)
+            combine_range(one, np.array([one.ctypes.data], np.intp), np.ones(1), 1.0, 0, 1)
+    except Exception as exc:  # ImportError, numba refusing this NumPy version, no compiler
         log.info("numba unavailable (%s): linear aggregation uses the NumPy path", exc)
         return None
     return combine_range

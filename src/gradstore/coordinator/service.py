@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..aggregate import aggregate_with_info
+from ..aggregate import aggregate_with_info, prepare
 from ..dag import CID
 from ..dag.cid import DAG_CBOR
 from ..errors import (
@@ -113,6 +113,7 @@ class Coordinator:
         self._journal: Journal | None = None
         self._bytes_fetched = 0
         self._fetch_seconds = 0.0
+        self._prepared: asyncio.Task[None] | None = None
 
     @property
     def journal(self) -> Journal:
@@ -136,9 +137,12 @@ class Coordinator:
                     if not stop.is_set() and self.linger_s > 0:
                         await _wait(stop, self.linger_s)  # let late peers see the last result
                 finally:
-                    for task in (reader, beacon, *[s.task for s in self._slots.values() if s.task]):
+                    fetches = [s.task for s in self._slots.values() if s.task]
+                    for task in (reader, beacon, *fetches):
                         task.cancel()
                     await asyncio.gather(reader, beacon, return_exceptions=True)
+                    if self._prepared is not None:  # a thread: let it finish rather than leak it
+                        await self._prepared
         finally:
             self.journal.close()
             self._journal = None
@@ -336,6 +340,8 @@ class Coordinator:
             slot.nbytes = gradient.nbytes
             self._bytes_fetched += gradient.nbytes
             log.info("round %d: %s verified (%d bytes)", round_, slot.peer, gradient.nbytes)
+            if self._prepared is None:  # load the aggregation kernel while the others arrive
+                self._prepared = asyncio.create_task(_prepare(gradient), name="aggregate-prepare")
         else:
             slot.fail(reason or "failed")
             log.warning("round %d: %s failed: %s", round_, slot.peer, slot.reason)
@@ -561,3 +567,13 @@ def _now_ms() -> int:
 async def _wait(event: asyncio.Event, seconds: float) -> None:
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(event.wait(), seconds)
+
+
+async def _prepare(gradient: Gradient) -> None:
+    """Get the aggregators' compiled kernel ready for inputs like ``gradient``, off the loop."""
+    try:
+        ready = await asyncio.to_thread(prepare, gradient.tensors)
+    except Exception:  # the aggregate stage would meet the same problem and report it
+        log.exception("preparing the aggregation kernel failed")
+    else:
+        log.debug("aggregation kernel: %s", "numba" if ready else "NumPy")
