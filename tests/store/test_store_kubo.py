@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from gradstore.dag import CID, file_cid
-from gradstore.errors import IntegrityError
+from gradstore.errors import BlockNotFoundError, IntegrityError, NodeError
 from gradstore.format import Gradient, encode
 from gradstore.node import KuboDaemon, KuboNode
 from gradstore.node._guarded_import import GuardedImport
-from gradstore.store import GradientStore
+from gradstore.store import GradientStore, _put
 
 pytestmark = pytest.mark.kubo
 SEED = 7
@@ -233,6 +233,36 @@ def test_a_gc_during_put_is_caught_and_the_dag_sent_again(
             assert stat["TotalSize"] >= encode(g).size
             assert decode_equal(await GradientStore(node).get(cid), g)
             assert "collected garbage during the upload" in caplog.text
+
+    asyncio.run(go())
+
+
+def test_a_failed_re_send_after_a_gc_leaves_no_pin_over_missing_blocks(
+    kubo: KuboDaemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The GC of the test above, then the re-send fails too: put raises, and the root it had
+    # pinned over collected leaves is unpinned rather than left as a pin that protects nothing.
+    g = _gradient(700_000, seed=SEED + 5)  # blocks no other test pins
+    original_finish = GuardedImport.finish
+
+    async def finish_after_gc(self: GuardedImport, root, *, pin):  # type: ignore[no-untyped-def]
+        await asyncio.to_thread(kubo.run, "repo", "gc", "--quiet")
+        return await original_finish(self, root, pin=pin)
+
+    async def failing_re_send(*args: object) -> None:
+        raise NodeError("connection lost during the re-send")
+
+    monkeypatch.setattr(GuardedImport, "finish", finish_after_gc)
+    monkeypatch.setattr(_put, "_import_checked", failing_re_send)
+
+    async def go() -> None:
+        async with kubo.node() as node:
+            before = await node.pins()
+            with pytest.raises(NodeError, match="connection lost"):
+                await GradientStore(node).put(g)
+            assert await node.pins() == before
+            with pytest.raises(BlockNotFoundError):
+                await node.dag_stat(file_cid(encode(g)), offline=True)
 
     asyncio.run(go())
 

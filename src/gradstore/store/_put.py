@@ -19,7 +19,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from ..dag import CID, EMPTY_FILE, Block, build_file, write_car
 from ..dag.car import write_car_async
 from ..dag.cid import RAW
-from ..errors import NodeError
+from ..errors import BlockNotFoundError, NodeError
 from ..format import EncodedDocument
 from ..node import KuboNode, Node
 
@@ -108,7 +108,12 @@ async def put_document(
                 "put %s: Kubo collected garbage during the upload; sending the DAG again", root.cid
             )
             blocks = await asyncio.to_thread(list, build_file(doc, threads=_PUT_HASH_THREADS))
-            await _import_checked(node, root.cid, blocks, pin)
+            try:
+                await _import_checked(node, root.cid, blocks, pin)
+            except BaseException:
+                if pin:
+                    await _drop_broken_pin(guarded.node, root.cid)
+                raise
     if progress is not None:
         progress(doc.size, doc.size)
     return root.cid
@@ -120,6 +125,24 @@ async def _import_checked(node: Node, root: CID, blocks: Sequence[Block], pin: b
     if reported != [root]:
         got = ", ".join(map(str, reported)) or "nothing"
         raise NodeError(f"node {node.name} imported {got}, expected root {root}")
+
+
+async def _drop_broken_pin(node: KuboNode, root: CID) -> None:
+    """Unpin ``root`` if blocks of its DAG are missing (best effort, after a failed re-send).
+
+    Such a pin protects nothing and would hide the loss. A root whose DAG is complete keeps
+    its pin: it may be the user's own from before this put.
+    """
+    try:
+        await node.dag_stat(root, offline=True)
+    except BlockNotFoundError:
+        try:
+            await node.unpin(root)
+            log.warning("put %s: unpinned the root, whose DAG is incomplete", root)
+        except NodeError as exc:
+            log.warning("put %s: its DAG is incomplete but unpinning failed: %s", root, exc)
+    except NodeError as exc:
+        log.warning("put %s: could not check the DAG after a failed re-send: %s", root, exc)
 
 
 async def _aiter(blocks: Sequence[Block]) -> AsyncIterator[Block]:
