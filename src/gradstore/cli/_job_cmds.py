@@ -70,7 +70,10 @@ def register(sub: Any) -> None:
     p.set_defaults(run=cmd_peer_await)
 
     p = sub.add_parser(
-        "aggregate", help="aggregate .npz gradients offline with the coordinator's code"
+        "aggregate",
+        help="aggregate .npz gradients offline with the coordinator's code",
+        epilog="sum/mean/fedavg/weighted over large float32/float64 tensors run a numba-compiled "
+        "kernel that gives the NumPy path's exact bits; GRADSTORE_NUMBA=0 turns it off.",
     )
     p.add_argument("inputs", nargs="*", help="gradients as .npz, in canonical order")
     p.add_argument("-o", "--output", required=True)
