@@ -205,28 +205,30 @@ def decode_equal(a: Gradient, b: Gradient) -> bool:
     )
 
 
+def _gc_before_the_root(kubo: KuboDaemon, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run ``ipfs repo gc`` between put's leaf imports and its root's pin."""
+    original_finish = GuardedImport.finish
+
+    async def finish_after_gc(self: GuardedImport, root, *, pin):  # type: ignore[no-untyped-def]
+        await asyncio.to_thread(kubo.run, "repo", "gc", "--quiet")
+        return await original_finish(self, root, pin=pin)
+
+    monkeypatch.setattr(GuardedImport, "finish", finish_after_gc)
+
+
 def test_a_gc_during_put_is_caught_and_the_dag_sent_again(
-    kubo: KuboDaemon, caplog: pytest.LogCaptureFixture
+    kubo: KuboDaemon, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A GC between the leaf imports and the root's pin collects the unpinned leaves. put must
     # notice (its canaries are gone) and send the DAG again, so the pinned root is complete.
     g = _gradient(700_000, seed=SEED + 1)  # blocks no other test pins
+    _gc_before_the_root(kubo, monkeypatch)
 
     async def go() -> None:
         async with kubo.node() as node:
             recording = _Recording(node)
-            original_finish = GuardedImport.finish
-
-            async def finish_after_gc(self: GuardedImport, root, *, pin):  # type: ignore[no-untyped-def]
-                await asyncio.to_thread(kubo.run, "repo", "gc", "--quiet")
-                return await original_finish(self, root, pin=pin)
-
-            GuardedImport.finish = finish_after_gc  # type: ignore[method-assign]
             before = await node.pins()
-            try:
-                cid = await GradientStore(node).put(g)
-            finally:
-                GuardedImport.finish = original_finish  # type: ignore[method-assign]
+            cid = await GradientStore(node).put(g)
             assert len(recording.imports) == 1  # the DAG went again as one walked CAR
             assert await node.pins() - before == {cid}
             stat = await node.dag_stat(cid, offline=True)  # raises if a block is missing
@@ -243,16 +245,11 @@ def test_a_failed_re_send_after_a_gc_leaves_no_pin_over_missing_blocks(
     # The GC of the test above, then the re-send fails too: put raises, and the root it had
     # pinned over collected leaves is unpinned rather than left as a pin that protects nothing.
     g = _gradient(700_000, seed=SEED + 5)  # blocks no other test pins
-    original_finish = GuardedImport.finish
-
-    async def finish_after_gc(self: GuardedImport, root, *, pin):  # type: ignore[no-untyped-def]
-        await asyncio.to_thread(kubo.run, "repo", "gc", "--quiet")
-        return await original_finish(self, root, pin=pin)
 
     async def failing_re_send(*args: object) -> None:
         raise NodeError("connection lost during the re-send")
 
-    monkeypatch.setattr(GuardedImport, "finish", finish_after_gc)
+    _gc_before_the_root(kubo, monkeypatch)
     monkeypatch.setattr(_put, "_import_checked", failing_re_send)
 
     async def go() -> None:
