@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from gradstore.aggregate import AggregationParams, _fused, aggregate, sum_
+from gradstore.errors import AggregationError
 
 Grad = dict[str, np.ndarray[Any, Any]]
 
@@ -96,10 +97,10 @@ def test_tensors_the_kernel_cannot_read_fall_back_one_by_one(
 def test_nan_and_overflow_are_caught_in_the_compiled_pass(calls: list[int]) -> None:
     inputs = big_inputs(3, _fused.MIN_ELEMENTS)
     inputs[2]["g"][-1] = np.nan  # last element of the last block
-    with pytest.raises(Exception, match="input 2: tensor 'g' contains NaN or infinity"):
+    with pytest.raises(AggregationError, match="input 2: tensor 'g' contains NaN or infinity"):
         sum_(inputs)
     big = np.full(_fused.MIN_ELEMENTS, np.finfo(np.float32).max, np.float32)
-    with pytest.raises(Exception, match="sum: aggregating tensor 'g' overflows"):
+    with pytest.raises(AggregationError, match="sum: aggregating tensor 'g' overflows"):
         sum_([{"g": big}, {"g": big}])
     assert calls  # both went through numba
 
