@@ -51,10 +51,32 @@ def _exit_code(tmp_path: Path, name: str, proc: subprocess.Popen[bytes]) -> tupl
     try:
         code = proc.wait(timeout=180)
     finally:
+        _kill(proc)
+    return code, (tmp_path / f"{name}.err").read_text()
+
+
+def _kill(*procs: subprocess.Popen[bytes]) -> None:
+    """Kill whichever of ``procs`` still run, and reap them."""
+    for proc in procs:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    return code, (tmp_path / f"{name}.err").read_text()
+
+
+def _start_coordinator(
+    tmp_path: Path, kubo: KuboDaemon, job: Path, key: Path, job_name: str
+) -> subprocess.Popen[bytes]:
+    """``gradstore coordinator`` on ``kubo``, returned once it listens for announcements."""
+    coord = _start(
+        tmp_path, "coord", "coordinator", "--config", job, "--key", key,
+        "--api", kubo.api_url, "--state", tmp_path / "state",
+    )  # fmt: skip
+    try:
+        _wait_topic(kubo, f"gradstore/v1/{job_name}/gradients", [coord])
+    except BaseException:
+        _kill(coord)
+        raise
+    return coord
 
 
 def _finish(tmp_path: Path, name: str, proc: subprocess.Popen[bytes]) -> str:
@@ -89,13 +111,9 @@ def test_job_through_the_cli(cli: Cli, kubo: KuboDaemon, tmp_path: Path) -> None
     samples = {"alice": 30, "bob": 10}
     job_name = f"cli-{os.getpid()}"
 
-    coord = _start(
-        tmp_path, "coord", "coordinator", "--config", job, "--key", keys["coord"],
-        "--api", api, "--state", tmp_path / "state",
-    )  # fmt: skip
+    coord = _start_coordinator(tmp_path, kubo, job, keys["coord"], job_name)
     procs = [coord]
     try:
-        _wait_topic(kubo, f"gradstore/v1/{job_name}/gradients", procs)
         waiter = _start(
             tmp_path, "await", "peer", "await", "--config", job, "--round", 0,
             "-o", tmp_path / "agg.npz", "--timeout", 150, "--api", api,
@@ -129,10 +147,7 @@ def test_job_through_the_cli(cli: Cli, kubo: KuboDaemon, tmp_path: Path) -> None
         awaited = _finish(tmp_path, "await", waiter)
         coord_out = _finish(tmp_path, "coord", coord)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        _kill(*procs)
 
     for name, line in published.items():
         assert re.fullmatch(CID, line), (name, line)
@@ -198,13 +213,9 @@ def test_peer_await_of_a_failed_round_says_why(cli: Cli, kubo: KuboDaemon, tmp_p
         f'job = "{job_name}"\ncoordinator = "{dids["coord"]}"\npeers = ["{dids["alice"]}"]\n'
         "[rounds]\ncount = 1\nquorum = 1\ndeadline_s = 8\n"
     )
-    coord = _start(
-        tmp_path, "coord", "coordinator", "--config", job, "--key", keys["coord"],
-        "--api", api, "--state", tmp_path / "state",
-    )  # fmt: skip
+    coord = _start_coordinator(tmp_path, kubo, job, keys["coord"], job_name)
     procs = [coord]
     try:
-        _wait_topic(kubo, f"gradstore/v1/{job_name}/gradients", procs)
         started = time.monotonic()
         waiter = _start(
             tmp_path, "await", "peer", "await", "--config", job, "--round", 0,
@@ -215,10 +226,7 @@ def test_peer_await_of_a_failed_round_says_why(cli: Cli, kubo: KuboDaemon, tmp_p
         waited = time.monotonic() - started
         coord_code, _ = _exit_code(tmp_path, "coord", coord)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        _kill(*procs)
     assert code == 1 and err.strip().splitlines() == [
         f"error: round 0 of job {job_name} failed: quorum not met: 0 verified of 1 needed"
     ], err
