@@ -132,6 +132,16 @@ class RoundFailedError(CoordinatorError):
         super().__init__(f"round {round_} of job {job} failed: {reason}")
 
 
+class RefusedError(CoordinatorError):
+    """The coordinator's signed status says it refused this peer's input for ``round``."""
+
+    def __init__(self, job: str, round_: int, peer: str, reason: str) -> None:
+        self.round = round_
+        self.peer = peer
+        self.reason = reason
+        super().__init__(f"round {round_} of job {job}: the coordinator refused: {reason}")
+
+
 class AuditError(GradstoreError):
     """A verification script's check failed; ``check`` names it (e.g. ``"output-cid"``)."""
 

@@ -8,7 +8,7 @@ sum exactly in a float64 accumulator.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -30,6 +30,16 @@ class Layout:
     names: tuple[str, ...]
     shapes: dict[str, tuple[int, ...]]
     dtypes: dict[str, np.dtype[Any]]
+
+    @classmethod
+    def of(cls, specs: Iterable[tuple[str, np.dtype[Any], tuple[int, ...]]]) -> Layout:
+        """The layout of tensors given as (name, dtype, shape), put in name order."""
+        items = sorted(specs, key=lambda spec: spec[0].encode("utf-8"))
+        return cls(
+            tuple(name for name, _, _ in items),
+            {name: tuple(shape) for name, _, shape in items},
+            {name: np.dtype(dtype) for name, dtype, _ in items},
+        )
 
     def size(self, name: str) -> int:
         """Number of elements of tensor ``name``."""

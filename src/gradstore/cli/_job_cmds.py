@@ -240,16 +240,13 @@ def _journal_stats(state: Path, job: str, round_: int, record: str) -> dict[str,
     path = state / "journal.sqlite"
     if not path.is_file():
         raise CoordinatorError(f"no coordinator journal at {path}")
-    journal = Journal(path)
-    try:
+    with Journal(path) as journal:
         if journal.get_meta("job") not in (None, job):
             raise CoordinatorError(f"{path} is the journal of another job")
         row = next((r for r in journal.rounds() if r.round == round_), None)
         if row is None or row.record != record:
             raise CoordinatorError(f"{path} has no closed round {round_} with record {record}")
         return journal.stats(round_) or {}
-    finally:
-        journal.close()
 
 
 def cmd_round_show(args: argparse.Namespace) -> int:

@@ -6,7 +6,7 @@ zero-copy ``np.frombuffer`` views, within caller-set :class:`Limits`.
 """
 
 from ._decode import decode
-from ._dtypes import DTYPES
+from ._dtypes import DTYPES, numpy_dtype
 from ._encode import FORMAT_ID, EncodedDocument, encode
 from ._gradient import Gradient
 from ._header import DocumentHeader, TensorInfo, read_header
@@ -23,5 +23,6 @@ __all__ = [
     "TensorInfo",
     "decode",
     "encode",
+    "numpy_dtype",
     "read_header",
 ]

@@ -41,6 +41,13 @@ class TensorInfo:
     offset: int
     nbytes: int
 
+    @property
+    def array_dtype(self) -> np.dtype[Any]:
+        """The NumPy dtype of the tensor's elements."""
+        dt = numpy_dtype(self.dtype)
+        assert dt is not None, self.dtype  # a header only holds allowed dtypes
+        return dt
+
 
 @dataclass(frozen=True, slots=True)
 class DocumentHeader:
