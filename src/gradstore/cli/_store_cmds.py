@@ -292,7 +292,8 @@ def _print_header(source: str, header: DocumentHeader) -> None:
         for key, value in header.meta.items():
             out.write(f"  {key} = {value!r}\n")
     width = max([len("name"), *(len(t.name) for t in header.tensors)])
-    out.write(f"  {'name':<{width}}  {'dtype':<5}  {'shape':<20}  bytes\n")
+    dwidth = max([len("dtype"), *(len(t.dtype) for t in header.tensors)])  # "float8_e4m3fn"
+    out.write(f"  {'name':<{width}}  {'dtype':<{dwidth}}  {'shape':<20}  bytes\n")
     for t in header.tensors:
         shape = "(" + ", ".join(map(str, t.shape)) + ("," if len(t.shape) == 1 else "") + ")"
-        out.write(f"  {t.name:<{width}}  {t.dtype:<5}  {shape:<20}  {t.nbytes}\n")
+        out.write(f"  {t.name:<{width}}  {t.dtype:<{dwidth}}  {shape:<20}  {t.nbytes}\n")
