@@ -147,5 +147,5 @@ class MissingExtraError(GradstoreError, ImportError):
     def __init__(self, extra: str, what: str) -> None:
         self.extra = extra
         super().__init__(
-            f"{what} needs the optional extra {extra!r}: pip install 'gradstore[{extra}]'"
+            f"{what}: install the optional extra {extra!r} (pip install 'gradstore[{extra}]')"
         )

@@ -31,7 +31,8 @@ def load_npz(path: str | Path, meta: dict[str, Any] | None = None) -> Gradient:
                 if value.dtype.kind == "V" and value.dtype.fields is None:
                     raise FormatError(
                         f"{path}: member {name!r} is raw bytes ({value.dtype.str}), which is "
-                        "how NumPy's .npy writes bfloat16 and float8: the type is lost"
+                        "how NumPy's .npy writes bfloat16 and float8 (the type is lost): "
+                        "use a .safetensors file"
                     )
                 tensors[name] = value
     except FormatError:
@@ -61,7 +62,8 @@ def save_npz(path: str | Path, gradient: Gradient) -> None:
         if code in EXTENDED:
             raise FormatError(
                 f"{path}: tensor {name!r} is {code}, which .npz cannot hold "
-                "(NumPy's .npy would write raw bytes and lose the type)"
+                "(NumPy's .npy would write raw bytes and lose the type): "
+                "write a .safetensors file instead"
             )
     target = Path(path)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.part")
