@@ -20,6 +20,7 @@ from .errors import (
     IntegrityError,
     LimitExceededError,
     MessageError,
+    MissingExtraError,
     NodeError,
 )
 from .format import Gradient, Limits, decode, encode
@@ -42,6 +43,7 @@ __all__ = [
     "Limits",
     "LocalNode",
     "MessageError",
+    "MissingExtraError",
     "Node",
     "NodeError",
     "SyncGradientStore",

@@ -18,7 +18,8 @@ GradstoreError
 ├── AggregationError (ValueError)     inputs an aggregator cannot honestly combine
 ├── CoordinatorError                  a job or round cannot proceed
 │   └── RoundFailedError              the coordinator says a round ended without an aggregate
-└── AuditError                        an independent re-check failed; carries the ``check`` name
+├── AuditError                        an independent re-check failed; carries the ``check`` name
+└── MissingExtraError (ImportError)   an optional extra is needed and not installed; names it
 """
 
 from __future__ import annotations
@@ -148,3 +149,13 @@ class AuditError(GradstoreError):
     def __init__(self, check: str, message: str) -> None:
         self.check = check
         super().__init__(f"check {check} failed: {message}")
+
+
+class MissingExtraError(GradstoreError, ImportError):
+    """What was asked needs an optional extra that is not installed; ``extra`` names it."""
+
+    def __init__(self, extra: str, what: str) -> None:
+        self.extra = extra
+        super().__init__(
+            f"{what}: install the optional extra {extra!r} (pip install 'gradstore[{extra}]')"
+        )

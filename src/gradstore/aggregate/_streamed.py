@@ -25,8 +25,9 @@ from typing import Any, Final, Protocol
 import numpy as np
 
 from ..errors import AggregationError
+from ..format import is_float
 from ._blocks import CHUNK, blocks, chunks, default_threads
-from ._checks import Layout, NonFiniteResult, check_num_samples
+from ._checks import Layout, NonFiniteResult, check_num_samples, dtype_name
 from ._clip import BLOCK as NORM_BLOCK
 from ._clip import clip_scale, global_norm, scale_into
 from ._dispatch import AggregationInfo, _linear_terms
@@ -34,6 +35,7 @@ from ._krum import chunk_gram, distances_from_gram, krum_scores, select_lowest
 from ._linear import combine
 from ._params import AggregationParams, trimmed_per_side
 from ._robust import order_mean
+from ._rounding import round_into
 
 #: Bytes of input windows held at once (all inputs together) by the windowed path.
 DEFAULT_WINDOW_BYTES: Final = 128 << 20
@@ -84,9 +86,9 @@ async def aggregate_streamed(
     params.validate(n)
     counts = check_num_samples(num_samples, n) if method == "fedavg" else None
     for name in layout.names:
-        if layout.dtypes[name].kind != "f":
+        if not is_float(layout.dtypes[name]):
             raise AggregationError(
-                f"tensor {name!r} has dtype {layout.dtypes[name].str}; "
+                f"tensor {name!r} has dtype {dtype_name(layout.dtypes[name])}; "
                 f"{method} aggregates floating-point tensors only"
             )
     workers = default_threads() if threads is None else max(1, int(threads))
@@ -259,14 +261,12 @@ async def _accumulated(
     out = layout.empty()
     for name in layout.names:
         dst = out[name].reshape(-1)
-        with np.errstate(over="ignore", invalid="ignore"):
-            if divisor is None:
-                np.copyto(dst, acc[name], casting="same_kind")
-            else:
-                np.divide(acc[name], divisor, dst, casting="same_kind")
+        for start, stop in blocks(0, layout.size(name), CHUNK):
+            with np.errstate(over="ignore", invalid="ignore"):
+                round_into(dst[start:stop], acc[name][start:stop], divisor)
+            if not np.isfinite(dst[start:stop]).all():
+                raise NonFiniteResult(name)
         del acc[name]
-        if not np.isfinite(dst).all():
-            raise NonFiniteResult(name)
     return out
 
 

@@ -22,7 +22,7 @@ from ..messages import SigningKey, decode_record
 from ..peer import Peer
 from . import _exit
 from ._nodes import add_node_options, node_from_args
-from ._npz import load_npz, save_npz
+from ._tensor_files import load_gradient, save_gradient
 
 T = TypeVar("T")
 
@@ -51,7 +51,7 @@ def register(sub: Any) -> None:
     p = psub.add_parser(
         "publish", help="store a gradient, announce it, wait for the coordinator's ack"
     )
-    p.add_argument("gradient", help="gradient as .npz")
+    p.add_argument("gradient", help="gradient as .npz or .safetensors")
     p.add_argument("--config", required=True, help="job file (TOML)")
     p.add_argument("--key", required=True, help="this peer's key file")
     p.add_argument("--round", type=int, required=True)
@@ -64,18 +64,25 @@ def register(sub: Any) -> None:
     p = psub.add_parser("await", help="wait for a round's result, verify and save the aggregate")
     p.add_argument("--config", required=True, help="job file (TOML)")
     p.add_argument("--round", type=int, required=True)
-    p.add_argument("-o", "--output", required=True, help=".npz to write")
+    p.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        help="file to write: .safetensors by its extension, else .npz",
+    )
     p.add_argument("--timeout", type=float, default=None, help="give up after S seconds")
     add_node_options(p)
     p.set_defaults(run=cmd_peer_await)
 
     p = sub.add_parser(
         "aggregate",
-        help="aggregate .npz gradients offline with the coordinator's code",
+        help="aggregate .npz/.safetensors gradients offline with the coordinator's code",
         epilog="sum/mean/fedavg/weighted over large float32/float64 tensors run a numba-compiled "
         "kernel that gives the NumPy path's exact bits; GRADSTORE_NUMBA=0 turns it off.",
     )
-    p.add_argument("inputs", nargs="*", help="gradients as .npz, in canonical order")
+    p.add_argument(
+        "inputs", nargs="*", help="gradients as .npz or .safetensors, in canonical order"
+    )
     p.add_argument("-o", "--output", required=True)
     p.add_argument("--method", required=True, choices=METHODS)
     # nargs="+" lists swallow the inputs that follow them (`--num-samples 10 20 a.npz b.npz`):
@@ -156,7 +163,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
 def cmd_peer_publish(args: argparse.Namespace) -> int:
     config = load_job(args.config)
     key = SigningKey.load(args.key)
-    gradient = load_npz(args.gradient)
+    gradient = load_gradient(args.gradient)
 
     async def run() -> CID:
         node = node_from_args(args)
@@ -189,7 +196,7 @@ def cmd_peer_await(args: argparse.Namespace) -> int:
             await node.aclose()
 
     result = asyncio.run(run())
-    save_npz(args.output, result.gradient)
+    save_gradient(args.output, result.gradient)
     print(f"{result.cid} {result.record}")
     return _exit.SUCCESS
 
@@ -218,8 +225,8 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
         raise AggregationError("give the input files before --num-samples and --weights")
     inputs = [*args.inputs, *rest_n, *rest_w]
     if not inputs:
-        raise AggregationError("no input .npz files given")
-    gradients = [load_npz(path) for path in inputs]
+        raise AggregationError("no input files given")
+    gradients = [load_gradient(path) for path in inputs]
     params = AggregationParams(
         method=args.method,
         weights=tuple(weights) if weights else None,
@@ -230,7 +237,7 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
         clip_output_norm=args.clip_output_norm,
     )
     result = aggregate([g.tensors for g in gradients], params, num_samples)
-    save_npz(args.output, Gradient(result))
+    save_gradient(args.output, Gradient(result))
     print(args.output)
     return _exit.SUCCESS
 

@@ -18,32 +18,41 @@ from ..format import DEFAULT_LIMITS, DocumentHeader, Limits, decode, encode, rea
 from ..store import GradientStore
 from . import _exit
 from ._nodes import add_node_options, node_from_args
-from ._npz import load_npz, save_npz
 from ._progress import ProgressBar
+from ._tensor_files import load_gradient, save_gradient
 
 T = TypeVar("T")
 _FILE_CHUNK = 16 << 20
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("encode", help="write the gradstore/1 document of an .npz")
-    p.add_argument("input", help="gradient as .npz")
+    p = sub.add_parser(
+        "encode", help="write the gradstore/1 document of an .npz or .safetensors file"
+    )
+    p.add_argument("input", help="gradient as .npz or .safetensors")
     p.add_argument("-o", "--output", required=True, help="document file to write")
     p.add_argument(
         "--meta", action="append", default=[], metavar="K=V", help="meta entry (repeatable)"
     )
     p.set_defaults(run=cmd_encode)
 
-    p = sub.add_parser("decode", help="turn a gradstore/1 document back into an .npz")
+    p = sub.add_parser(
+        "decode", help="turn a gradstore/1 document back into an .npz or .safetensors file"
+    )
     p.add_argument("input", help="document file")
-    p.add_argument("-o", "--output", required=True, help=".npz to write")
+    p.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        help="file to write: .safetensors by its extension, else .npz",
+    )
     _add_max_bytes(p)
     p.set_defaults(run=cmd_decode)
 
     p = sub.add_parser(
         "cid", help="CID of a gradient's document (or of any file with --raw), no node needed"
     )
-    p.add_argument("input", help="gradient as .npz (or any file with --raw)")
+    p.add_argument("input", help="gradient as .npz or .safetensors (or any file with --raw)")
     p.add_argument(
         "--raw", action="store_true", help="CID of the file's bytes, as `ipfs add --only-hash`"
     )
@@ -52,8 +61,10 @@ def register(sub: Any) -> None:
     )
     p.set_defaults(run=cmd_cid)
 
-    p = sub.add_parser("put", help="store an .npz gradient on the node, pinned; prints its CID")
-    p.add_argument("input", help="gradient as .npz")
+    p = sub.add_parser(
+        "put", help="store an .npz or .safetensors gradient on the node, pinned; prints its CID"
+    )
+    p.add_argument("input", help="gradient as .npz or .safetensors")
     p.add_argument(
         "--meta", action="append", default=[], metavar="K=V", help="meta entry (repeatable)"
     )
@@ -61,9 +72,16 @@ def register(sub: Any) -> None:
     _add_timeout(p)
     p.set_defaults(run=cmd_put)
 
-    p = sub.add_parser("get", help="fetch, verify and decode a gradient into an .npz")
+    p = sub.add_parser(
+        "get", help="fetch, verify and decode a gradient into an .npz or .safetensors file"
+    )
     p.add_argument("cid")
-    p.add_argument("-o", "--output", required=True, help=".npz to write")
+    p.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        help="file to write: .safetensors by its extension, else .npz",
+    )
     add_node_options(p)
     _add_timeout(p)
     _add_max_bytes(p)
@@ -184,7 +202,7 @@ def _with_store(
 
 
 def cmd_encode(args: argparse.Namespace) -> int:
-    doc = encode(load_npz(args.input, parse_meta(args.meta)))
+    doc = encode(load_gradient(args.input, parse_meta(args.meta)))
     with open(args.output, "wb") as f:
         doc.write_to(f)
     print(args.output)
@@ -193,7 +211,7 @@ def cmd_encode(args: argparse.Namespace) -> int:
 
 def cmd_decode(args: argparse.Namespace) -> int:
     limits = _limits(args)
-    save_npz(args.output, _read_document(args.input, lambda buf: decode(buf, limits)))
+    save_gradient(args.output, _read_document(args.input, lambda buf: decode(buf, limits)))
     print(args.output)
     return _exit.SUCCESS
 
@@ -202,12 +220,12 @@ def cmd_cid(args: argparse.Namespace) -> int:
     if args.raw:
         print(file_cid(_file_pieces(args.input)))
     else:
-        print(file_cid(encode(load_npz(args.input, parse_meta(args.meta)))))
+        print(file_cid(encode(load_gradient(args.input, parse_meta(args.meta)))))
     return _exit.SUCCESS
 
 
 def cmd_put(args: argparse.Namespace) -> int:
-    gradient = load_npz(args.input, parse_meta(args.meta))
+    gradient = load_gradient(args.input, parse_meta(args.meta))
     bar = ProgressBar("put")
     try:
         cid = _with_store(args, "put", lambda s: s.put(gradient, progress=bar))
@@ -224,7 +242,7 @@ def cmd_get(args: argparse.Namespace) -> int:
         gradient = _with_store(args, f"get {cid}", lambda s: s.get(cid, progress=bar))
     finally:
         bar.close()
-    save_npz(args.output, gradient)
+    save_gradient(args.output, gradient)
     print(args.output)
     return _exit.SUCCESS
 
@@ -292,7 +310,8 @@ def _print_header(source: str, header: DocumentHeader) -> None:
         for key, value in header.meta.items():
             out.write(f"  {key} = {value!r}\n")
     width = max([len("name"), *(len(t.name) for t in header.tensors)])
-    out.write(f"  {'name':<{width}}  {'dtype':<5}  {'shape':<20}  bytes\n")
+    dwidth = max([len("dtype"), *(len(t.dtype) for t in header.tensors)])  # "float8_e4m3fn"
+    out.write(f"  {'name':<{width}}  {'dtype':<{dwidth}}  {'shape':<20}  bytes\n")
     for t in header.tensors:
         shape = "(" + ", ".join(map(str, t.shape)) + ("," if len(t.shape) == 1 else "") + ")"
-        out.write(f"  {t.name:<{width}}  {t.dtype:<5}  {shape:<20}  {t.nbytes}\n")
+        out.write(f"  {t.name:<{width}}  {t.dtype:<{dwidth}}  {shape:<20}  {t.nbytes}\n")

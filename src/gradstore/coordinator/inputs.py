@@ -23,7 +23,7 @@ import numpy as np
 from ..aggregate import global_norm
 from ..dag import CID, Block, FileAssembler
 from ..errors import DAGError, FormatError, IntegrityError, LimitExceededError
-from ..format import Gradient, Limits, TensorInfo, decode, read_header
+from ..format import Gradient, Limits, TensorInfo, decode, is_float, read_header
 from ..node import Node
 from ..store import GradientStore
 from .rounds import Schema, schema_of, schema_text
@@ -168,6 +168,6 @@ def _check(
             None,
         )
     for name, arr in gradient.tensors.items():
-        if arr.dtype.kind == "f" and not bool(np.isfinite(arr).all()):
+        if is_float(arr.dtype) and not bool(np.isfinite(arr).all()):
             return schema, f"non-finite: tensor {name!r} holds NaN or Inf", None
     return schema, None, global_norm(gradient.tensors) if clip else None

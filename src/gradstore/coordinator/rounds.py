@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from ..format import Gradient
+from ..format import Gradient, dtype_code
 
 Schema = tuple[tuple[str, str, tuple[int, ...]], ...]
 
@@ -195,13 +195,13 @@ def judge(book: RoundBook, quorum: int) -> Judgement:
 
 
 def schema_of(gradient: Gradient) -> Schema:
-    """(name, dtype, shape) of every tensor, sorted by name: what every input of a job must share."""
+    """(name, dtype, shape) of every tensor, sorted by name: what every input of a job must share.
+
+    Dtypes are the document's type strings (``"<f4"``, ``"bfloat16"``), as the job file's
+    ``[[schema]]`` names them; NumPy's own string for bfloat16 would be ``"<V2"``.
+    """
     return tuple(
-        (
-            name,
-            arr.dtype.newbyteorder("<").str if arr.dtype.itemsize > 1 else arr.dtype.str,
-            tuple(arr.shape),
-        )
+        (name, dtype_code(arr.dtype) or str(arr.dtype), tuple(arr.shape))
         for name, arr in sorted(gradient.tensors.items(), key=lambda kv: kv[0].encode())
     )
 

@@ -233,7 +233,9 @@ def parse_job(raw: Mapping[str, Any], source: str = "job") -> JobConfig:
             where.keys(item, {"name", "dtype", "shape"}, f"schema[{i}].")
             dtype = where.req(item, "dtype", str, f"schema[{i}].")
             if dtype not in DTYPES:
-                raise where.err(f"schema[{i}].dtype", f"unknown dtype {dtype!r}")
+                raise where.err(
+                    f"schema[{i}].dtype", f"unknown dtype {dtype!r}; allowed: {' '.join(DTYPES)}"
+                )
             shape = tuple(
                 where.int_(d, f"schema[{i}].shape", 0)
                 for d in where.req(item, "shape", list, f"schema[{i}].")
