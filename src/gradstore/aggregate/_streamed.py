@@ -38,7 +38,7 @@ from ._robust import order_mean
 from ._rounding import round_into
 
 #: Bytes of input windows held at once (all inputs together) by the windowed path.
-DEFAULT_WINDOW_BYTES: Final = 128 << 20
+DEFAULT_WINDOW_BYTES: Final = 64 << 20
 
 #: The smallest window, in elements: a multiple of every kernel's block.
 MIN_WINDOW: Final = 1 << 16

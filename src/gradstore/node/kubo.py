@@ -381,9 +381,11 @@ class KuboNode(AsyncClosing):
         answer = await self._upload("add", query, pieces, retry=False, filename="gradient")
         return rpc.parse_add(rpc.parse_ndjson("add", answer))
 
-    async def cat(self, cid: CID) -> AsyncIterator[bytes]:
-        """``cat``: a UnixFS file's content, streamed."""
-        async with self._open("cat", [("arg", str(cid))], cid=cid) as response:
+    async def cat(
+        self, cid: CID, *, offset: int = 0, length: int | None = None
+    ) -> AsyncIterator[bytes]:
+        """``cat``: a UnixFS file's content (or ``length`` bytes from ``offset``), streamed."""
+        async with self._open("cat", _cat_params(cid, offset, length), cid=cid) as response:
             async for chunk in response.aiter_bytes():
                 yield chunk
 
@@ -393,9 +395,16 @@ class KuboNode(AsyncClosing):
         return self._transport is None and _bulk.supported(self.api)
 
     async def cat_into(
-        self, cid: CID, out: Buffer, *, progress: Callable[[int], None] | None = None
+        self,
+        cid: CID,
+        out: Buffer,
+        *,
+        offset: int = 0,
+        progress: Callable[[int], None] | None = None,
     ) -> int:
         """``cat`` a UnixFS file into the writable buffer ``out``; return the bytes written.
+
+        With ``offset``, the file's bytes from there, ``len(out)`` of them at most.
 
         The bytes are not verified here (``GradientStore`` hashes every leaf
         in place). ``IntegrityError`` if the node sends more than ``len(out)``.
@@ -410,9 +419,10 @@ class KuboNode(AsyncClosing):
         def overflow() -> Exception:
             return IntegrityError(cid, f"kubo cat {cid}: the node sent more than {len(view)} bytes")
 
+        length = len(view)  # a whole file of that size, or that many bytes from `offset`
         if not self.bulk_reads:
             pos = 0
-            async for chunk in self.cat(cid):
+            async for chunk in self.cat(cid, offset=offset, length=length):
                 if pos + len(chunk) > len(view):
                     raise overflow()
                 view[pos : pos + len(chunk)] = chunk
@@ -425,7 +435,10 @@ class KuboNode(AsyncClosing):
             return rpc.error_from_response("cat", status, body, cid=cid)
 
         read = _bulk.BulkRead(
-            self.api, "cat", [("arg", str(cid))], auth=self._headers.get("Authorization")
+            self.api,
+            "cat",
+            _cat_params(cid, offset, length),
+            auth=self._headers.get("Authorization"),
         )
         transfer = asyncio.ensure_future(
             asyncio.to_thread(
@@ -484,6 +497,15 @@ class KuboNode(AsyncClosing):
                     f"subscribed to {topic!r}: {known}"
                 )
             await asyncio.sleep(interval)
+
+
+def _cat_params(cid: CID, offset: int, length: int | None) -> rpc.Params:
+    params: rpc.Params = [("arg", str(cid))]
+    if offset:
+        params.append(("offset", str(offset)))
+    if length is not None:
+        params.append(("length", str(length)))
+    return params
 
 
 class KuboSubscription(QueuedSubscription):
