@@ -85,7 +85,8 @@ async def one_round(
     grads = make_gradients(args.peers, args.bytes)
     limits = Limits(max_bytes=args.bytes + MiB)
     carriers = [d.node() for d in daemons[1:]]
-    nodes: list[KuboNode] = [carriers[i % len(carriers)] for i in range(args.peers)]
+    clients = [daemons[1 + j % 2].node() for j in range((args.peers + 15) // 16)]
+    nodes: list[KuboNode] = [clients[i // 16] for i in range(args.peers)]
     timings: dict[str, Any] = {}
     job_file, key_file = state / "job.toml", state / "coord.key"
     write_job(config, job_file, args.bytes + MiB)
@@ -109,14 +110,16 @@ async def one_round(
 
             everyone_stored = asyncio.Event()
             stored = 0
+            putting = asyncio.Semaphore(32)  # staging only: the nodes' connection pools are finite
 
             async def publish(i: int) -> None:
                 nonlocal stored, start
-                async with Peer(config, nodes[i], peer_keys[i]) as peer:
+                async with Peer(config, nodes[i], peer_keys[i], listener=listener) as peer:
                     peer.store.limits = limits
-                    t = time.perf_counter()
-                    cid = await peer.store.put(peer.prepare(grads[i], 0, 100 + i))
-                    puts[i] = time.perf_counter() - t
+                    async with putting:
+                        t = time.perf_counter()
+                        cid = await peer.store.put(peer.prepare(grads[i], 0, 100 + i))
+                        puts[i] = time.perf_counter() - t
                     stored += 1
                     if stored == args.peers:
                         start = time.perf_counter()
@@ -154,7 +157,7 @@ async def one_round(
             process.kill()
             process.wait()
         log.close()
-        for carrier in carriers:
+        for carrier in (*carriers, *clients):
             await carrier.aclose()
     return timings
 

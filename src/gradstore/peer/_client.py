@@ -70,6 +70,8 @@ class Peer:
     """One peer of a job, over one node. Use as ``async with Peer(...) as peer``.
 
     Without a key it can only await results (they are checked against the job's coordinator).
+    With ``listener`` (another, entered ``Peer``) it hears the coordinator through that
+    peer's subscription instead of its own.
     """
 
     def __init__(
@@ -82,6 +84,7 @@ class Peer:
         max_backoff_s: float = 10.0,
         coordinator_timeout_s: float = DEFAULT_COORDINATOR_TIMEOUT_S,
         clock: Callable[[], float] = time.time,
+        listener: Peer | None = None,
     ) -> None:
         if key is not None and key.did not in config.roster:
             raise CoordinatorError(f"{key.did} is not among the job's peers")
@@ -103,8 +106,18 @@ class Peer:
         self._news = asyncio.Condition()
         self._sub: object = None
         self._reader: asyncio.Task[None] | None = None
+        self._listener = listener
 
     async def __aenter__(self) -> Peer:
+        if self._listener is not None:
+            # Many peers in one process (simulations, benchmarks) hear the coordinator through
+            # one subscription: its messages are decoded and verified once, not once per peer.
+            hub = self._listener
+            if hub._reader is None:
+                raise CoordinatorError("enter the listener Peer before the peers that share it")
+            self.view, self._news, self._reader = hub.view, hub._news, hub._reader
+            self._started_at, self._listening_since_ms = hub._started_at, hub._listening_since_ms
+            return self
         sub = self.node.subscribe(self.config.results_topic)
         await sub.__aenter__()
         self._sub = sub
@@ -114,6 +127,8 @@ class Peer:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        if self._listener is not None:
+            return
         if self._reader is not None:
             self._reader.cancel()
             await asyncio.gather(self._reader, return_exceptions=True)
@@ -184,11 +199,13 @@ class Peer:
 
     def _silent_for(self) -> float:
         """Seconds since the coordinator was last heard (or since we started listening)."""
-        return time.monotonic() - (self._heard_at or self._started_at)
+        hub = self._listener or self
+        return time.monotonic() - (hub._heard_at or hub._started_at)
 
     def _no_coordinator(self) -> CoordinatorError:
         cfg = self.config
-        heard = "has not been heard" if self._heard_at is None else "has been silent"
+        hub = self._listener or self
+        heard = "has not been heard" if hub._heard_at is None else "has been silent"
         return CoordinatorError(
             f"the coordinator of job {cfg.job} {heard} for {self._silent_for():.0f} s "
             f"on {cfg.results_topic} (is `gradstore coordinator` running, and connected to "
