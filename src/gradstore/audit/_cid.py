@@ -16,7 +16,7 @@ from ..errors import (
     LimitExceededError,
     NodeError,
 )
-from ..format import EncodedDocument, Gradient, decode, encode
+from ..format import DocumentHeader, EncodedDocument, Gradient, decode, encode, read_header
 from ..store import GradientStore
 
 
@@ -41,7 +41,14 @@ def parse_cid(text: str | CID, check: str = "cid") -> CID:
 
 
 async def fetch_gradient(store: GradientStore, cid: CID, what: str, prefix: str = "") -> Gradient:
-    """Fetch (every block hash-checked) and strictly decode ``cid``; failures name the check.
+    """Fetch (every block hash-checked) and strictly decode ``cid``; failures name the check."""
+    return (await fetch_with_header(store, cid, what, prefix))[0]
+
+
+async def fetch_with_header(
+    store: GradientStore, cid: CID, what: str, prefix: str = ""
+) -> tuple[Gradient, DocumentHeader]:
+    """:func:`fetch_gradient`, and where each tensor lives in the document.
 
     Checks: ``{prefix}fetch`` (the node cannot serve it), ``{prefix}blocks`` (a block does
     not hash to its CID or the DAG is malformed), ``{prefix}decode`` (not a valid gradstore/1
@@ -58,7 +65,7 @@ async def fetch_gradient(store: GradientStore, cid: CID, what: str, prefix: str 
     except NodeError as exc:
         raise AuditError(f"{prefix}fetch", f"cannot fetch {what} {cid}: {exc}") from exc
     try:
-        return decode(buf, store.limits)
+        return decode(buf, store.limits), read_header(buf, store.limits)
     except (FormatError, LimitExceededError) as exc:
         raise AuditError(
             f"{prefix}decode", f"{what} {cid} is not a valid gradstore/1 document: {exc}"

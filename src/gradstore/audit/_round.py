@@ -9,20 +9,27 @@ coordinator writes, and its CID is computed locally.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..aggregate import AggregationParams, aggregate
+from ..aggregate import AggregationParams, Layout, aggregate, aggregate_streamed
 from ..dag import CID, DAG_CBOR, file_cid
-from ..errors import AggregationError, AuditError, CIDError, IntegrityError, MessageError, NodeError
+from ..errors import (
+    AggregationError,
+    AuditError,
+    CIDError,
+    DAGError,
+    IntegrityError,
+    MessageError,
+    NodeError,
+)
 from ..format import Gradient, encode
 from ..messages import RoundRecord, decode_record
 from ..messages import aggregate_meta as _aggregate_meta
 from ..node import Node
-from ..store import GradientStore
-from ._cid import fetch_gradient, parse_cid
+from ..store import GradientStore, StoredGradient
+from ._cid import fetch_with_header, parse_cid
 
 
 @dataclass(frozen=True)
@@ -99,27 +106,68 @@ def recompute_output(record: RoundRecord, inputs: list[Gradient]) -> CID:
 async def verify_record(store: GradientStore, rcid: CID, record: RoundRecord) -> RoundReport:
     """Re-fetch every input of an already checked record, recompute, compare the output CID.
 
+    Memory stays O(model), as in the coordinator: each input is fetched, verified and
+    decoded on its own, then read back from the node range by range (every leaf hashed
+    again) while the aggregate is recomputed (``aggregate_streamed``: the same bits).
+
     Checks: ``inputs`` (a record with no input), ``input-fetch``, ``input-blocks``,
     ``input-decode``, ``params``, ``aggregate``, ``output-cid``.
     """
     start = time.perf_counter()
     if not record.inputs:
         raise AuditError("inputs", f"round {record.round} record {rcid} lists no input")
-    gradients = []
+    try:
+        params = AggregationParams.from_record(record.method, record.params)
+    except (AggregationError, TypeError) as exc:
+        raise AuditError("params", f"round {record.round}: recorded parameters: {exc}") from exc
+    sources: list[StoredGradient] = []
+    layouts = []
+    nbytes = 0
     for inp in record.inputs:
-        gradients.append(
-            await fetch_gradient(store, inp.gradient, f"input of {inp.peer}", prefix="input-")
+        what = f"input of {inp.peer}"
+        gradient, header = await fetch_with_header(store, inp.gradient, what, prefix="input-")
+        nbytes += gradient.nbytes
+        layouts.append([(n, a.dtype, a.shape) for n, a in gradient.tensors.items()])
+        del gradient  # read back range by range below: one input in memory at a time
+        try:
+            sources.append(
+                await StoredGradient.open(
+                    store.node,
+                    inp.gradient,
+                    {t.name: t for t in header.tensors},
+                    store.limits.max_bytes,
+                )
+            )
+        except NodeError as exc:
+            raise AuditError("input-fetch", f"cannot read {what} {inp.gradient}: {exc}") from exc
+    if any(layout != layouts[0] for layout in layouts):
+        raise AuditError(
+            "aggregate",
+            f"round {record.round}: recomputing {record.method}: the inputs' tensors differ",
         )
-    expected = await asyncio.to_thread(recompute_output, record, gradients)
+    try:
+        tensors, _ = await aggregate_streamed(
+            sources,
+            Layout.of(layouts[0]),
+            params,
+            [i.num_samples for i in record.inputs],
+        )
+    except AggregationError as exc:
+        raise AuditError(
+            "aggregate", f"round {record.round}: recomputing {record.method}: {exc}"
+        ) from exc
+    except (IntegrityError, DAGError) as exc:
+        raise AuditError("input-blocks", f"round {record.round}: {exc}") from exc
+    except NodeError as exc:
+        raise AuditError("input-fetch", f"round {record.round}: {exc}") from exc
+    expected = file_cid(encode(Gradient(tensors, aggregate_meta(record))))
     if expected != record.output.to_v1():
         raise AuditError(
             "output-cid",
             f"round {record.round} record {rcid} names output {record.output}, but "
-            f"{record.method} over its {len(gradients)} inputs gives {expected}",
+            f"{record.method} over its {len(sources)} inputs gives {expected}",
         )
-    return RoundReport(
-        rcid, record, len(gradients), sum(g.nbytes for g in gradients), time.perf_counter() - start
-    )
+    return RoundReport(rcid, record, len(sources), nbytes, time.perf_counter() - start)
 
 
 async def verify_round(
