@@ -14,7 +14,8 @@ Two coordinators, one after the other, in the same run:
 
     .venv/bin/python scripts/bench_memory.py [--peers 8] [--mib 256] [--method fedavg]
         [--no-reference] [--json] [--kubo PATH]
-    e.g. --peers 16 --mib 1024 --no-reference   (16 GiB of inputs)
+    e.g. --peers 16 --mib 1024 --no-reference --one-node   (16 GiB of inputs; with
+    --one-node the peers store on the coordinator's daemon, so the disk holds one copy)
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ async def one_round(
     name = "in-memory" if in_memory else "streamed"
     job = tmp / f"{name}.toml"
     config, peers = make_job(args.peers, args.method, args.mib * MiB + MiB, job)
-    carriers = [d.node() for d in daemons[1:]]
+    carriers = [d.node() for d in daemons[1:]] or [daemons[0].node()]
     cmd = [
         sys.executable, __file__, "--serve", str(job), "--api", daemons[0].api_url,
         "--state", str(tmp / f"{name}-state"),
@@ -105,7 +106,12 @@ async def one_round(
     process = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     peak = 0
     try:
-        for carrier in carriers:
+        deadline = time.monotonic() + 60
+        while config.gradients_topic not in await carriers[0].pubsub_topics():
+            if time.monotonic() > deadline or process.poll() is not None:
+                raise SystemExit("the coordinator did not start")
+            await asyncio.sleep(0.1)
+        for carrier in carriers if len(daemons) > 1 else ():
             await carrier.wait_for_topic_peers(config.gradients_topic, 1, timeout=60)
         t0 = time.perf_counter()
         cids = []
@@ -149,6 +155,9 @@ def main() -> None:
     parser.add_argument("--mib", type=int, default=256)
     parser.add_argument("--method", default="fedavg")
     parser.add_argument("--no-reference", action="store_true", help="skip the in-memory run")
+    parser.add_argument(
+        "--one-node", action="store_true", help="peers store on the coordinator's own daemon"
+    )
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--kubo")
     parser.add_argument("--serve", help=argparse.SUPPRESS)
@@ -163,7 +172,7 @@ def main() -> None:
     runs: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="gradstore-bench-memory-") as tmp:
         for in_memory in (False, True) if not args.no_reference else (False,):
-            daemons = start_daemons(binary, 3, connect=True)  # fresh nodes for each run
+            daemons = start_daemons(binary, 1 if args.one_node else 3, connect=True)
             try:
                 runs["in memory" if in_memory else "streamed"] = asyncio.run(
                     one_round(daemons, args, Path(tmp), in_memory)
