@@ -174,7 +174,8 @@ def test_nan_input_is_excluded_with_its_reason(kubo_factory, tmp_path: Path) -> 
 
 
 class _FlipExport(httpx.AsyncBaseTransport):
-    """In front of the coordinator's real Kubo: one CID's dag/export comes back with a byte flipped."""
+    """In front of the coordinator's real Kubo: one CID's block/get and dag/export come back
+    with a byte flipped."""
 
     def __init__(self) -> None:
         self.inner = httpx.AsyncHTTPTransport()
@@ -183,7 +184,7 @@ class _FlipExport(httpx.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         response = await self.inner.handle_async_request(request)
         if not (
-            request.url.path.endswith("/dag/export")
+            request.url.path.endswith(("/dag/export", "/block/get"))
             and self.target
             and request.url.params.get("arg") == self.target
         ):

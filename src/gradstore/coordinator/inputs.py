@@ -90,7 +90,10 @@ async def root_block(node: Node, cid: CID, limits: Limits, timeout: float) -> tu
 
     Only the root is fetched (and verified against its CID).
     """
-    data = await asyncio.wait_for(node.get_block(cid), timeout)
+    try:
+        data = await asyncio.wait_for(node.get_block(cid), timeout)
+    except IntegrityError as exc:  # the node served bytes that do not hash to the CID
+        raise InputRefused(f"integrity: {exc}") from None
     assembler = FileAssembler(cid, limits.max_bytes)
     try:
         assembler.add(Block(cid, data))  # allocates lazily; refuses a size over the limit
