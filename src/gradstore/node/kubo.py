@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import httpx
 
+from ..dag.block import Block
 from ..dag.chunker import as_bytes_view
 from ..dag.cid import CID, verify_block
 from ..errors import (
@@ -29,7 +30,7 @@ from . import _bulk
 from . import kubo_rpc as rpc
 from ._closing import AsyncClosing
 from ._config import DEFAULT_API, DEFAULT_TIMEOUTS, Retry, Timeouts, check_pubsub_size
-from ._guarded_import import GuardedImport
+from ._guarded_import import CanaryGuardedImport
 from ._subscription import QueuedSubscription
 from .base import NodeIdentity
 
@@ -249,12 +250,12 @@ class KuboNode(AsyncClosing):
                 await self.pin(root, offline=True)
         return list(seen.roots)
 
-    def guarded_import(self) -> GuardedImport:
+    def guarded_import(self) -> CanaryGuardedImport:
         """Send a new DAG over several requests and pin its root without Kubo's walk.
 
-        Kubo's GC cannot take a block on the way unnoticed: see ``GuardedImport``.
+        Kubo's GC cannot take a block on the way unnoticed: see ``CanaryGuardedImport``.
         """
-        return GuardedImport(self)
+        return CanaryGuardedImport(self)
 
     async def export_car(self, root: CID, *, offline: bool = False) -> AsyncIterator[bytes]:
         """``dag/export``: the DAG under ``root`` as a CAR v1 byte stream.
@@ -376,6 +377,38 @@ class KuboNode(AsyncClosing):
             query.append((name, rpc.flag(value) if isinstance(value, bool) else str(value)))
         answer = await self._upload("add", query, pieces, retry=False, filename="gradient")
         return rpc.parse_add(rpc.parse_ndjson("add", answer))
+
+    async def import_car_gc_locked(self, car: AsyncIterable[Buffer], *, guard: CID) -> None:
+        """``dag/import`` of ``car`` holding Kubo's GC lock for the whole request; nothing pinned.
+
+        The lock comes with ``pin-roots=true``; the CAR's only root must be
+        ``guard``, a CID never stored, so Kubo has nothing to pin (it reports
+        ``guard`` as unpinnable, which is expected) and walks nothing. Not retried.
+        """
+        answer = await self._upload(
+            "dag/import", rpc.guarded_import_params(), car, retry=False, filename="import.car"
+        )
+        rpc.parse_guarded_import(rpc.parse_ndjson("dag/import", answer), guard)
+
+    async def dag_put(self, block: Block, *, pin: bool) -> CID:
+        """``dag/put`` of one raw or dag-pb block stored as it is; return the CID Kubo reports.
+
+        With ``pin`` Kubo records a recursive pin without walking the DAG (the
+        caller vouches for it). Retried: storing and pinning a block again is harmless.
+        """
+        boundary = rpc.new_boundary()
+        answer = await self._call(
+            "dag/put",
+            rpc.dag_put_params(block.cid.codec, pin=pin),
+            body=lambda: rpc.multipart_stream([block.data], boundary, filename="root"),
+            boundary=boundary,
+        )
+        items = rpc.parse_ndjson("dag/put", answer)  # an error after the CID line raises here
+        return rpc.parse_dag_put(items[0] if len(items) == 1 else items)
+
+    async def block_rm(self, cids: Sequence[CID]) -> None:
+        """``block/rm`` of unpinned blocks; blocks already gone are not an error."""
+        await self._call("block/rm", rpc.block_rm_params(cids))
 
     async def cat(self, cid: CID) -> AsyncIterator[bytes]:
         """``cat``: a UnixFS file's content, streamed."""
