@@ -7,8 +7,7 @@ The names most programs need, re-exported from the layer modules:
         cid = store.put(Gradient({"w": w}))
 """
 
-__version__ = "0.1.0"  # before the imports: submodules read it
-
+from ._version import __version__
 from .dag import CID, file_cid
 from .errors import (
     AggregationError,

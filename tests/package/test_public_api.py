@@ -23,3 +23,12 @@ def test_every_error_class_is_exported() -> None:
         and v.__bases__[0] is errors.GradstoreError
     }
     assert base <= exported | {"AuditError", "KeyFileError"}, base - exported
+
+
+def test_the_version_has_one_source() -> None:
+    from importlib.metadata import version
+
+    from gradstore._version import __version__
+
+    assert gradstore.__version__ is __version__
+    assert version("gradstore") == __version__  # pyproject reads it from _version.py

@@ -7,7 +7,7 @@ import difflib
 import sys
 from collections.abc import Callable, Sequence
 
-from .. import __version__
+from .._version import __version__
 from ..errors import GradstoreError
 from . import _demo_cmd, _exit, _job_cmds, _store_cmds
 
