@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import httpx
@@ -109,16 +109,41 @@ class KuboNode(AsyncClosing):
             headers={"Content-Type": rpc.multipart_content_type(boundary)},
         )
 
-    async def _with_retries(self, attempt: Callable[[], Awaitable[Any]], retry: bool) -> Any:
-        delays = iter(self.retry.delays() if retry else ())
-        while True:
-            try:
-                return await attempt()
-            except NodeError as error:
-                delay = next(delays, None)
-                if delay is None or not rpc.is_transient(error):
-                    raise
-            await asyncio.sleep(delay)
+    @staticmethod
+    def _transient(error: Exception) -> bool:
+        return isinstance(error, NodeError) and rpc.is_transient(error)
+
+    @contextlib.contextmanager
+    def _mapped(self, command: str) -> Iterator[None]:
+        """Translate httpx's exceptions while reading an answer to ``command``."""
+        try:
+            yield
+        except httpx.HTTPError as exc:
+            raise rpc.error_from_transport(exc, command, self.api) from exc
+
+    async def _send(
+        self,
+        command: str,
+        params: rpc.Params,
+        *,
+        body: BodyFactory | None = None,
+        boundary: str = "",
+        cid: CID | None = None,
+        client: httpx.AsyncClient | None = None,
+    ) -> httpx.Response:
+        """Send one request; return its streaming answer once it is a 200 (the caller closes it)."""
+        client = client or self._client
+        request = self._request(client, command, params, body, boundary)
+        with self._mapped(command):
+            response = await client.send(request, stream=True)
+        if response.status_code == 200:
+            return response
+        try:
+            with self._mapped(command):
+                content = await response.aread()
+        finally:
+            await response.aclose()
+        raise rpc.error_from_response(command, response.status_code, content, cid=cid)
 
     @contextlib.asynccontextmanager
     async def _open(
@@ -132,23 +157,12 @@ class KuboNode(AsyncClosing):
         client: httpx.AsyncClient | None = None,
     ) -> AsyncIterator[httpx.Response]:
         """Send one request and yield the streaming response once it is a 200; map every failure."""
-        client = client or self._client
-        request = self._request(client, command, params, body, boundary)
+        response = await self._send(
+            command, params, body=body, boundary=boundary, cid=cid, client=client
+        )
         try:
-            response = await client.send(request, stream=True)
-        except httpx.HTTPError as exc:
-            raise rpc.error_from_transport(exc, command, self.api) from exc
-        try:
-            if response.status_code != 200:
-                try:
-                    content = await response.aread()
-                except httpx.HTTPError as exc:
-                    raise rpc.error_from_transport(exc, command, self.api) from exc
-                raise rpc.error_from_response(command, response.status_code, content, cid=cid)
-            try:
+            with self._mapped(command):
                 yield response
-            except httpx.HTTPError as exc:
-                raise rpc.error_from_transport(exc, command, self.api) from exc
         finally:
             await response.aclose()
 
@@ -170,8 +184,9 @@ class KuboNode(AsyncClosing):
             ) as response:
                 return await response.aread()
 
-        result: bytes = await self._with_retries(attempt, retry)
-        return result
+        if not retry:
+            return await attempt()
+        return await self.retry.call(attempt, retry_on=self._transient)
 
     async def _json(self, command: str, params: rpc.Params | None = None, **kwargs: Any) -> Any:
         return rpc.parse_json(command, await self._call(command, params, **kwargs))
@@ -268,20 +283,26 @@ class KuboNode(AsyncClosing):
         params: rpc.Params = [("arg", str(root))]
         if offline:
             params.append(("offline", "true"))
-        delays = iter(self.retry.delays())
-        started = False
-        while True:
+
+        async def first_chunk() -> tuple[httpx.Response, AsyncIterator[bytes], bytes | None]:
+            response = await self._send("dag/export", params, cid=root)
+            chunks = response.aiter_bytes()
             try:
-                async with self._open("dag/export", params, cid=root) as response:
-                    async for chunk in response.aiter_bytes():
-                        started = True
-                        yield chunk
-                    return
-            except NodeError as error:
-                delay = next(delays, None)
-                if started or delay is None or not rpc.is_transient(error):
-                    raise
-            await asyncio.sleep(delay)
+                with self._mapped("dag/export"):
+                    return response, chunks, await anext(chunks, None)
+            except BaseException:
+                await response.aclose()
+                raise
+
+        response, chunks, first = await self.retry.call(first_chunk, retry_on=self._transient)
+        try:
+            with self._mapped("dag/export"):
+                if first is not None:
+                    yield first
+                async for chunk in chunks:
+                    yield chunk
+        finally:
+            await response.aclose()
 
     async def put_block(self, data: Buffer, codec: int) -> CID:
         """``block/put`` (CIDv1, sha2-256); the CID Kubo reports must equal the local hash."""
