@@ -471,16 +471,11 @@ class KuboNode(AsyncClosing):
                     progress(pos)
             return pos
 
-        def error(status: int, body: bytes) -> NodeError:
-            return rpc.error_from_response("cat", status, body, cid=cid)
-
         read = _bulk.BulkRead(
-            self.api, "cat", [("arg", str(cid))], auth=self._headers.get("Authorization")
+            self.api, "cat", [("arg", str(cid))], auth=self._headers.get("Authorization"), cid=cid
         )
         transfer = asyncio.ensure_future(
-            asyncio.to_thread(
-                read.into, view, self.timeouts, error=error, overflow=overflow, progress=progress
-            )
+            asyncio.to_thread(read.into, view, self.timeouts, overflow=overflow, progress=progress)
         )
         try:
             return await asyncio.shield(transfer)
