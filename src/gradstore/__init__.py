@@ -29,6 +29,7 @@ if TYPE_CHECKING:
         IntegrityError,
         LimitExceededError,
         MessageError,
+        MissingExtraError,
         NodeError,
     )
     from .format import Gradient, Limits, decode, encode
@@ -45,6 +46,7 @@ _ERRORS = (
     "IntegrityError",
     "LimitExceededError",
     "MessageError",
+    "MissingExtraError",
     "NodeError",
 )
 _HOMES: dict[str, str] = {
@@ -93,6 +95,7 @@ __all__ = [
     "Limits",
     "LocalNode",
     "MessageError",
+    "MissingExtraError",
     "Node",
     "NodeError",
     "SyncGradientStore",

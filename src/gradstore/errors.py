@@ -18,7 +18,8 @@ GradstoreError
 ├── AggregationError (ValueError)     inputs an aggregator cannot honestly combine
 ├── CoordinatorError                  a job or round cannot proceed
 │   └── RoundFailedError              the coordinator says a round ended without an aggregate
-└── AuditError                        an independent re-check failed; carries the ``check`` name
+├── AuditError                        an independent re-check failed; carries the ``check`` name
+└── MissingExtraError (ImportError)   an optional extra is needed and not installed; names it
 """
 
 from __future__ import annotations
@@ -132,9 +133,29 @@ class RoundFailedError(CoordinatorError):
         super().__init__(f"round {round_} of job {job} failed: {reason}")
 
 
+class RefusedError(CoordinatorError):
+    """The coordinator's signed status says it refused this peer's input for ``round``."""
+
+    def __init__(self, job: str, round_: int, peer: str, reason: str) -> None:
+        self.round = round_
+        self.peer = peer
+        self.reason = reason
+        super().__init__(f"round {round_} of job {job}: the coordinator refused: {reason}")
+
+
 class AuditError(GradstoreError):
     """A verification script's check failed; ``check`` names it (e.g. ``"output-cid"``)."""
 
     def __init__(self, check: str, message: str) -> None:
         self.check = check
         super().__init__(f"check {check} failed: {message}")
+
+
+class MissingExtraError(GradstoreError, ImportError):
+    """What was asked needs an optional extra that is not installed; ``extra`` names it."""
+
+    def __init__(self, extra: str, what: str) -> None:
+        self.extra = extra
+        super().__init__(
+            f"{what}: install the optional extra {extra!r} (pip install 'gradstore[{extra}]')"
+        )

@@ -203,7 +203,9 @@ def test_job_through_the_cli(cli: Cli, kubo: KuboDaemon, tmp_path: Path) -> None
     assert r.code == 1 and "no coordinator journal" in r.err
 
 
-def test_peer_await_of_a_failed_round_says_why(cli: Cli, kubo: KuboDaemon, tmp_path: Path) -> None:
+def test_a_refused_peer_and_a_failed_round_say_why(
+    cli: Cli, kubo: KuboDaemon, tmp_path: Path
+) -> None:
     api = kubo.api_url
     keys = {name: tmp_path / f"{name}.key" for name in ("coord", "alice")}
     dids = {name: cli("keygen", "--out", path).line for name, path in keys.items()}
@@ -222,11 +224,24 @@ def test_peer_await_of_a_failed_round_says_why(cli: Cli, kubo: KuboDaemon, tmp_p
             "-o", tmp_path / "agg.npz", "--timeout", 120, "--api", api,
         )  # fmt: skip
         procs.append(waiter)
+        bad = tmp_path / "nan.npz"
+        np.savez(bad, w=np.array([1.0, np.nan], dtype=np.float32))
+        publisher = _start(
+            tmp_path, "publish", "peer", "publish", "--config", job, "--key", keys["alice"],
+            "--round", 0, "--num-samples", 5, bad, "--api", api, "--timeout", 60,
+        )  # fmt: skip
+        procs.append(publisher)
+        pub_code, pub_err = _exit_code(tmp_path, "publish", publisher)
         code, err = _exit_code(tmp_path, "await", waiter)
         waited = time.monotonic() - started
         coord_code, _ = _exit_code(tmp_path, "coord", coord)
     finally:
         _kill(*procs)
+    # the peer hears why its input was refused, from the coordinator's signed status
+    assert pub_code == 1 and pub_err.strip().splitlines() == [
+        f"error: round 0 of job {job_name}: the coordinator refused: "
+        "non-finite: tensor 'w' holds NaN or Inf"
+    ], pub_err
     assert code == 1 and err.strip().splitlines() == [
         f"error: round 0 of job {job_name} failed: quorum not met: 0 verified of 1 needed"
     ], err

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from gradstore.coordinator import Coordinator
+from gradstore.errors import RefusedError
 from gradstore.format import Gradient
 from gradstore.job import JobConfig, parse_job
 from gradstore.messages import SigningKey
@@ -98,16 +99,34 @@ def start_coordinator(
 
 
 async def publish_all(
-    w: World, round_: int, grads: Sequence[Gradient | None], samples: Sequence[int]
-) -> None:
-    async def one(i: int) -> None:
+    w: World,
+    round_: int,
+    grads: Sequence[Gradient | None],
+    samples: Sequence[int],
+    *,
+    refused: Sequence[int] = (),
+) -> dict[int, str]:
+    """Every peer with a gradient publishes it; the peers in ``refused`` must be refused.
+
+    Returns the coordinator's reason for each refused peer (what `peer publish` prints).
+    """
+
+    async def one(i: int) -> str | None:
         g = grads[i]
         if g is None:
-            return
+            return None
         async with Peer(w.config, w.peer_nodes[i], w.peer_keys[i], first_backoff_s=0.3) as peer:
-            await peer.publish(g, round_, samples[i], timeout=30)
+            try:
+                await peer.publish(g, round_, samples[i], timeout=30)
+            except RefusedError as exc:
+                if i not in refused:
+                    raise
+                return exc.reason
+            assert i not in refused, f"peer {i} was not refused"
+            return None
 
-    await asyncio.gather(*(one(i) for i in range(len(w.peer_keys))))
+    reasons = await asyncio.gather(*(one(i) for i in range(len(w.peer_keys))))
+    return {i: r for i, r in enumerate(reasons) if r is not None}
 
 
 def write_job_toml(config: JobConfig, path: Path) -> Path:

@@ -4,6 +4,7 @@ journal, every accepted input is used once, and the result is the one a clean ru
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import sqlite3
@@ -47,6 +48,12 @@ def _coordinator(
     ]
     with open(logs.with_suffix(".out"), "wb") as out, open(logs.with_suffix(".err"), "wb") as err:
         return subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
+
+
+def record_run(state: Path) -> str:
+    with sqlite3.connect(state / "journal.sqlite") as conn:
+        row = conn.execute("SELECT value FROM meta WHERE key = 'run'").fetchone()
+    return str(json.loads(row[0]))
 
 
 def _accepted(state: Path) -> int:
@@ -97,7 +104,7 @@ def test_sigkill_mid_round_then_restart_gives_the_clean_result(
             out = (tmp_path / "second.out").read_text()
             err = (tmp_path / "second.err").read_text()
             assert second.returncode == 0, err[-2000:]
-            assert "resuming job test-job at round 0" in err
+            assert f"resuming job test-job run {record_run(state)} at round 0" in err
             assert f"aggregate {result.cid} record {result.record}" in out
 
             record = decode_record(await w.coord_node.get_block(result.record), cid=result.record)
@@ -106,7 +113,10 @@ def test_sigkill_mid_round_then_restart_gives_the_clean_result(
             clean = aggregate(
                 [g.tensors for g in grads], config.params_for([p.did for p in peers]), samples
             )
-            meta = aggregate_meta(config.job, 0, "fedavg", [i.gradient for i in record.inputs])
+            assert record.run == record_run(state)  # the restart resumed the same run
+            meta = aggregate_meta(
+                config.job, 0, "fedavg", [i.gradient for i in record.inputs], run=record.run
+            )
             assert file_cid(encode(Gradient(clean, meta))) == result.cid
 
     started = time.monotonic()

@@ -155,7 +155,10 @@ def test_nan_input_is_excluded_with_its_reason(kubo_factory, tmp_path: Path) -> 
         async with world(daemons, config, coord, peers) as w:
             _, task = start_coordinator(w, tmp_path)
             await wait_subscribed(w)
-            await publish_all(w, 0, grads, [1] * 4)
+            # the NaN peer hears why, from the coordinator's signed status (`peer publish`
+            # exits 1 with it), instead of being acknowledged and then silently excluded
+            told = await publish_all(w, 0, grads, [1] * 4, refused=[3])
+            assert told[3].startswith("non-finite: tensor 'w'")
             (outcome,) = await asyncio.wait_for(task, 30)
             assert outcome.status == "closed" and peers[3].did not in outcome.peers
             assert outcome.stats["open_s"] < 20  # settled early: a failed input is final
@@ -221,11 +224,12 @@ def test_refusals_leave_the_round_unaffected(kubo_factory, tmp_path: Path) -> No
             def announce(k: Any, **changes: Any) -> Announce:
                 base = Announce(
                     job=config.job,
+                    run=coordinator.run_id,
                     round=0,
                     peer=k.did,
                     cid=str(corrupt_cid),
                     num_samples=1,
-                    sent_at=1,
+                    sent_at=int(time.time() * 1000),
                 )
                 return dataclasses.replace(base, **changes)
 
@@ -250,13 +254,15 @@ def test_refusals_leave_the_round_unaffected(kubo_factory, tmp_path: Path) -> No
             # round 0 closes with the three honest peers; then a replay of round 0 arrives in round 1
             async with Peer(config, pnode) as listener:
                 first = await listener.await_result(0, timeout=30)
-            await pnode.publish(config.gradients_topic, good)
+            await pnode.publish(config.gradients_topic, good)  # an exact replay
+            late = announce(peers[3], sent_at=int(time.time() * 1000))  # signed anew, too late
+            await pnode.publish(config.gradients_topic, encode_message(late, peers[3]))
             await asyncio.sleep(0.5)
             await publish_all(w, 1, gradients(4, 1), [1] * 4)
             outcomes = await asyncio.wait_for(task, 40)
             await coord_node.aclose()
 
-            reasons = [r for r, _ in coordinator.refusals]
+            reasons = list(coordinator.refusals)
             for expected in (
                 "bad-signature",
                 "unknown-peer",

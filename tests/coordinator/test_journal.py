@@ -16,12 +16,33 @@ from .harness import gradients, make_job
 
 
 def test_accept_is_once_per_peer_and_round(tmp_path: Path) -> None:
-    j = Journal(tmp_path / "j.sqlite")
-    assert j.accept(0, "did:a", "bafkreia", 10, b"msg")
-    assert not j.accept(0, "did:a", "bafkreib", 99, b"other")  # the first announcement wins
-    assert j.accept(1, "did:a", "bafkreib", 99, b"other")
-    (row,) = j.inputs(0)
-    assert (row.cid, row.num_samples, row.state) == ("bafkreia", 10, "received")
+    with Journal(tmp_path / "j.sqlite") as j:
+        j.accept(0, "did:a", "bafkreia", 10, b"msg")
+        j.accept(0, "did:a", "bafkreib", 99, b"other")  # the first announcement wins
+        j.accept(1, "did:a", "bafkreib", 99, b"other")
+        assert j.inputs(0) == [] and j.pending == 3  # queued, not yet committed
+        assert j.flush() == 3 and j.pending == 0
+        (row,) = j.inputs(0)
+        assert (row.cid, row.num_samples, row.state) == ("bafkreia", 10, "received")
+        assert [r.cid for r in j.inputs_from(0)] == ["bafkreia", "bafkreib"]
+
+
+def test_writes_queued_at_close_are_committed(tmp_path: Path) -> None:
+    path = tmp_path / "j.sqlite"
+    with Journal(path) as j:
+        j.accept(0, "did:a", "bafkreia", 10, b"msg")
+    with Journal(path) as again:
+        assert [r.cid for r in again.inputs(0)] == ["bafkreia"]
+
+
+def test_a_run_id_is_drawn_once_per_state_folder(tmp_path: Path) -> None:
+    with Journal(tmp_path / "a.sqlite") as j:
+        run = j.bind("job", "did:coord")
+        assert len(run) == 26 and run.isalnum() and run == run.lower()
+    with Journal(tmp_path / "a.sqlite") as j:
+        assert j.bind("job", "did:coord") == run  # a restart resumes the same run
+    with Journal(tmp_path / "b.sqlite") as j:
+        assert j.bind("job", "did:coord") != run  # another folder is another run
 
 
 def test_state_survives_reopening(tmp_path: Path) -> None:
@@ -35,10 +56,12 @@ def test_state_survives_reopening(tmp_path: Path) -> None:
 
     again = Journal(path)
     again.bind("job", "did:coord")
+    again.flush()
     assert again.open_round(0, opened_at=999.0).opened_at == opened.opened_at == 123.0  # idempotent
     assert again.input(0, "did:a").reason.startswith("non-finite")  # type: ignore[union-attr]
     again.close_round(0, "bafkreiout", "bafyreirec")
     again.set_stats(0, {"verified": 3, "bytes_fetched": 10})
+    again.flush()
     (row,) = again.rounds()
     assert (row.state, row.output, row.record, row.published) == (
         "closed",
@@ -47,33 +70,38 @@ def test_state_survives_reopening(tmp_path: Path) -> None:
         False,
     )
     again.mark_published(0)
+    again.flush()
     assert again.rounds()[0].published and again.stats(0) == {"verified": 3, "bytes_fetched": 10}
+    again.close()
 
 
 def test_a_state_dir_belongs_to_one_job(tmp_path: Path) -> None:
-    j = Journal(tmp_path / "j.sqlite")
-    j.bind("job-a", "did:coord")
-    with pytest.raises(CoordinatorError, match="belongs to job 'job-a'"):
-        j.bind("job-b", "did:coord")
-    with pytest.raises(CoordinatorError, match="coordinator"):
-        j.bind("job-a", "did:other")
+    with Journal(tmp_path / "j.sqlite") as j:
+        j.bind("job-a", "did:coord")
+        with pytest.raises(CoordinatorError, match="belongs to job 'job-a'"):
+            j.bind("job-b", "did:coord")
+        with pytest.raises(CoordinatorError, match="coordinator"):
+            j.bind("job-a", "did:other")
 
 
 def test_a_restarted_coordinator_still_tells_late_peers_why_a_round_failed(tmp_path: Path) -> None:
-    # Round 0 fails (nobody announces); the coordinator exits. Restarted on the same journal
-    # with the job already done, it re-broadcasts that failure while it lingers.
-    config, coord, _ = make_job(2, rounds=1, quorum=1, deadline_s=0.3)
+    # Round 0 fails (one of the two peers it needs announces); the coordinator exits.
+    # Restarted on the same journal with the job already done, it re-broadcasts that failure.
+    config, coord, peers = make_job(2, rounds=1, quorum=2, deadline_s=0.5)
     state, blocks = tmp_path / "state", tmp_path / "node"
 
     async def go() -> None:
         first = Coordinator(config, coord, LocalNode(blocks), state, linger_s=0)
-        (outcome,) = await first.run()
+        running = asyncio.create_task(first.run())
+        async with Peer(config, LocalNode(blocks), peers[0]) as peer:
+            await peer.publish(gradients(1, 0)[0], 0, num_samples=1, timeout=20)
+        (outcome,) = await running
         assert outcome.status == "failed"
         node = LocalNode(blocks)
         async with Peer(config, node) as late:
             again = Coordinator(config, coord, node, state, rebroadcast_s=0.1, linger_s=2)
             rerun = asyncio.create_task(again.run())
-            with pytest.raises(RoundFailedError, match="quorum not met: 0 verified of 1") as info:
+            with pytest.raises(RoundFailedError, match="quorum not met: 1 verified of 2") as info:
                 await late.await_result(0, timeout=10)
             assert info.value.reason == outcome.reason
             assert await rerun == []  # nothing left to run

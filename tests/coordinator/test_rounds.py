@@ -113,6 +113,7 @@ def test_four_peers_three_rounds(kubo_factory, tmp_path: Path, method: str) -> N
                 meta = {
                     "kind": "aggregate",
                     "job": config.job,
+                    "run": record.run,
                     "round": r,
                     "method": method,
                     "inputs": [str(i.gradient) for i in record.inputs],
@@ -121,6 +122,46 @@ def test_four_peers_three_rounds(kubo_factory, tmp_path: Path, method: str) -> N
                 assert (record.prev is None) == (r == 0)
             outcomes = await asyncio.wait_for(task, 30)
             assert [o.status for o in outcomes] == ["closed"] * 3
-            assert [r for r, _ in coordinator.refusals if r != "duplicate"] == []
+            assert [r for r in coordinator.refusals if r != "duplicate"] == []
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize(
+    ("method", "extra"),
+    [("fedavg", {}), ("median", {"clip_input_norm": 500.0}), ("multikrum", {"byzantine": 1})],
+)
+def test_inputs_read_back_from_the_node_give_the_in_memory_aggregate(
+    kubo_factory, tmp_path: Path, method: str, extra: dict[str, Any]
+) -> None:  # type: ignore[no-untyped-def]
+    # keep_bytes=0: no verified input stays in memory; the close reads each one back from
+    # the coordinator's node, range by range (leaves verified), and must give the same bits
+    daemons = kubo_factory(3, connect=True)
+    config, coord, peers = make_job(5, method=method, **extra)
+    grads = gradients(5, 0, shape=(600, 700))  # 1.6 MiB each: two leaves, ranges cross them
+    samples = [3, 1, 4, 1, 5]
+
+    async def go() -> None:
+        async with world(daemons, config, coord, peers) as w:
+            _, task = start_coordinator(w, tmp_path, keep_bytes=0)
+            await wait_subscribed(w)
+            await publish_all(w, 0, grads, samples)
+            (outcome,) = await asyncio.wait_for(task, 60)
+            assert outcome.status == "closed"
+            record = decode_record(await w.coord_node.get_block(outcome.record), cid=outcome.record)
+            inputs = [await GradientStore(w.coord_node).get(i.gradient) for i in record.inputs]
+            params = AggregationParams.from_record(record.method, record.params)
+            again = aggregate(
+                [g.tensors for g in inputs], params, [i.num_samples for i in record.inputs]
+            )
+            meta = {
+                "kind": "aggregate",
+                "job": config.job,
+                "run": record.run,
+                "round": 0,
+                "method": method,
+                "inputs": [str(i.gradient) for i in record.inputs],
+            }
+            assert file_cid(encode(Gradient(again, meta))) == outcome.output
 
     asyncio.run(go())

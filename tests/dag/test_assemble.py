@@ -18,6 +18,7 @@ from gradstore.dag import (
     block_links,
     build_file,
     chunks,
+    decode_pbnode,
     encode_pbnode,
     encode_unixfs_file,
     layout,
@@ -273,7 +274,7 @@ def test_dag_cbor_root_is_not_a_file() -> None:
 
 def test_too_many_links_and_too_deep_are_refused() -> None:
     wide = _node([(LEAF_A.cid, 4)] * 5)
-    with pytest.raises(DAGError, match="5 links, over the limit of 4"):
+    with pytest.raises(DAGError, match="more than 4 links"):
         FileAssembler(wide.cid, max_size=100, max_links=4).add(wide)
     chain = [_node([(LEAF_A.cid, 4)])]
     for _ in range(4):
@@ -282,6 +283,21 @@ def test_too_many_links_and_too_deep_are_refused() -> None:
     with pytest.raises(DAGError, match="deeper than 3"):
         for block in reversed(chain):
             asm.add(block)
+
+
+def test_the_link_limit_is_checked_while_parsing_not_after() -> None:
+    # A hostile node: 4 good links, then a malformed one, then megabytes of links. The limit
+    # must stop the parse at link 5, before the bad link (or the rest) is ever read.
+    links_only = encode_pbnode([PBLink(LEAF_A.cid, "", 4)] * 4, None)
+    bad_link = b"\x12\x02\xff\xff"
+    hostile = links_only + bad_link + links_only * 10_000
+    with pytest.raises(DAGError, match="more than 4 links"):
+        decode_pbnode(hostile, max_links=4)
+    with pytest.raises(DAGError, match="link"):  # without a limit the bad link is reached
+        decode_pbnode(hostile)
+    block = Block(CID.hash(0x70, hostile), hostile)
+    with pytest.raises(DAGError, match="more than 4 links"):
+        FileAssembler(block.cid, max_size=100, max_links=4).add(block)
 
 
 def test_a_dag_that_expands_far_beyond_its_size_is_refused() -> None:

@@ -56,8 +56,11 @@ def test_loss_and_gradient_agree_on_the_loss():
 
 def test_make_model_refuses_unknown_names():
     assert make_model("mlp", 64, 10).name == "mlp"
-    with pytest.raises(ValueError, match="unknown model 'cnn'"):
-        make_model("cnn", 64, 10)
+    with pytest.raises(
+        ValueError, match="unknown model 'resnet'; expected one of softmax, mlp, cnn"
+    ):
+        make_model("resnet", 64, 10)
+    assert make_model("cnn", 64, 10).name == "cnn"  # the PyTorch one (torch extra)
 
 
 def test_split_gives_equal_disjoint_shards_and_a_held_out_fifth():

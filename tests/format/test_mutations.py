@@ -6,6 +6,7 @@ mutated bytes: any other outcome would mean two byte strings for one gradient.
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -33,6 +34,16 @@ def _seed_documents() -> list[bytes]:
             )
         ).tobytes(),
         encode(Gradient({}, {})).tobytes(),
+        encode(  # the extended floats: their names are the longest dtype strings
+            Gradient(
+                {
+                    "bf": rng.standard_normal((2, 3)).astype(ml_dtypes.bfloat16),
+                    "e4": rng.standard_normal(4).astype(ml_dtypes.float8_e4m3fn),
+                    "e5": rng.standard_normal(3).astype(ml_dtypes.float8_e5m2),
+                },
+                {"round": 2},
+            )
+        ).tobytes(),
     ]
 
 

@@ -139,6 +139,10 @@ REFUSALS: list[tuple[str, dict[str, Any], str]] = [
      "`schema[0].dtype` unknown dtype 'float32'"),
     ("big-endian schema dtype", _job(schema=[{"name": "w", "dtype": ">f4", "shape": [2]}]),
      "`schema[0].dtype` unknown dtype '>f4'"),
+    ("bf16 is not the dtype's name", _job(schema=[{"name": "w", "dtype": "bf16", "shape": [2]}]),
+     "`schema[0].dtype` unknown dtype 'bf16'; allowed: <f2 <f4"),
+    ("raw void is not bfloat16", _job(schema=[{"name": "w", "dtype": "<V2", "shape": [2]}]),
+     "`schema[0].dtype` unknown dtype '<V2'"),
     ("negative schema dim", _job(schema=[{"name": "w", "dtype": "<f4", "shape": [-1]}]),
      "`schema[0].shape` must be >= 0"),
     ("schema name missing", _job(schema=[{"dtype": "<f4", "shape": [1]}]),
@@ -182,3 +186,17 @@ def test_unknown_key_error_lists_the_known_keys() -> None:
     with pytest.raises(CoordinatorError) as info:
         parse_job(_job(rounds={"qourum": 2}))
     assert "known: count, deadline_s, max_ahead, quorum" in str(info.value)
+
+
+def test_schema_accepts_bfloat16_and_float8_by_name() -> None:
+    schema = [
+        {"name": "w", "dtype": "bfloat16", "shape": [4, 2]},
+        {"name": "s", "dtype": "float8_e4m3fn", "shape": [3]},
+        {"name": "t", "dtype": "float8_e5m2", "shape": []},
+    ]
+    cfg = parse_job(_job(schema=schema))
+    assert cfg.schema == (
+        TensorSpec("s", "float8_e4m3fn", (3,)),
+        TensorSpec("t", "float8_e5m2", ()),
+        TensorSpec("w", "bfloat16", (4, 2)),
+    )

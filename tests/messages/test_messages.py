@@ -7,16 +7,22 @@ from typing import Any
 import msgpack
 import pytest
 
+from gradstore.errors import IntegrityError
 from gradstore.messages import (
+    INLINE_BYTES,
     MAX_MESSAGE_BYTES,
     Announce,
     MessageError,
     MessageKind,
     Result,
+    Roster,
     SigningKey,
     Status,
+    decode_lists,
     decode_message,
+    encode_fitted,
     encode_message,
+    inline_lists,
     verify_message,
 )
 
@@ -26,25 +32,57 @@ JOB = "mnist-demo"
 GRAD = str(raw_cid(b"gradient"))
 AGG = str(raw_cid(b"aggregate"))
 REC = str(record_cid(b"record"))
+RUN = "k3x9run0000000000000000000"
+ROSTER = Roster(seeded_key(i).did for i in range(1, 4))
 
 
 def _announce(key: SigningKey, **kw: Any) -> Announce:
     fields: dict[str, Any] = dict(
-        job=JOB, round=3, peer=key.did, cid=GRAD, num_samples=600, sent_at=1_700_000_000_000
+        job=JOB,
+        run=RUN,
+        round=3,
+        peer=key.did,
+        cid=GRAD,
+        num_samples=600,
+        sent_at=1_700_000_000_000,
     )
     fields.update(kw)
     return Announce(**fields)
 
 
-def _result(*peers: str) -> Result:
+def _result(*peers: str, roster: Roster = ROSTER) -> Result:
     return Result(
         job=JOB,
+        run=RUN,
         round=3,
         cid=AGG,
         record=REC,
         method="fedavg",
-        peers=peers,
+        peers=roster.bitmap(peers),
         sent_at=1_700_000_001_000,
+    )
+
+
+def _status(
+    received: tuple[str, ...] = (),
+    verified: tuple[str, ...] = (),
+    refused: dict[str, str] | None = None,
+    *,
+    roster: Roster = ROSTER,
+    failed: str | None = None,
+) -> Status:
+    refused = refused or {}
+    order = [p for p in roster if p in refused]
+    return Status(
+        job=JOB,
+        run=RUN,
+        round=3,
+        received=roster.bitmap(received),
+        verified=roster.bitmap(verified),
+        refused=roster.bitmap(order),
+        reasons=tuple(refused[p] for p in order),
+        sent_at=5,
+        failed=failed,
     )
 
 
@@ -58,10 +96,10 @@ def _pairs(msg: Announce | Result | Status) -> list[tuple[str, Any]]:
     from dataclasses import fields
 
     values = [(f.name, getattr(msg, f.name)) for f in fields(msg)]
-    return [("v", 1), ("type", msg.kind.value)] + [
+    return [("v", 2), ("type", msg.kind.value)] + [
         (name, list(v) if isinstance(v, tuple) else v)
         for name, v in values
-        if v is not None or name != "failed"  # an unset optional field is not on the wire
+        if v is not None or name not in ("failed", "lists")  # unset optional fields: off the wire
     ]
 
 
@@ -87,32 +125,57 @@ def test_announce_round_trip(peer_key: SigningKey, coord_key: SigningKey) -> Non
 
 def test_result_and_status_round_trip(coord_key: SigningKey) -> None:
     a, b = seeded_key(1).did, seeded_key(2).did
-    for msg in (_result(a, b), Status(job=JOB, round=3, received=(a, b), sent_at=5)):
+    for msg in (_result(a, b), _status((a, b), (a,), {b: "non-finite: tensor 'w' holds NaN"})):
         data = encode_message(msg, coord_key)
-        assert verify_message(data, job=JOB, coordinator=coord_key.did) == msg
+        assert verify_message(data, job=JOB, coordinator=coord_key.did, peers=ROSTER) == msg
         assert decode_message(data) == msg
+
+
+def test_peer_sets_are_bitmaps_over_the_sorted_roster() -> None:
+    dids = sorted(seeded_key(i).did for i in range(1, 12))
+    roster = Roster(reversed(dids))  # the order a job file lists them in does not matter
+    assert roster.peers == tuple(dids) and roster.nbytes == 2
+    bitmap = roster.bitmap([dids[0], dids[9]])
+    assert bitmap == bytes([0b1000_0000, 0b0100_0000])
+    assert roster.members(bitmap) == (dids[0], dids[9])
+    assert roster.has(bitmap, dids[9]) and not roster.has(bitmap, dids[1])
+    with pytest.raises(ValueError, match="not a peer"):
+        roster.bitmap([seeded_key(99).did])
 
 
 def test_a_failed_status_carries_its_reason_before_the_signature(coord_key: SigningKey) -> None:
     a = seeded_key(1).did
-    msg = Status(job=JOB, round=3, received=(a,), sent_at=5, failed="quorum not met: 1 of 2")
+    msg = _status((a,), failed="quorum not met: 1 of 2")
     data = encode_message(msg, coord_key)
     assert verify_message(data, job=JOB, coordinator=coord_key.did) == msg
     keys = [k for k, _ in msgpack.unpackb(data, object_pairs_hook=list)]
-    assert keys == ["v", "type", "job", "round", "received", "sent_at", "failed", "sig"]
-    # without a reason the status is exactly DESIGN's: no `failed` key at all
-    plain = encode_message(Status(job=JOB, round=3, received=(a,), sent_at=5), coord_key)
+    assert keys == [
+        "v",
+        "type",
+        "job",
+        "run",
+        "round",
+        "received",
+        "verified",
+        "refused",
+        "reasons",
+        "sent_at",
+        "failed",
+        "sig",
+    ]
+    # without a reason there is no `failed` key at all
+    plain = encode_message(_status((a,)), coord_key)
     assert "failed" not in dict(msgpack.unpackb(plain, object_pairs_hook=list))
 
 
 @pytest.mark.parametrize("bad", [None, "", 7, b"quorum"])
 def test_a_failed_field_must_be_a_non_empty_string(coord_key: SigningKey, bad: Any) -> None:
-    pairs = _pairs(Status(job=JOB, round=3, received=(), sent_at=5, failed="x"))
+    pairs = _pairs(_status(failed="x"))
     i = [k for k, _ in pairs].index("failed")
     pairs[i] = ("failed", bad)
     assert _reason(_craft(pairs, coord_key), coordinator=coord_key.did) == "malformed"
     with pytest.raises(MessageError):
-        Status(job=JOB, round=3, received=(), sent_at=5, failed=bad or "")
+        _status(failed=bad or "")
 
 
 def test_failed_is_only_a_status_field(coord_key: SigningKey) -> None:
@@ -128,6 +191,7 @@ def test_wire_layout_is_designs_key_order_with_sig_last(peer_key: SigningKey) ->
         "v",
         "type",
         "job",
+        "run",
         "round",
         "peer",
         "cid",
@@ -135,7 +199,7 @@ def test_wire_layout_is_designs_key_order_with_sig_last(peer_key: SigningKey) ->
         "sent_at",
         "sig",
     ]
-    assert unpacked[0] == ("v", 1)
+    assert unpacked[0] == ("v", 2)
     assert unpacked[1] == ("type", "announce")
     # the signature covers exactly the map without "sig"
     body = msgpack.packb(dict(unpacked[:-1]), use_bin_type=True)
@@ -147,15 +211,14 @@ def test_encoding_is_canonical_and_deterministic(peer_key: SigningKey) -> None:
     data = encode_message(msg, peer_key)
     assert encode_message(decode_message(data), peer_key) == data
     # smallest encodings: fixmap header, positive fixint for round, uint16 for num_samples
-    assert data[0] == 0x89
+    assert data[0] == 0x8A
     assert b"\xa5round\x03" in data
     assert b"\xabnum_samples\xcd\x02\x58" in data
 
 
-def test_lists_are_sorted_on_construction() -> None:
+def test_a_result_names_the_same_peers_whatever_order_they_come_in() -> None:
     a, b, c = (seeded_key(i).did for i in (1, 2, 3))
-    assert _result(c, a, b).peers == tuple(sorted((a, b, c)))
-    assert Status(job=JOB, round=0, received=[b, a], sent_at=0).received == tuple(sorted((a, b)))
+    assert _result(c, a, b).peers == _result(a, b, c).peers == b"\xe0"
 
 
 def test_cid_strings_are_normalized_to_base32_v1(peer_key: SigningKey) -> None:
@@ -175,15 +238,17 @@ def test_construction_refuses_bad_fields(peer_key: SigningKey) -> None:
         {"num_samples": 1.5},
         {"peer": "did:key:zzz"},
         {"cid": "not-a-cid"},
+        {"run": "short"},
+        {"run": "UPPER0CASE0RUN"},
+        {"run": "has space in it"},
     ]
     for kw in bad:
         with pytest.raises(MessageError) as info:
             _announce(peer_key, **kw)
         assert info.value.reason == "malformed", kw
-    with pytest.raises(MessageError, match="twice"):
-        _result(a, a)
+    assert a
     with pytest.raises(MessageError, match="dag-cbor"):
-        Result(job=JOB, round=0, cid=AGG, record=GRAD, method="sum", peers=(a,), sent_at=0)
+        Result(job=JOB, run=RUN, round=0, cid=AGG, record=GRAD, method="sum", peers=b"", sent_at=0)
 
 
 def test_announce_must_be_signed_by_its_peer(peer_key: SigningKey, other_key: SigningKey) -> None:
@@ -232,11 +297,7 @@ def test_wrong_job(peer_key: SigningKey, coord_key: SigningKey) -> None:
 def test_coordinator_messages_signed_by_anyone_else_are_refused(
     kind: str, peer_key: SigningKey, coord_key: SigningKey
 ) -> None:
-    msg: Result | Status = (
-        _result(peer_key.did)
-        if kind == "result"
-        else Status(job=JOB, round=1, received=(peer_key.did,), sent_at=1)
-    )
+    msg: Result | Status = _result(peer_key.did) if kind == "result" else _status((peer_key.did,))
     forged = encode_message(msg, peer_key)  # a peer pretending to be the coordinator
     assert _reason(forged, coordinator=coord_key.did) == "not-coordinator"
     genuine = bytearray(encode_message(msg, coord_key))
@@ -252,7 +313,7 @@ def test_unknown_type(peer_key: SigningKey) -> None:
 
 def test_unsupported_version_is_malformed(peer_key: SigningKey) -> None:
     pairs = _pairs(_announce(peer_key))
-    pairs[0] = ("v", 2)
+    pairs[0] = ("v", 1)  # gradstore's first protocol: no run ids, did lists
     assert _reason(_craft(pairs, peer_key)) == "malformed"
 
 
@@ -262,11 +323,11 @@ def test_key_set_and_order_are_exact(change: str, peer_key: SigningKey) -> None:
     if change == "extra":
         pairs.append(("note", "hi"))
     elif change == "missing":
-        del pairs[5]
+        del pairs[6]
     elif change == "misordered":
         pairs[2], pairs[3] = pairs[3], pairs[2]
     else:
-        pairs[5] = ("CID", pairs[5][1])
+        pairs[6] = ("CID", pairs[6][1])
     assert _reason(_craft(pairs, peer_key)) == "malformed"
 
 
@@ -284,7 +345,7 @@ def test_non_minimal_int_is_malformed_even_when_signed(peer_key: SigningKey) -> 
     wide = packed.replace(b"\xa5round\x03", b"\xa5round\xcc\x03")  # uint8 where fixint fits
     assert wide != packed
     # re-frame with a valid signature over the widened bytes: still refused (one encoding only)
-    data = wide[:1].replace(b"\x88", b"\x89") + wide[1:] + b"\xa3sig\xc4\x40" + peer_key.sign(wide)
+    data = wide[:1].replace(b"\x89", b"\x8a") + wide[1:] + b"\xa3sig\xc4\x40" + peer_key.sign(wide)
     assert _reason(data) == "malformed"
 
 
@@ -313,7 +374,7 @@ def test_oversized_message_is_refused_before_parsing(peer_key: SigningKey) -> No
 
 def test_bad_cid_string_is_malformed(peer_key: SigningKey) -> None:
     pairs = _pairs(_announce(peer_key))
-    pairs[5] = ("cid", "bafynotacid")
+    pairs[6] = ("cid", "bafynotacid")
     assert _reason(_craft(pairs, peer_key)) == "malformed"
 
 
@@ -321,21 +382,66 @@ def test_non_canonical_cid_string_is_malformed(peer_key: SigningKey) -> None:
     from multiformats import CID as MFCID
 
     pairs = _pairs(_announce(peer_key))
-    pairs[5] = ("cid", MFCID.decode(GRAD).encode("base58btc"))
+    pairs[6] = ("cid", MFCID.decode(GRAD).encode("base58btc"))
     assert _reason(_craft(pairs, peer_key)) == "malformed"
 
 
-@pytest.mark.parametrize("field", ["peers", "received"])
-def test_unsorted_or_repeated_dids_are_malformed(field: str, coord_key: SigningKey) -> None:
-    a, b = sorted((seeded_key(1).did, seeded_key(2).did))
-    msg: Result | Status = (
-        _result(a, b) if field == "peers" else Status(job=JOB, round=1, received=(a, b), sent_at=1)
-    )
+@pytest.mark.parametrize("field", ["peers", "received", "verified", "refused"])
+def test_bitmaps_that_do_not_fit_the_roster_are_malformed(
+    field: str, coord_key: SigningKey
+) -> None:
+    a = seeded_key(1).did
+    msg: Result | Status = _result(a) if field == "peers" else _status((a,), (a,))
     pairs = _pairs(msg)
     i = [k for k, _ in pairs].index(field)
-    for bad in ([b, a], [a, a]):
+    for bad in (b"", b"\x80\x00", b"\x81", b"\x1f", [a]):  # short, long, padding bits, a list
         pairs[i] = (field, bad)
-        assert _reason(_craft(pairs, coord_key), coordinator=coord_key.did) == "malformed"
+        reason = _reason(_craft(pairs, coord_key), coordinator=coord_key.did, peers=ROSTER)
+        assert reason == "malformed", bad
+
+
+def test_a_reason_per_refused_peer(coord_key: SigningKey) -> None:
+    a, b = seeded_key(1).did, seeded_key(2).did
+    pairs = _pairs(_status((a, b), refused={a: "too-large: 3 MB", b: "stale-round"}))
+    i = [k for k, _ in pairs].index("reasons")
+    for bad in (["too-large"], ["a", "b", "c"], ["", "x"], ["x" * 301, "y"], [1, 2]):
+        pairs[i] = ("reasons", bad)
+        reason = _reason(_craft(pairs, coord_key), coordinator=coord_key.did, peers=ROSTER)
+        assert reason == "malformed", bad
+
+
+def test_messages_fit_at_any_number_of_peers(coord_key: SigningKey) -> None:
+    # 20,000 peers, each with a long refusal: the lists move to a block, the message stays
+    # small, and the block (verified against the CID the signed message carries) holds them.
+    dids = [f"did:key:z6Mk{i:044d}" for i in range(20_000)]
+    roster = Roster(dids)
+    reasons = {d: f"too-large: declares {i} bytes, " + "x" * 250 for i, d in enumerate(dids)}
+    big = Status(
+        job=JOB,
+        run=RUN,
+        round=3,
+        received=roster.bitmap(dids),
+        verified=roster.bitmap(()),
+        refused=roster.bitmap(dids),
+        reasons=tuple(reasons[d] for d in roster),
+        sent_at=5,
+    )
+    data, block = encode_fitted(big, coord_key)
+    assert len(data) <= INLINE_BYTES and block is not None
+    linked = verify_message(data, job=JOB, coordinator=coord_key.did, peers=roster)
+    assert isinstance(linked, Status) and linked.lists == str(block[0])
+    lists = decode_lists(block[1], linked, roster)
+    assert lists.received == big.received and lists.refused == big.refused
+    assert all(r.startswith("too-large") for r in lists.reasons)  # shortened to fit
+    with pytest.raises(IntegrityError):
+        decode_lists(block[1][:-1] + bytes([block[1][-1] ^ 1]), linked, roster)
+    result = _result(*dids, roster=roster)
+    data, block = encode_fitted(result, coord_key)
+    assert len(data) > INLINE_BYTES or block is None  # 2.5 kB of bitmap still fits inline
+    assert verify_message(data, job=JOB, coordinator=coord_key.did, peers=roster) == result
+    small = _status((seeded_key(1).did,))
+    data, block = encode_fitted(small, coord_key)
+    assert block is None and inline_lists(small).received == small.received
 
 
 def test_short_signature_is_malformed(peer_key: SigningKey) -> None:

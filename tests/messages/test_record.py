@@ -27,13 +27,14 @@ from .conftest import raw_cid, record_cid, seeded_key
 # Record below, signed by the key with seed 100 (Ed25519 signatures are deterministic).
 # Changing this CID means every published round record would change: bump the record type.
 SHA512_LINK = MFCID("base32", 1, "raw", multihash.digest(b"x", "sha2-512"))
-GOLDEN_CID = "bafyreif6cvv6ocnvlfghgrlp7ib6aycucqkbez2pjpvgqscqe7el4ov3ae"
+GOLDEN_CID = "bafyreigwvxvovyiv6gkei7mfheefknihy2kx7mcu7l3ubnxlem43a5xoaa"
 
 
 def _record(coord: SigningKey, **kw: Any) -> RoundRecord:
     p1, p2, p3 = (seeded_key(i).did for i in (1, 2, 3))
     fields: dict[str, Any] = dict(
         job="mnist-demo",
+        run="k3x9run0000000000000000000",
         round=7,
         method="trimmed_mean",
         params={"trim_ratio": 0.1, "clip": {"l2": 10.0}, "seed": 42, "tags": ["a", "b"]},
@@ -81,6 +82,7 @@ def test_node_layout_matches_design(coord_key: SigningKey) -> None:
     # DAG-CBOR map key order: by length, then bytewise
     assert list(node) == [
         "job",
+        "run",
         "sig",
         "prev",
         "type",
@@ -92,13 +94,15 @@ def test_node_layout_matches_design(coord_key: SigningKey) -> None:
         "excluded",
         "coordinator",
     ]
-    assert node["type"] == "gradstore/round/1"
+    assert node["type"] == "gradstore/round/2"
     assert isinstance(node["output"], MFCID) and isinstance(node["prev"], MFCID)
     assert [i["peer"] for i in node["inputs"]] == sorted(i["peer"] for i in node["inputs"])
     assert isinstance(node["inputs"][0]["gradient"], MFCID)
     assert node["inputs"][0]["weight"] == 0.5
     assert b"\xfb\x3f\xe0\x00\x00\x00\x00\x00\x00" in data  # 0.5 as a 64-bit float
     assert node["excluded"][0] == {"peer": seeded_key(3).did, "reason": "timeout"}  # no cid key
+    # an excluded input's CID is text, so the record's DAG never depends on it
+    assert node["excluded"][1]["cid"] == str(raw_cid(b"g3"))
     sig = node.pop("sig")
     assert coord_key.sign(dag_cbor.encode(node)) == sig
 
@@ -191,7 +195,13 @@ def test_wrong_hash_is_integrity_error(coord_key: SigningKey) -> None:
 @pytest.mark.parametrize(
     "mutate",
     [
-        lambda n: n.update(type="gradstore/round/2"),
+        lambda n: n.update(type="gradstore/round/1"),
+        lambda n: n.update(run="Not A Run Id"),
+        lambda n: n.pop("run"),
+        lambda n: n["excluded"][1].update(cid=MFCID.decode(n["excluded"][1]["cid"])),  # a link
+        lambda n: n["excluded"][1].update(  # not the canonical text
+            cid=MFCID.decode(n["excluded"][1]["cid"]).encode("base58btc")
+        ),
         lambda n: n.update(extra=1),
         lambda n: n.pop("params"),
         lambda n: n.update(round=-1),

@@ -3,7 +3,8 @@
 Imports under ``if TYPE_CHECKING:`` are for the type checker only (mypy reads
 ``typing_extensions`` from its own typeshed); every other import, at module
 level or inside a function, must come from a distribution pyproject names: the
-core dependencies, or for ``gradstore.demo`` the ``demo`` extra.
+core dependencies, or an optional extra (a feature's package, such as torch for
+``gradstore.torch``); never from the ``dev`` extra, which users do not install.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import gradstore
 
 ROOT = Path(gradstore.__file__).parent
 PYPROJECT = ROOT.parent.parent / "pyproject.toml"
-EXTRA_FOR_LAYER = {"demo": "demo"}
 
 
 def _normalise(name: str) -> str:
@@ -58,13 +58,13 @@ def runtime_imports(source: str) -> set[str]:
 
 def test_every_runtime_import_is_declared() -> None:
     project = tomllib.loads(PYPROJECT.read_text())["project"]
-    core = _names(project["dependencies"])
-    extras = {k: _names(v) for k, v in project["optional-dependencies"].items()}
+    allowed = _names(project["dependencies"])
+    for extra, requirements in project["optional-dependencies"].items():
+        if extra != "dev":
+            allowed |= _names(requirements)
     dists = packages_distributions()
     wrong = []
     for path in sorted(ROOT.rglob("*.py")):
-        layer = path.relative_to(ROOT).parts[0]
-        allowed = core | extras.get(EXTRA_FOR_LAYER.get(layer, ""), set())
         for name in sorted(runtime_imports(path.read_text())):
             if name in sys.stdlib_module_names or name in ("gradstore", "__future__"):
                 continue

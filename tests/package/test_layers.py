@@ -26,6 +26,7 @@ RANK = {
     "peer": 7,
     "coordinator": 7,
     "audit": 8,
+    "torch": 8,
     "demo": 9,
     "cli": 10,
 }

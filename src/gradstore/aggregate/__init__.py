@@ -13,19 +13,24 @@ or one that trims nothing (0 < r and floor(n * r) = 0); krum/multikrum with n < 
 select outside [1, n - f]; parameters that do not apply to the method.
 """
 
-from ._checks import Tensors
+from ._checks import Layout, Tensors
 from ._clip import clip_inputs, clip_output, global_norm
 from ._dispatch import AggregationInfo, aggregate, aggregate_with_info
 from ._fused import prepare
 from ._methods import fedavg, krum, mean, median, multikrum, sum_, trimmed_mean, weighted
 from ._params import METHODS, AggregationParams
+from ._streamed import InMemory, InputSource, aggregate_streamed
 
 __all__ = [
     "METHODS",
     "AggregationInfo",
     "AggregationParams",
+    "InMemory",
+    "InputSource",
+    "Layout",
     "Tensors",
     "aggregate",
+    "aggregate_streamed",
     "aggregate_with_info",
     "clip_inputs",
     "clip_output",

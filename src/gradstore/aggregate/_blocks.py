@@ -75,11 +75,11 @@ class Scratch(threading.local):
     """
 
     def __init__(self) -> None:
-        self.buffers: dict[tuple[str, tuple[int, ...], str], np.ndarray[Any, Any]] = {}
+        self.buffers: dict[tuple[str, tuple[int, ...], np.dtype[Any]], np.ndarray[Any, Any]] = {}
 
     def get(self, key: str, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
         """A buffer of ``shape`` and ``dtype`` for this thread (contents undefined)."""
-        slot = (key, shape, dtype.str)
+        slot = (key, shape, dtype)  # the dtype itself: "<V1" would not tell float8 types apart
         buffer = self.buffers.get(slot)
         if buffer is None:
             buffer = self.buffers[slot] = np.empty(shape, dtype)

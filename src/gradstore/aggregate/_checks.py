@@ -1,20 +1,22 @@
 """Refusals shared by every aggregator: inputs that disagree, non-float dtypes, NaN/Inf.
 
-Only floating-point tensors are aggregated, by every method including ``sum``: gradients are
-floats, and integer or bool tensors (step counters, masks) cannot be averaged and would not
-sum exactly in a float64 accumulator.
+Only floating-point tensors of the document's types are aggregated (float16/32/64, bfloat16,
+float8_e4m3fn, float8_e5m2), by every method including ``sum``: gradients are floats, and
+integer or bool tensors (step counters, masks) cannot be averaged and would not sum exactly
+in a float64 accumulator.
 """
 
 from __future__ import annotations
 
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 import numpy as np
 
 from ..errors import AggregationError
+from ..format import dtype_code, is_float
 
 #: One peer's gradient: tensor name -> array.
 Tensors: TypeAlias = Mapping[str, np.ndarray[Any, Any]]
@@ -30,6 +32,16 @@ class Layout:
     names: tuple[str, ...]
     shapes: dict[str, tuple[int, ...]]
     dtypes: dict[str, np.dtype[Any]]
+
+    @classmethod
+    def of(cls, specs: Iterable[tuple[str, np.dtype[Any], tuple[int, ...]]]) -> Layout:
+        """The layout of tensors given as (name, dtype, shape), put in name order."""
+        items = sorted(specs, key=lambda spec: spec[0].encode("utf-8"))
+        return cls(
+            tuple(name for name, _, _ in items),
+            {name: tuple(shape) for name, _, shape in items},
+            {name: np.dtype(dtype) for name, dtype, _ in items},
+        )
 
     def size(self, name: str) -> int:
         """Number of elements of tensor ``name``."""
@@ -62,9 +74,9 @@ def check_inputs(inputs: Sequence[Tensors], method: str) -> Layout:
             raise AggregationError(
                 f"input 0: tensor {name!r} is a {type(array).__name__}, not a NumPy array or scalar"
             )
-        if array.dtype.kind != "f":
+        if not is_float(array.dtype):
             raise AggregationError(
-                f"input 0: tensor {name!r} has dtype {array.dtype.str}; "
+                f"input 0: tensor {name!r} has dtype {dtype_name(array.dtype)}; "
                 f"{method} aggregates floating-point tensors only"
             )
         shapes[name], dtypes[name] = array.shape, array.dtype
@@ -89,10 +101,15 @@ def check_inputs(inputs: Sequence[Tensors], method: str) -> Layout:
                 )
             if array.dtype != dtypes[name]:
                 raise AggregationError(
-                    f"input {index}: tensor {name!r} has dtype {array.dtype.str}, "
-                    f"input 0 has {dtypes[name].str}"
+                    f"input {index}: tensor {name!r} has dtype {dtype_name(array.dtype)}, "
+                    f"input 0 has {dtype_name(dtypes[name])}"
                 )
     return Layout(names, shapes, dtypes)
+
+
+def dtype_name(dtype: np.dtype[Any]) -> str:
+    """How errors name a dtype: the document's type string, else NumPy's name ("<V2" says nothing)."""
+    return dtype_code(dtype) or str(dtype)
 
 
 def flatten(inputs: Sequence[Tensors], layout: Layout) -> list[Flat]:

@@ -14,7 +14,9 @@ from typing import Any, Final
 import numpy as np
 
 from ..errors import AggregationError
-from ._checks import Tensors
+from ..format import is_float
+from ._checks import Tensors, dtype_name
+from ._rounding import round_into
 
 #: Elements per block when squaring or scaling.
 BLOCK: Final = 1 << 16
@@ -49,9 +51,9 @@ def input_norms(inputs: Sequence[Tensors]) -> list[float]:
     for index, tensors in enumerate(inputs):
         for name in sorted(tensors):
             dtype = np.asarray(tensors[name]).dtype
-            if dtype.kind != "f":
+            if not is_float(dtype):
                 raise AggregationError(
-                    f"input {index}: tensor {name!r} has dtype {dtype.str}; "
+                    f"input {index}: tensor {name!r} has dtype {dtype_name(dtype)}; "
                     "only floating-point tensors are clipped"
                 )
         norm = global_norm(tensors)
@@ -75,7 +77,7 @@ def scale_into(
         for lo in range(0, flat.size, BLOCK):
             part = buf[: min(BLOCK, flat.size - lo)]
             np.multiply(flat[lo : lo + BLOCK], factor, out=part, dtype=_F64)
-            np.copyto(dst[lo : lo + BLOCK], part, casting="same_kind")
+            round_into(dst[lo : lo + BLOCK], part)
 
 
 def clip_inputs(

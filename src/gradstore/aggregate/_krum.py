@@ -40,33 +40,56 @@ def squared_distances(
     Each work chunk accumulates its own Gram matrix; the chunks' matrices are then added in
     chunk order, so the result does not depend on ``threads``.
     """
-    n = len(flats)
-    factors = None if scales is None else [np.float64(s) for s in scales]
     items = chunks(layout)
     partial: dict[tuple[str, int], np.ndarray] = {}
     scratch = Scratch()
 
     def work(name: str, start: int, stop: int) -> None:
-        buf = scratch.get("rows", (n, BLOCK), _F64)
-        gram = np.zeros((n - 1, n - 1), _F64)
-        for lo, hi in blocks(start, stop, BLOCK):
-            rows = buf[:, : hi - lo]
-            for i in range(n):
-                if factors is None:
-                    np.copyto(rows[i], flats[i][name][lo:hi])
-                else:
-                    np.multiply(flats[i][name][lo:hi], factors[i], out=rows[i], dtype=_F64)
-            centred = rows[1:]
-            np.subtract(centred, rows[0], out=centred)
-            gram += np.dot(centred, centred.T)  # np.dot releases the GIL; matmul did not
-        partial[name, start] = gram
+        partial[name, start] = chunk_gram(flats, name, start, stop, scales, scratch)
 
     run(work, items, threads)
-    gram = np.zeros((n - 1, n - 1), _F64)
+    gram = np.zeros((len(flats) - 1, len(flats) - 1), _F64)
     for name, start, _ in items:
         gram += partial[name, start]
+    return distances_from_gram(gram)
+
+
+def chunk_gram(
+    flats: Sequence[Flat],
+    name: str,
+    start: int,
+    stop: int,
+    scales: Sequence[float] | None,
+    scratch: Scratch | None = None,
+) -> np.ndarray:
+    """The (n-1, n-1) Gram matrix of one chunk of tensor ``name``, inputs centred on input 0.
+
+    ``flats[i][name][start:stop]`` are the chunk's elements. Summing the chunks' matrices
+    in ``chunks(layout)`` order gives :func:`squared_distances`'s matrix, so a caller that
+    holds one chunk of every input at a time gets the same bits.
+    """
+    n = len(flats)
+    factors = None if scales is None else [np.float64(s) for s in scales]
+    buf = (scratch or Scratch()).get("rows", (n, BLOCK), _F64)
+    gram = np.zeros((n - 1, n - 1), _F64)
+    for lo, hi in blocks(start, stop, BLOCK):
+        rows = buf[:, : hi - lo]
+        for i in range(n):
+            if factors is None:
+                np.copyto(rows[i], flats[i][name][lo:hi])
+            else:
+                np.multiply(flats[i][name][lo:hi], factors[i], out=rows[i], dtype=_F64)
+        centred = rows[1:]
+        np.subtract(centred, rows[0], out=centred)
+        gram += np.dot(centred, centred.T)  # np.dot releases the GIL; matmul did not
+    return gram
+
+
+def distances_from_gram(gram: np.ndarray) -> np.ndarray:
+    """Squared distances from the summed Gram matrix (NonFiniteResult if it overflowed)."""
     if not np.isfinite(gram).all():
         raise NonFiniteResult(None)
+    n = gram.shape[0] + 1
     full = np.zeros((n, n), _F64)
     full[1:, 1:] = gram
     dist = np.zeros((n, n), _F64)

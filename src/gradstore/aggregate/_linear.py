@@ -6,7 +6,8 @@ then ``acc / divisor``, then one rounding to the inputs' dtype. With no coeffici
 bit-for-bit reproducible from the same inputs in the same order.
 
 Large layouts run the numba-compiled kernel of ``_fused`` (same operations, same bits);
-the NumPy path below serves small layouts, other dtypes, and machines without numba.
+the NumPy path below serves small layouts, other dtypes (bfloat16 and float8 included:
+``_rounding`` rounds them), and machines without numba.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 from . import _fused
 from ._blocks import Scratch, blocks, chunks, run
 from ._checks import Flat, Layout, NonFiniteResult
+from ._rounding import round_into
 
 #: Elements per block: two float64 buffers of 512 KiB stay in a 2 MiB L2 cache with the inputs.
 BLOCK: Final = 1 << 16
@@ -95,10 +97,7 @@ def _numpy_kernel(
                     np.multiply(x, factors[index], tmp)
                     np.add(acc, tmp, acc)
             dst = out_flat[name][lo:hi]
-            if divisor is None:
-                np.copyto(dst, acc, casting="same_kind")
-            else:  # divided in float64, rounded once on the way out
-                np.divide(acc, divisor, dst, casting="same_kind")
+            round_into(dst, acc, divisor)  # divided in float64, rounded once on the way out
             finite = finite_buf[: hi - lo]
             np.isfinite(dst, finite)
             if not finite.all():

@@ -17,6 +17,7 @@ import numpy as np
 from ._blocks import Scratch, blocks, chunks, run
 from ._checks import Flat, Layout, NonFiniteResult
 from ._network import selection_network
+from ._rounding import narrow_format, round_into
 
 #: Elements per block on one thread: (n + 1) rows of 16 Ki elements stay in L2 for a round's n.
 BLOCK: Final = 1 << 14
@@ -50,8 +51,10 @@ def order_mean(
     size = BLOCK if threads <= 1 else THREADED_BLOCK
 
     def work(name: str, start: int, end: int) -> None:
-        dtype = layout.dtypes[name] if factors is None else _F64
-        buf = scratch.get(f"rows-{dtype.str}", (n + 1, size), dtype)
+        dtype = layout.dtypes[name]
+        if factors is not None or narrow_format(dtype) is not None:
+            dtype = _F64  # scaled inputs, and bfloat16/float8 (sorted and averaged exactly)
+        buf = scratch.get("rows", (n + 1, size), dtype)
         finite_buf = scratch.get("finite", (n, size), np.dtype(np.bool_))
         acc_buf = scratch.get("acc", (size,), _F64)
         for lo, hi in blocks(start, end, size):
@@ -79,14 +82,13 @@ def order_mean(
                     np.maximum(a, b, out=b)
             dst = out_flat[name][lo:hi]
             if stop - first == 1:
-                np.copyto(dst, rows[first], casting="same_kind")
+                round_into(dst, rows[first])
             else:
                 acc = acc_buf[:width]
                 np.copyto(acc, rows[first])
                 for i in range(first + 1, stop):
                     np.add(acc, rows[i], out=acc, dtype=_F64)
-                np.divide(acc, stop - first, out=acc)
-                np.copyto(dst, acc, casting="same_kind")
+                round_into(dst, acc, stop - first)
             np.add(dst, 0, out=dst)
             if not np.isfinite(dst).all():
                 raise NonFiniteResult(name)

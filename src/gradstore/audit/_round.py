@@ -47,7 +47,7 @@ def aggregate_meta(record: RoundRecord) -> dict[str, Any]:
     (in record order, i.e. sorted by peer id).
     """
     return _aggregate_meta(
-        record.job, record.round, record.method, [i.gradient for i in record.inputs]
+        record.job, record.round, record.method, [i.gradient for i in record.inputs], run=record.run
     )
 
 

@@ -53,7 +53,19 @@ def register(sub: Any) -> None:
         help="federated: peers train locally and average model states (FedAvg); "
         "data-parallel: peers send gradients, one SGD step per round (default federated)",
     )
-    p.add_argument("--model", choices=("softmax", "mlp"), default="softmax", help="default softmax")
+    p.add_argument(
+        "--framework",
+        choices=("numpy", "torch"),
+        default="numpy",
+        help="numpy: models written in NumPy; torch: a PyTorch CNN, its tensors converted "
+        "with gradstore.torch (needs pip install 'gradstore[torch]') (default numpy)",
+    )
+    p.add_argument(
+        "--model",
+        choices=("softmax", "mlp", "cnn"),
+        default=None,
+        help="numpy: softmax (default) or mlp; torch: cnn (default)",
+    )
     p.add_argument(
         "--seed", type=int, default=0, help="data shuffle, initialisation and local SGD (default 0)"
     )
@@ -86,7 +98,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
             peers=args.peers,
             rounds=args.rounds,
             mode=args.mode,
-            model=args.model,
+            model=args.model or ("cnn" if args.framework == "torch" else "softmax"),
+            framework=args.framework,
             seed=args.seed,
             lr=args.lr,
             local_epochs=args.local_epochs,

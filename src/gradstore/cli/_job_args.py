@@ -39,7 +39,7 @@ def register(sub: Any) -> None:
     p = psub.add_parser(
         "publish", help="store a gradient, announce it, wait for the coordinator's ack"
     )
-    p.add_argument("gradient", help="gradient as .npz")
+    p.add_argument("gradient", help="gradient as .npz or .safetensors")
     p.add_argument("--config", required=True, help="job file (TOML)")
     p.add_argument("--key", required=True, help="this peer's key file")
     p.add_argument("--round", type=int, required=True)
@@ -52,18 +52,25 @@ def register(sub: Any) -> None:
     p = psub.add_parser("await", help="wait for a round's result, verify and save the aggregate")
     p.add_argument("--config", required=True, help="job file (TOML)")
     p.add_argument("--round", type=int, required=True)
-    p.add_argument("-o", "--output", required=True, help=".npz to write")
+    p.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        help="file to write: .safetensors by its extension, else .npz",
+    )
     p.add_argument("--timeout", type=float, default=None, help="give up after S seconds")
     add_node_options(p)
     p.set_defaults(run=lazy("_job_cmds", "cmd_peer_await"))
 
     p = sub.add_parser(
         "aggregate",
-        help="aggregate .npz gradients offline with the coordinator's code",
+        help="aggregate .npz/.safetensors gradients offline with the coordinator's code",
         epilog="sum/mean/fedavg/weighted over large float32/float64 tensors run a numba-compiled "
         "kernel that gives the NumPy path's exact bits; GRADSTORE_NUMBA=0 turns it off.",
     )
-    p.add_argument("inputs", nargs="*", help="gradients as .npz, in canonical order")
+    p.add_argument(
+        "inputs", nargs="*", help="gradients as .npz or .safetensors, in canonical order"
+    )
     p.add_argument("-o", "--output", required=True)
     p.add_argument(
         "--method",

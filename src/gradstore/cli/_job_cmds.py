@@ -25,7 +25,7 @@ from ..messages import SigningKey, decode_record
 from ..peer import Peer
 from . import _exit
 from ._nodes import node_from_args
-from ._npz import load_npz, save_npz
+from ._tensor_files import load_gradient, save_gradient
 
 T = TypeVar("T")
 
@@ -84,7 +84,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
 def cmd_peer_publish(args: argparse.Namespace) -> int:
     config = load_job(args.config)
     key = SigningKey.load(args.key)
-    gradient = load_npz(args.gradient)
+    gradient = load_gradient(args.gradient)
 
     async def run() -> CID:
         node = node_from_args(args)
@@ -117,7 +117,7 @@ def cmd_peer_await(args: argparse.Namespace) -> int:
             await node.aclose()
 
     result = asyncio.run(run())
-    save_npz(args.output, result.gradient)
+    save_gradient(args.output, result.gradient)
     print(f"{result.cid} {result.record}")
     return _exit.SUCCESS
 
@@ -146,8 +146,8 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
         raise AggregationError("give the input files before --num-samples and --weights")
     inputs = [*args.inputs, *rest_n, *rest_w]
     if not inputs:
-        raise AggregationError("no input .npz files given")
-    gradients = [load_npz(path) for path in inputs]
+        raise AggregationError("no input files given")
+    gradients = [load_gradient(path) for path in inputs]
     params = AggregationParams(
         method=args.method,
         weights=tuple(weights) if weights else None,
@@ -158,7 +158,7 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
         clip_output_norm=args.clip_output_norm,
     )
     result = aggregate([g.tensors for g in gradients], params, num_samples)
-    save_npz(args.output, Gradient(result))
+    save_gradient(args.output, Gradient(result))
     print(args.output)
     return _exit.SUCCESS
 
@@ -168,16 +168,13 @@ def _journal_stats(state: Path, job: str, round_: int, record: str) -> dict[str,
     path = state / "journal.sqlite"
     if not path.is_file():
         raise CoordinatorError(f"no coordinator journal at {path}")
-    journal = Journal(path)
-    try:
+    with Journal(path) as journal:
         if journal.get_meta("job") not in (None, job):
             raise CoordinatorError(f"{path} is the journal of another job")
         row = next((r for r in journal.rounds() if r.round == round_), None)
         if row is None or row.record != record:
             raise CoordinatorError(f"{path} has no closed round {round_} with record {record}")
         return journal.stats(round_) or {}
-    finally:
-        journal.close()
 
 
 def cmd_round_show(args: argparse.Namespace) -> int:

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import FormatError
-from ..format import Gradient
+from ..format import EXTENDED, Gradient, dtype_code
 
 _PICKLE_REFUSED = "Object arrays cannot be loaded"  # NumPy's message when allow_pickle=False bites
 
@@ -28,6 +28,12 @@ def load_npz(path: str | Path, meta: dict[str, Any] | None = None) -> Gradient:
                 value = npz[name]
                 if not isinstance(value, np.ndarray):
                     raise FormatError(f"{path}: member {name!r} is not a .npy array")
+                if value.dtype.kind == "V" and value.dtype.fields is None:
+                    raise FormatError(
+                        f"{path}: member {name!r} is raw bytes ({value.dtype.str}), which is "
+                        "how NumPy's .npy writes bfloat16 and float8 (the type is lost): "
+                        "use a .safetensors file"
+                    )
                 tensors[name] = value
     except FormatError:
         raise
@@ -51,6 +57,14 @@ def save_npz(path: str | Path, gradient: Gradient) -> None:
     Written member by member (any tensor name works, ``file`` included), to a temporary
     file renamed into place, so a failure never leaves a half-written ``.npz`` behind.
     """
+    for name, array in gradient.tensors.items():
+        code = dtype_code(np.asarray(array).dtype)
+        if code in EXTENDED:
+            raise FormatError(
+                f"{path}: tensor {name!r} is {code}, which .npz cannot hold "
+                "(NumPy's .npy would write raw bytes and lose the type): "
+                "write a .safetensors file instead"
+            )
     target = Path(path)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.part")
     try:

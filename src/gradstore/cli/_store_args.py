@@ -13,24 +13,33 @@ MAX_BYTES_DEFAULT_TEXT = "1 GiB"
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("encode", help="write the gradstore/1 document of an .npz")
-    p.add_argument("input", help="gradient as .npz")
+    p = sub.add_parser(
+        "encode", help="write the gradstore/1 document of an .npz or .safetensors file"
+    )
+    p.add_argument("input", help="gradient as .npz or .safetensors")
     p.add_argument("-o", "--output", required=True, help="document file to write")
     p.add_argument(
         "--meta", action="append", default=[], metavar="K=V", help="meta entry (repeatable)"
     )
     p.set_defaults(run=lazy("_store_cmds", "cmd_encode"))
 
-    p = sub.add_parser("decode", help="turn a gradstore/1 document back into an .npz")
+    p = sub.add_parser(
+        "decode", help="turn a gradstore/1 document back into an .npz or .safetensors file"
+    )
     p.add_argument("input", help="document file")
-    p.add_argument("-o", "--output", required=True, help=".npz to write")
+    p.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        help="file to write: .safetensors by its extension, else .npz",
+    )
     _add_max_bytes(p)
     p.set_defaults(run=lazy("_store_cmds", "cmd_decode"))
 
     p = sub.add_parser(
         "cid", help="CID of a gradient's document (or of any file with --raw), no node needed"
     )
-    p.add_argument("input", help="gradient as .npz (or any file with --raw)")
+    p.add_argument("input", help="gradient as .npz or .safetensors (or any file with --raw)")
     p.add_argument(
         "--raw", action="store_true", help="CID of the file's bytes, as `ipfs add --only-hash`"
     )
@@ -39,8 +48,10 @@ def register(sub: Any) -> None:
     )
     p.set_defaults(run=lazy("_store_cmds", "cmd_cid"))
 
-    p = sub.add_parser("put", help="store an .npz gradient on the node, pinned; prints its CID")
-    p.add_argument("input", help="gradient as .npz")
+    p = sub.add_parser(
+        "put", help="store an .npz or .safetensors gradient on the node, pinned; prints its CID"
+    )
+    p.add_argument("input", help="gradient as .npz or .safetensors")
     p.add_argument(
         "--meta", action="append", default=[], metavar="K=V", help="meta entry (repeatable)"
     )
@@ -48,9 +59,16 @@ def register(sub: Any) -> None:
     _add_timeout(p)
     p.set_defaults(run=lazy("_store_cmds", "cmd_put"))
 
-    p = sub.add_parser("get", help="fetch, verify and decode a gradient into an .npz")
+    p = sub.add_parser(
+        "get", help="fetch, verify and decode a gradient into an .npz or .safetensors file"
+    )
     p.add_argument("cid")
-    p.add_argument("-o", "--output", required=True, help=".npz to write")
+    p.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        help="file to write: .safetensors by its extension, else .npz",
+    )
     add_node_options(p)
     _add_timeout(p)
     _add_max_bytes(p)

@@ -18,8 +18,8 @@ from ..format import DEFAULT_LIMITS, DocumentHeader, Limits, decode, encode, rea
 from ..store import GradientStore
 from . import _exit
 from ._nodes import node_from_args
-from ._npz import load_npz, save_npz
 from ._progress import ProgressBar
+from ._tensor_files import load_gradient, save_gradient
 
 T = TypeVar("T")
 _FILE_CHUNK = 16 << 20
@@ -102,7 +102,7 @@ def _with_store(
 
 
 def cmd_encode(args: argparse.Namespace) -> int:
-    doc = encode(load_npz(args.input, parse_meta(args.meta)))
+    doc = encode(load_gradient(args.input, parse_meta(args.meta)))
     with open(args.output, "wb") as f:
         doc.write_to(f)
     print(args.output)
@@ -111,7 +111,7 @@ def cmd_encode(args: argparse.Namespace) -> int:
 
 def cmd_decode(args: argparse.Namespace) -> int:
     limits = _limits(args)
-    save_npz(args.output, _read_document(args.input, lambda buf: decode(buf, limits)))
+    save_gradient(args.output, _read_document(args.input, lambda buf: decode(buf, limits)))
     print(args.output)
     return _exit.SUCCESS
 
@@ -120,12 +120,12 @@ def cmd_cid(args: argparse.Namespace) -> int:
     if args.raw:
         print(file_cid(_file_pieces(args.input)))
     else:
-        print(file_cid(encode(load_npz(args.input, parse_meta(args.meta)))))
+        print(file_cid(encode(load_gradient(args.input, parse_meta(args.meta)))))
     return _exit.SUCCESS
 
 
 def cmd_put(args: argparse.Namespace) -> int:
-    gradient = load_npz(args.input, parse_meta(args.meta))
+    gradient = load_gradient(args.input, parse_meta(args.meta))
     bar = ProgressBar("put")
     try:
         cid = _with_store(args, "put", lambda s: s.put(gradient, progress=bar))
@@ -142,7 +142,7 @@ def cmd_get(args: argparse.Namespace) -> int:
         gradient = _with_store(args, f"get {cid}", lambda s: s.get(cid, progress=bar))
     finally:
         bar.close()
-    save_npz(args.output, gradient)
+    save_gradient(args.output, gradient)
     print(args.output)
     return _exit.SUCCESS
 
@@ -210,7 +210,8 @@ def _print_header(source: str, header: DocumentHeader) -> None:
         for key, value in header.meta.items():
             out.write(f"  {key} = {value!r}\n")
     width = max([len("name"), *(len(t.name) for t in header.tensors)])
-    out.write(f"  {'name':<{width}}  {'dtype':<5}  {'shape':<20}  bytes\n")
+    dwidth = max([len("dtype"), *(len(t.dtype) for t in header.tensors)])  # "float8_e4m3fn"
+    out.write(f"  {'name':<{width}}  {'dtype':<{dwidth}}  {'shape':<20}  bytes\n")
     for t in header.tensors:
         shape = "(" + ", ".join(map(str, t.shape)) + ("," if len(t.shape) == 1 else "") + ")"
-        out.write(f"  {t.name:<{width}}  {t.dtype:<5}  {shape:<20}  {t.nbytes}\n")
+        out.write(f"  {t.name:<{width}}  {t.dtype:<{dwidth}}  {shape:<20}  {t.nbytes}\n")

@@ -1,15 +1,26 @@
 """The coordinator's journal (SQLite): accepted announcements and round outcomes, written
 before they are acted on, so a restart resumes the open round and re-publishes the same
-results."""
+results.
+
+Writes are queued and committed in batches (``flush``): one transaction, and one fsync,
+for every announcement that arrived in the last few milliseconds, instead of one each.
+The coordinator acts on an accepted announcement (fetches it, acknowledges it) only once
+the batch that holds it is committed. Reads are for recovery and tools; they see only
+committed state. Use the journal as a context manager, or call ``close``.
+"""
 
 from __future__ import annotations
 
 import json
+import secrets
 import sqlite3
+import threading
 import time
+from base64 import b32encode
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import Any, Self
 
 from ..errors import CoordinatorError
 
@@ -42,6 +53,7 @@ class InputRow:
     num_samples: int
     state: str
     reason: str | None
+    accepted_at: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -57,23 +69,94 @@ class RoundRow:
     published: bool
 
 
+def new_run_id() -> str:
+    """A fresh run id: 128 random bits as 26 lowercase base32 characters."""
+    return b32encode(secrets.token_bytes(16)).decode("ascii").rstrip("=").lower()
+
+
 class Journal:
     """Durable state of one coordinator for one job (one SQLite file)."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(_SCHEMA)
+        # One connection, used by one thread at a time (the lock): the service commits
+        # batches from a worker thread so an fsync never stalls its event loop.
+        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self._db_lock = threading.Lock()  # the connection: one user at a time
+        self._queue_lock = threading.Lock()  # the queue: held for an append or a swap only
+        self._pending: list[tuple[str, tuple[Any, ...]]] = []
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(_SCHEMA)
+        except BaseException:
+            self._db.close()
+            raise
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
 
     def close(self) -> None:
-        self._db.close()
+        """Commit what is queued, then close the file."""
+        with self._db_lock:
+            try:
+                self._commit()
+            finally:
+                self._db.close()
 
-    # -- identity ----------------------------------------------------------
-    def bind(self, job: str, coordinator: str) -> None:
-        """Tie the journal to one job and coordinator; refuse to mix jobs in one state dir."""
+    # -- batching ----------------------------------------------------------------------
+    def _queue(self, sql: str, args: tuple[Any, ...]) -> None:
+        with self._queue_lock:
+            self._pending.append((sql, args))
+
+    @property
+    def pending(self) -> int:
+        """Writes queued and not yet committed."""
+        return len(self._pending)
+
+    def flush(self) -> int:
+        """Commit every queued write in one transaction; return how many there were.
+
+        Safe to call from a worker thread while other threads queue writes.
+        """
+        with self._db_lock:
+            return self._commit()
+
+    def _commit(self) -> int:
+        with self._queue_lock:
+            batch, self._pending = self._pending, []
+        if not batch:
+            return 0
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            for sql, args in batch:
+                self._db.execute(sql, args)
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+        return len(batch)
+
+    def _read(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
+        with self._db_lock:
+            return self._db.execute(sql, args).fetchall()
+
+    # -- identity ----------------------------------------------------------------------
+    def bind(self, job: str, coordinator: str) -> str:
+        """Tie the journal to one job and coordinator and return its run id.
+
+        A state folder holds one run of one job: its run id is drawn on first use and
+        kept, so a restart resumes the same run. Refuses to mix jobs in one folder.
+        """
         for key, value in (("job", job), ("coordinator", coordinator)):
             known = self.get_meta(key)
             if known is None:
@@ -82,77 +165,94 @@ class Journal:
                 raise CoordinatorError(
                     f"state {self.path} belongs to {key} {known!r}, not {value!r}: use another --state"
                 )
+        run = self.get_meta("run")
+        if not isinstance(run, str):
+            run = new_run_id()
+            self.set_meta("run", run)
+        return run
 
     def get_meta(self, key: str) -> Any:
-        row = self._db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
-        return None if row is None else json.loads(row[0])
+        rows = self._read("SELECT value FROM meta WHERE key=?", (key,))
+        return None if not rows else json.loads(rows[0][0])
 
     def set_meta(self, key: str, value: Any) -> None:
-        self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, json.dumps(value)))
+        """Write one meta value now (not batched)."""
+        self._queue("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, json.dumps(value)))
+        self.flush()
 
-    # -- rounds ------------------------------------------------------------
+    # -- rounds ------------------------------------------------------------------------
     def rounds(self) -> list[RoundRow]:
-        rows = self._db.execute(
-            "SELECT round, opened_at, state, output, record, reason, published FROM rounds ORDER BY round"
-        ).fetchall()
+        rows = self._read(
+            "SELECT round, opened_at, state, output, record, reason, published "
+            "FROM rounds ORDER BY round"
+        )
         return [RoundRow(r, t, s, o, rec, why, bool(p)) for r, t, s, o, rec, why, p in rows]
 
     def open_round(self, round_: int, opened_at: float | None = None) -> RoundRow:
-        """Open ``round_`` (idempotent: an already open round keeps its opening time)."""
-        self._db.execute(
+        """Open ``round_`` now (idempotent: an already open round keeps its opening time)."""
+        self._queue(
             "INSERT OR IGNORE INTO rounds (round, opened_at, state) VALUES (?, ?, 'open')",
             (round_, time.time() if opened_at is None else opened_at),
         )
+        self.flush()
         return next(r for r in self.rounds() if r.round == round_)
 
     def close_round(self, round_: int, output: str, record: str) -> None:
-        self._db.execute(
+        self._queue(
             "UPDATE rounds SET state='closed', output=?, record=? WHERE round=?",
             (output, record, round_),
         )
 
     def fail_round(self, round_: int, reason: str) -> None:
-        self._db.execute(
-            "UPDATE rounds SET state='failed', reason=? WHERE round=?", (reason, round_)
-        )
+        self._queue("UPDATE rounds SET state='failed', reason=? WHERE round=?", (reason, round_))
 
     def set_stats(self, round_: int, stats: dict[str, Any]) -> None:
-        self._db.execute("UPDATE rounds SET stats=? WHERE round=?", (json.dumps(stats), round_))
+        self._queue("UPDATE rounds SET stats=? WHERE round=?", (json.dumps(stats), round_))
 
     def stats(self, round_: int) -> dict[str, Any] | None:
-        row = self._db.execute("SELECT stats FROM rounds WHERE round=?", (round_,)).fetchone()
-        return None if row is None or row[0] is None else dict(json.loads(row[0]))
+        rows = self._read("SELECT stats FROM rounds WHERE round=?", (round_,))
+        return None if not rows or rows[0][0] is None else dict(json.loads(rows[0][0]))
 
     def mark_published(self, round_: int) -> None:
-        self._db.execute("UPDATE rounds SET published=1 WHERE round=?", (round_,))
+        self._queue("UPDATE rounds SET published=1 WHERE round=?", (round_,))
 
-    # -- inputs ------------------------------------------------------------
-    def accept(self, round_: int, peer: str, cid: str, num_samples: int, message: bytes) -> bool:
-        """Record an accepted announcement; False if this peer already has one for the round."""
-        cur = self._db.execute(
+    # -- inputs ------------------------------------------------------------------------
+    def accept(self, round_: int, peer: str, cid: str, num_samples: int, message: bytes) -> None:
+        """Queue an accepted announcement (the first one of a peer for a round wins)."""
+        self._queue(
             "INSERT OR IGNORE INTO inputs VALUES (?, ?, ?, ?, ?, 'received', NULL, ?)",
             (round_, peer, cid, num_samples, message, time.time()),
         )
-        return cur.rowcount == 1
 
     def set_input_state(
         self, round_: int, peer: str, state: str, reason: str | None = None
     ) -> None:
-        self._db.execute(
+        self._queue(
             "UPDATE inputs SET state=?, reason=? WHERE round=? AND peer=?",
             (state, reason, round_, peer),
         )
 
     def inputs(self, round_: int) -> list[InputRow]:
-        rows = self._db.execute(
-            "SELECT round, peer, cid, num_samples, state, reason FROM inputs WHERE round=? ORDER BY peer",
+        rows = self._read(
+            "SELECT round, peer, cid, num_samples, state, reason, accepted_at FROM inputs "
+            "WHERE round=? ORDER BY peer",
             (round_,),
-        ).fetchall()
+        )
+        return [InputRow(*row) for row in rows]
+
+    def inputs_from(self, round_: int) -> list[InputRow]:
+        """Inputs of ``round_`` and every later round, in (round, peer) order."""
+        rows = self._read(
+            "SELECT round, peer, cid, num_samples, state, reason, accepted_at FROM inputs "
+            "WHERE round>=? ORDER BY round, peer",
+            (round_,),
+        )
         return [InputRow(*row) for row in rows]
 
     def input(self, round_: int, peer: str) -> InputRow | None:
-        row = self._db.execute(
-            "SELECT round, peer, cid, num_samples, state, reason FROM inputs WHERE round=? AND peer=?",
+        rows = self._read(
+            "SELECT round, peer, cid, num_samples, state, reason, accepted_at FROM inputs "
+            "WHERE round=? AND peer=?",
             (round_, peer),
-        ).fetchone()
-        return None if row is None else InputRow(*row)
+        )
+        return None if not rows else InputRow(*rows[0])

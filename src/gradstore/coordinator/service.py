@@ -1,62 +1,76 @@
-"""The coordinator: an asyncio service driven by announcements, fetch completions and deadlines.
+"""The coordinator service: a thin asyncio shell around the pure round rules.
 
-For each announcement it checks signature, job, allowlist, round and duplicates,
-journals it, then resolves and verifies the CID through its node, decodes with the
-job's limits, and checks schema and finiteness.  A round closes when every expected
-peer is settled or at its deadline with a quorum; the aggregate, the signed round
-record and the result message are published in that order.
+Tasks, all in one ``asyncio.TaskGroup`` (so every one is awaited, cancelled or not):
+
+- the reader decodes each announcement and asks ``admission.admit`` what to do; it never
+  waits on the node, the journal or a publish, so a flood of replays costs O(1) each
+  (a replayed byte string is dropped before its signature is even checked);
+- the journal writer commits accepted announcements in batches, and only then are they
+  acknowledged and fetched;
+- the dispatcher starts fetch attempts as ``FetchPlan`` allows (``inputs.verify_input``);
+- the publisher sends each changed round's status at most every ``STATUS_EVERY_S``;
+- the beacon repeats the open round's status and the last result or failure, re-signed
+  with a fresh time, because pubsub may drop messages and peers refuse stale ones;
+- the round loop opens a round, waits for ``rounds.should_close``, judges it and closes it
+  (``closing.close_round``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import time
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
-import numpy as np
-
-from ..aggregate import aggregate_with_info, prepare
+from ..aggregate import prepare
 from ..dag import CID
-from ..dag.cid import DAG_CBOR
-from ..errors import (
-    AggregationError,
-    CoordinatorError,
-    DAGError,
-    FormatError,
-    IntegrityError,
-    LimitExceededError,
-    MessageError,
-    NodeError,
-)
+from ..errors import AggregationError, CoordinatorError, MessageError, NodeError
 from ..format import Gradient
 from ..job import JobConfig
 from ..messages import (
+    MAX_MESSAGE_BYTES,
     Announce,
-    RecordExclusion,
-    RecordInput,
-    Result,
     RoundRecord,
     SigningKey,
-    Status,
-    aggregate_meta,
     decode_record,
-    encode_message,
-    encode_record,
+    encode_fitted,
     verify_message,
 )
-from ..node import Node, PubsubMessage, follow
+from ..node import Node, follow
 from ..store import GradientStore
+from .admission import AdmissionState, Verdict, admit
+from .closing import DEFAULT_CLOSE_RETRY_S, close_round, with_retries
+from .fetch_plan import DEFAULT_ATTEMPTS, FetchPlan
+from .inputs import ByteBudget, InputRefused, VerifiedInput, verify_input
 from .journal import Journal
-from .slots import PeerSlot, PeerState, schema_of
+from .rounds import (
+    PeerState,
+    RoundBook,
+    Schema,
+    cut_off,
+    judge,
+    keep_majority_schema,
+    schema_from_json,
+    should_close,
+)
+from .statuses import result_of, status_of
 
 log = logging.getLogger("gradstore.coordinator")
 
-Schema = tuple[tuple[str, str, tuple[int, ...]], ...]
+#: A round's status goes out at most this often (changes in between are coalesced).
+STATUS_EVERY_S: Final = 0.1
+
+#: Message digests remembered to drop exact replays before any work.
+SEEN_MESSAGES: Final = 1 << 16
+
+#: Refusals kept in ``recent_refusals`` (all are counted in ``refusals``).
+RECENT_REFUSALS: Final = 256
 
 
 @dataclass(frozen=True)
@@ -83,10 +97,17 @@ class Coordinator:
         node: Node,
         state_dir: str | Path,
         *,
-        fetch_concurrency: int = 4,
+        fetch_concurrency: int = 8,
+        fetch_attempts: int = DEFAULT_ATTEMPTS,
+        resolve_timeout_s: float = 10.0,
+        restart_grace_s: float | None = None,
+        memory_budget_bytes: int = 256 << 20,
+        keep_bytes: int = 128 << 20,
         rebroadcast_s: float = 2.0,
         linger_s: float = 3.0,
+        close_retry_s: float = DEFAULT_CLOSE_RETRY_S,
         on_round: Callable[[RoundOutcome], None] | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         if key.did != config.coordinator:
             raise CoordinatorError(
@@ -97,23 +118,46 @@ class Coordinator:
         self.node = node
         self.state_dir = Path(state_dir)
         self.store = GradientStore(node, limits=config.limits)
+        self.fetch_concurrency = fetch_concurrency
+        self.fetch_attempts = fetch_attempts
+        self.resolve_timeout_s = resolve_timeout_s
+        self.restart_grace_s = (
+            min(config.rounds.deadline_s, 30.0) if restart_grace_s is None else restart_grace_s
+        )
         self.rebroadcast_s = rebroadcast_s
         self.linger_s = linger_s
+        self.close_retry_s = close_retry_s
         self.on_round = on_round
+        self.clock = clock
         self.outcomes: list[RoundOutcome] = []
-        self.refusals: list[tuple[str, str]] = []  # (reason, detail), for logs and tests
+        self.refusals: Counter[str] = Counter()  # reason -> how many, for logs and tests
+        self.recent_refusals: deque[tuple[str, str]] = deque(maxlen=RECENT_REFUSALS)
         self.round = 0
         self.head: CID | None = None
-        self._sem = asyncio.Semaphore(fetch_concurrency)
-        self._slots: dict[str, PeerSlot] = {}
-        self._opened_at = 0.0
-        self._changed = asyncio.Event()
-        self._last_result: bytes | None = None
-        self._last_failure: bytes | None = None  # the last failed round's status, re-broadcast
+        self.run_id = ""
+        self._budget = ByteBudget(memory_budget_bytes)
+        self._keep = ByteBudget(keep_bytes)
+        self._books: dict[int, RoundBook] = {}  # the open round and buffered ones
+        self._past: OrderedDict[int, RoundBook] = OrderedDict()  # refusals for late announcers
+        self._announced: dict[tuple[int, str], str] = {}
+        self._verified: dict[tuple[int, str], VerifiedInput] = {}
+        self._seen: OrderedDict[bytes, None] = OrderedDict()
+        self._accepted: list[tuple[Announce, float]] = []  # queued in the journal, not committed
+        self._attempts: dict[tuple[int, str], asyncio.Task[None]] = {}
+        self._plan = FetchPlan(fetch_concurrency, attempts=fetch_attempts)
+        self._dirty: set[int] = set()
+        self._last_result: RoundRecord | None = None
+        self._last_result_cid = ""
+        self._last_failure: tuple[int, str] | None = None
         self._journal: Journal | None = None
+        self._tg: asyncio.TaskGroup | None = None
+        self._news = asyncio.Event()  # anything that may change a round or the plan
+        self._journal_wake = asyncio.Event()
+        self._plan_wake = asyncio.Event()  # a fetch may start: new input or a free worker
+        self._status_wake = asyncio.Event()
+        self._prepared: asyncio.Task[None] | None = None
         self._bytes_fetched = 0
         self._fetch_seconds = 0.0
-        self._prepared: asyncio.Task[None] | None = None
 
     @property
     def journal(self) -> Journal:
@@ -121,421 +165,501 @@ class Coordinator:
             raise CoordinatorError("coordinator is not running")
         return self._journal
 
-    # -- lifecycle ------------------------------------------------------------
+    # -- lifecycle -------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event | None = None) -> list[RoundOutcome]:
         """Run rounds until ``rounds.count`` are done (or ``stop`` is set); return their outcomes."""
         stop = stop or asyncio.Event()
-        self._journal = Journal(self.state_dir / "journal.sqlite")
-        try:
-            self.journal.bind(self.config.job, self.config.coordinator)
-            await self._recover()
-            async with self.node.subscribe(self.config.gradients_topic) as sub:
-                reader = asyncio.create_task(self._read(sub), name="coordinator-reader")
-                beacon = asyncio.create_task(self._rebroadcast(), name="coordinator-rebroadcast")
-                try:
-                    await self._rounds(stop)
-                    if not stop.is_set() and self.linger_s > 0:
-                        await _wait(stop, self.linger_s)  # let late peers see the last result
-                finally:
-                    fetches = [s.task for s in self._slots.values() if s.task]
-                    for task in (reader, beacon, *fetches):
-                        task.cancel()
-                    await asyncio.gather(reader, beacon, return_exceptions=True)
-                    if self._prepared is not None:  # a thread: let it finish rather than leak it
-                        await self._prepared
-        finally:
-            self.journal.close()
-            self._journal = None
+        with Journal(self.state_dir / "journal.sqlite") as journal:
+            self._journal = journal
+            try:
+                self.run_id = journal.bind(self.config.job, self.config.coordinator)
+                await self._recover()
+                async with self.node.subscribe(self.config.gradients_topic) as sub:
+                    await _unwrap(self._serve(sub, stop))
+            finally:
+                self._journal = None
         return self.outcomes
+
+    async def _serve(self, sub: Any, stop: asyncio.Event) -> None:
+        async with asyncio.TaskGroup() as tg:
+            self._tg = tg
+            background = [
+                tg.create_task(self._read(sub), name="coordinator-reader"),
+                tg.create_task(self._journal_writer(), name="coordinator-journal"),
+                tg.create_task(self._dispatch(), name="coordinator-fetches"),
+                tg.create_task(self._publisher(), name="coordinator-statuses"),
+                tg.create_task(self._beacon(), name="coordinator-beacon"),
+            ]
+            try:
+                await self._rounds(stop)
+                if not stop.is_set() and self.linger_s > 0:
+                    await _wait(stop, self.linger_s)  # let late peers see the last result
+            finally:
+                for task in (*background, *self._attempts.values()):
+                    task.cancel()
+                if self._prepared is not None:  # a thread: let it finish rather than leak it
+                    await asyncio.gather(self._prepared, return_exceptions=True)
+                self._tg = None
 
     async def _recover(self) -> None:
         """Resume from the journal: head record, current round, unpublished results."""
-        rows = self.journal.rounds()
+        journal = self.journal
+        rows = journal.rounds()
         closed = [row for row in rows if row.state == "closed" and row.record]
         for row in closed:
             self.head = CID.parse(row.record or "")
             if not row.published or row is closed[-1]:  # the last one is re-broadcast too
-                record = decode_record(await self.node.get_block(self.head), cid=self.head)
-                await self._publish_result(row.round, record, self.head)
-                self.journal.mark_published(row.round)
+                head = self.head
+
+                async def read(cid: CID = head) -> bytes:
+                    return await self.node.get_block(cid)
+
+                data = await with_retries(f"reading round record {head}", read)
+                record = decode_record(data, cid=head)
+                self._last_result, self._last_result_cid = record, str(head)
+                if not row.published:
+                    await self._publish_result()
+                    journal.mark_published(row.round)
         failed = [r for r in rows if r.state == "failed"]
         if failed:  # late peers of the last failed round still learn why
-            last = failed[-1]
-            self._last_failure = self._status(last.round, failed=last.reason or "failed")
+            self._last_failure = (failed[-1].round, failed[-1].reason or "failed")
         open_rows = [r for r in rows if r.state == "open"]
         if open_rows:
             self.round = open_rows[0].round
         elif rows:
             self.round = rows[-1].round + 1
+        for inp in journal.inputs_from(self.round):
+            self._announced[inp.round, inp.peer] = inp.cid
+        journal.flush()
         if rows:
             log.info(
-                "resuming job %s at round %d (head record %s)",
+                "resuming job %s run %s at round %d (head record %s)",
                 self.config.job,
+                self.run_id,
                 self.round,
                 self.head,
             )
 
+    # -- rounds ----------------------------------------------------------------------------
     async def _rounds(self, stop: asyncio.Event) -> None:
         count = self.config.rounds.count
         while (count == 0 or self.round < count) and not stop.is_set():
-            self._open(self.round)
-            closing = await self._wait_for_close(stop)
-            if not closing:
+            book = self._open(self.round)
+            if not await self._wait_for_close(book, stop):
                 return  # stopped: the round stays open in the journal
-            outcome = await self._close(self.round)
-            self.journal.set_stats(self.round, outcome.stats)
+            outcome = await self._close(book)
+            self.journal.set_stats(book.round, outcome.stats)
+            await asyncio.to_thread(self.journal.flush)
             self.outcomes.append(outcome)
             log.info("%s", format_outcome(outcome))
             if self.on_round is not None:
                 self.on_round(outcome)
             self.round += 1
 
-    def _open(self, round_: int) -> None:
-        row = self.journal.open_round(round_)
-        self._opened_at = row.opened_at
-        self._slots = {p: PeerSlot(p) for p in self.config.peers}
-        self._bytes_fetched = 0
-        self._fetch_seconds = 0.0
-        for inp in self.journal.inputs(round_):
-            slot = self._slots.get(inp.peer)
-            if slot is None:
+    def _book(self, round_: int) -> RoundBook:
+        book = self._books.get(round_)
+        if book is None:
+            book = self._books[round_] = RoundBook(round_, self.config.peers, self.clock())
+        return book
+
+    def _open(self, round_: int) -> RoundBook:
+        """Open ``round_``: its book from the journal (inputs accepted before, or before a
+        restart, are fetched again), then announcements flow into it."""
+        row = self.journal.open_round(round_, opened_at=self.clock())
+        book = self._book(round_)
+        book.opened_at = row.opened_at
+        self._bytes_fetched, self._fetch_seconds = 0, 0.0
+        for inp in self.journal.inputs(round_):  # accepted before a restart
+            if inp.peer not in book.slots or book.slots[inp.peer].state != PeerState.PENDING:
                 continue
-            slot.cid, slot.num_samples = inp.cid, inp.num_samples
+            book.accept(inp.peer, inp.cid, inp.num_samples, inp.accepted_at)
             if inp.state == PeerState.FAILED:
-                slot.fail(inp.reason or "failed")
-            else:
-                self._start_fetch(round_, slot)
+                book.fail(inp.peer, inp.reason or "failed")
+        if book.started_at is not None:  # buffered while the previous round was open
+            book.started_at = max(book.started_at, book.opened_at)
+        again = book.in_state(PeerState.RECEIVED)
+        for peer in again:
+            self._plan.add((round_, peer))
+        deadline = book.deadline(self.config.rounds.deadline_s)
+        if again and deadline is not None and deadline <= self.clock():
+            # restarted after the deadline: the journaled inputs get a grace period to be
+            # resolved again before the round is judged
+            book.grace_until = self.clock() + self.restart_grace_s
+        self._mark(round_)
+        self._news.set()
+        self._plan_wake.set()
         log.info(
             "round %d open: %d/%d peers already announced",
             round_,
-            sum(s.state != PeerState.PENDING for s in self._slots.values()),
-            len(self._slots),
+            book.counts()["received"],
+            len(book.slots),
         )
+        return book
 
-    async def _wait_for_close(self, stop: asyncio.Event) -> bool:
-        deadline = self._opened_at + self.config.rounds.deadline_s
+    async def _wait_for_close(self, book: RoundBook, stop: asyncio.Event) -> bool:
+        deadline_s = self.config.rounds.deadline_s
         while not stop.is_set():
-            self._changed.clear()
-            if all(s.settled for s in self._slots.values()):
+            self._news.clear()
+            now = self.clock()
+            check = should_close(book, deadline_s, now)
+            if check.close:
                 return True
-            remaining = deadline - time.time()
-            if remaining <= 0:
-                return True
-            waiter = asyncio.create_task(self._changed.wait())
-            stopper = asyncio.create_task(stop.wait())
-            await asyncio.wait(
-                {waiter, stopper}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
-            )
-            waiter.cancel()
-            stopper.cancel()
+            timeout = None if check.wake_at is None else max(0.0, check.wake_at - now)
+            await _first(self._news, stop, timeout)
         return False
 
-    # -- announcements ------------------------------------------------------
-    async def _read(self, sub: Any) -> None:
-        async for msg in follow(self.node, sub):
+    async def _close(self, book: RoundBook) -> RoundOutcome:
+        t_close = time.perf_counter()
+        r = book.round
+        for key in [k for k in self._attempts if k[0] == r]:
+            self._attempts[key].cancel()
+        for peer in cut_off(book):
+            self.journal.set_input_state(r, peer, PeerState.FAILED, book.slots[peer].reason)
+        self._plan.drop_round(r)
+        if self._known_schema() is None:
+            for peer in keep_majority_schema(book):
+                self.journal.set_input_state(r, peer, PeerState.FAILED, book.slots[peer].reason)
+        verdict = judge(book, self.config.rounds.quorum)
+        stats: dict[str, Any] = {
+            **book.counts(),
+            "bytes_fetched": self._bytes_fetched,
+            "resolve_s": round(self._fetch_seconds, 3),
+            "open_s": round(self.clock() - book.opened_at, 3),
+        }
+        inputs = [self._verified[r, p] for p in verdict.verified]
+        outcome: RoundOutcome
+        if verdict.failure is not None:
+            outcome = await self._fail(book, verdict.failure, verdict.excluded, stats)
+        else:
+            excluded = [(p, why, book.slots[p].cid) for p, why in verdict.excluded]
             try:
-                await self._on_message(msg)
-            except Exception:  # one bad message must never stop the service
-                log.exception("error handling a message from %s", getattr(msg, "from_peer", "?"))
-
-    def _refuse(self, reason: str, detail: str) -> None:
-        self.refusals.append((reason, detail))
-        if reason == "duplicate":  # peers re-announce until acknowledged: expected, not alarming
-            log.debug("ignored announcement: %s: %s", reason, detail)
-        else:
-            log.warning("refused announcement: %s: %s", reason, detail)
-
-    async def _on_message(self, msg: PubsubMessage) -> None:
-        cfg = self.config
-        try:
-            ann = verify_message(
-                msg.data, job=cfg.job, coordinator=cfg.coordinator, peers=cfg.peers
-            )
-        except MessageError as exc:
-            self._refuse(exc.reason, f"{exc} (from node {msg.from_peer})")
-            return
-        if not isinstance(ann, Announce):
-            self._refuse("unexpected-type", f"{type(ann).__name__} on the gradients topic")
-            return
-        r = ann.round
-        if r < self.round:
-            self._refuse(
-                "stale-round", f"{ann.peer} announced round {r}; round {self.round} is open"
-            )
-            return
-        if r > self.round + cfg.rounds.max_ahead:
-            self._refuse(
-                "future-round", f"{ann.peer} announced round {r}; round {self.round} is open"
-            )
-            return
-        existing = self.journal.input(r, ann.peer)
-        if existing is not None:
-            if existing.cid == ann.cid:  # a re-announcement: answer it, count nothing twice
-                self._refuse("duplicate", f"{ann.peer} already announced {ann.cid} for round {r}")
-                await self._publish_status(r)
-            else:
-                self._refuse(
-                    "conflicting-cid", f"{ann.peer} already announced {existing.cid} for round {r}"
+                closed = await close_round(
+                    self.config,
+                    self.key,
+                    self.node,
+                    self.store,
+                    run=self.run_id,
+                    round_=r,
+                    inputs=inputs,
+                    excluded=excluded,
+                    prev=self.head,
+                    give_up_after=self.close_retry_s,
                 )
-            return
-        try:
-            CID.parse(ann.cid)
-        except ValueError as exc:
-            self._refuse("malformed", f"bad CID from {ann.peer}: {exc}")
-            return
-        self.journal.accept(
-            r, ann.peer, ann.cid, ann.num_samples, msg.data
-        )  # durable before acting
-        log.info("round %d: %s announced %s (%d samples)", r, ann.peer, ann.cid, ann.num_samples)
-        if r == self.round:
-            slot = self._slots[ann.peer]
-            slot.cid, slot.num_samples = ann.cid, ann.num_samples
-            self._start_fetch(r, slot)
-            self._changed.set()
-        await self._publish_status(r)
+            except AggregationError as exc:
+                outcome = await self._fail(
+                    book, f"aggregation refused: {exc}", verdict.excluded, stats
+                )
+            else:
+                outcome = await self._closed(book, closed, verdict.excluded, stats, t_close)
+        await self._forget(book, keep_pins=outcome.status == "closed")
+        return outcome
 
-    # -- fetch and verify ---------------------------------------------------
-    def _start_fetch(self, round_: int, slot: PeerSlot) -> None:
-        slot.state = PeerState.RECEIVED
-        slot.task = asyncio.create_task(self._fetch(round_, slot), name=f"fetch-{slot.peer[-8:]}")
+    async def _closed(
+        self,
+        book: RoundBook,
+        closed: Any,
+        excluded: tuple[tuple[str, str], ...],
+        stats: dict[str, Any],
+        t_close: float,
+    ) -> RoundOutcome:
+        r = book.round
+        journal = self.journal
+        verified = [i.peer for i in closed.record.inputs]
+        for peer in verified:
+            book.slots[peer].state = PeerState.AGGREGATED
+            journal.set_input_state(r, peer, PeerState.AGGREGATED)
+        if journal.get_meta("schema") is None and self.config.schema is None:
+            schema = book.slots[verified[0]].schema
+            assert schema is not None
+            journal.set_meta("schema", [[n, d, list(s)] for n, d, s in schema])
+        journal.close_round(r, str(closed.output), str(closed.record_cid))
+        await asyncio.to_thread(journal.flush)  # durable before announcing
+        await self._publish_status(book)  # its last word on each peer, before the result
+        self.head = closed.record_cid
+        self._last_result, self._last_result_cid = closed.record, str(closed.record_cid)
+        await self._publish_result()
+        journal.mark_published(r)
+        stats.update(closed.stats)
+        stats["publish_s"] = stats.pop("store_s", 0.0)
+        stats["close_s"] = round(time.perf_counter() - t_close, 3)
+        return RoundOutcome(
+            r, "closed", closed.output, closed.record_cid, tuple(verified), excluded, None, stats
+        )
 
-    async def _fetch(self, round_: int, slot: PeerSlot) -> None:
-        assert slot.cid is not None
-        reason: str | None = None
-        gradient: Gradient | None = None
-        async with self._sem:
-            start = time.perf_counter()
-            delay = 0.5
-            while True:
-                try:
-                    gradient = await self.store.get(slot.cid)
-                    reason = await asyncio.to_thread(_check, gradient, self._known_schema())
-                    break
-                except IntegrityError as exc:
-                    reason = f"integrity: {exc}"
-                except LimitExceededError as exc:
-                    reason = f"too-large: {exc}"
-                except (FormatError, DAGError) as exc:
-                    reason = f"malformed: {exc}"
-                except NodeError as exc:  # not reachable yet: retry until the deadline
-                    if time.time() + delay < self._opened_at + self.config.rounds.deadline_s:
-                        log.debug(
-                            "round %d: fetching %s failed (%s), retrying", round_, slot.cid, exc
-                        )
-                        await asyncio.sleep(delay)
-                        delay = min(delay * 2, 5.0)
-                        continue
-                    reason = f"unavailable: {exc}"
-                except Exception as exc:  # a bug must fail this input, not hang the round
-                    log.exception(
-                        "round %d: fetching %s from %s crashed", round_, slot.cid, slot.peer
-                    )
-                    reason = f"internal error: {type(exc).__name__}: {exc}"
-                break
-            self._fetch_seconds += time.perf_counter() - start
-        if round_ != self.round or slot is not self._slots.get(slot.peer):
-            return  # the round moved on while we fetched
-        if reason is None and gradient is not None:
-            slot.state, slot.gradient = PeerState.VERIFIED, gradient
-            slot.nbytes = gradient.nbytes
-            self._bytes_fetched += gradient.nbytes
-            log.info("round %d: %s verified (%d bytes)", round_, slot.peer, gradient.nbytes)
-            if self._prepared is None:  # load the aggregation kernel while the others arrive
-                self._prepared = asyncio.create_task(_prepare(gradient), name="aggregate-prepare")
-        else:
-            slot.fail(reason or "failed")
-            log.warning("round %d: %s failed: %s", round_, slot.peer, slot.reason)
-        self.journal.set_input_state(round_, slot.peer, slot.state, slot.reason)
-        self._changed.set()
-        await self._publish_status(round_)
+    async def _fail(
+        self,
+        book: RoundBook,
+        reason: str,
+        excluded: tuple[tuple[str, str], ...],
+        stats: dict[str, Any],
+    ) -> RoundOutcome:
+        self.journal.fail_round(book.round, reason)
+        await asyncio.to_thread(self.journal.flush)
+        self._last_failure = (book.round, reason)
+        await self._publish_status(book, failed=reason)
+        return RoundOutcome(book.round, "failed", None, None, (), excluded, reason, stats)
+
+    async def _forget(self, book: RoundBook, *, keep_pins: bool) -> None:
+        """Drop a closed round's inputs from memory (and their pins, if it was not aggregated)."""
+        r = book.round
+        for key in [k for k in self._verified if k[0] == r]:
+            item = self._verified.pop(key)
+            if item.gradient is not None:
+                self._keep.give_back(item.nbytes)
+            aggregated = book.slots[item.peer].state == PeerState.AGGREGATED
+            if not (keep_pins and aggregated):
+                with contextlib.suppress(NodeError):
+                    await self.node.unpin(item.cid)
+        for key in [k for k in self._announced if k[0] <= r]:
+            del self._announced[key]
+        self._books.pop(r, None)
+        self._past[r] = book
+        while len(self._past) > 4:
+            self._past.popitem(last=False)
 
     def _known_schema(self) -> Schema | None:
         if self.config.schema is not None:
             return tuple((t.name, t.dtype, t.shape) for t in self.config.schema)
         learned = self.journal.get_meta("schema")
-        if learned is None:
-            return None
-        return tuple((n, d, tuple(s)) for n, d, s in learned)
+        return None if learned is None else schema_from_json(learned)
 
-    # -- closing ------------------------------------------------------------
-    async def _close(self, round_: int) -> RoundOutcome:
-        t_close = time.perf_counter()
-        slots = self._slots
-        for slot in slots.values():
-            if slot.state == PeerState.RECEIVED:
-                if slot.task:
-                    slot.task.cancel()
-                slot.fail("not verified by the deadline")
-                self.journal.set_input_state(round_, slot.peer, slot.state, slot.reason)
-        if self._known_schema() is None:
-            self._keep_majority_schema(round_)
-        verified = sorted(p for p, s in slots.items() if s.state == PeerState.VERIFIED)
-        excluded = tuple(
-            (p, s.reason or "absent: never announced")
-            for p, s in sorted(slots.items())
-            if p not in verified
-        )
-        stats: dict[str, Any] = {
-            "expected": len(slots),
-            "received": sum(s.state != PeerState.PENDING for s in slots.values()),
-            "verified": len(verified),
-            "failed": sum(s.state == PeerState.FAILED for s in slots.values()),
-            "bytes_fetched": self._bytes_fetched,
-            "resolve_s": round(self._fetch_seconds, 3),
-            "open_s": round(time.time() - self._opened_at, 3),
-        }
-        quorum = self.config.rounds.quorum
-        if len(verified) < quorum:
-            return await self._fail(
-                round_,
-                f"quorum not met: {len(verified)} verified of {quorum} needed",
-                excluded,
-                stats,
-            )
-        try:
-            outcome = await self._aggregate_and_publish(round_, verified, excluded, stats, t_close)
-        except AggregationError as exc:
-            return await self._fail(round_, f"aggregation refused: {exc}", excluded, stats)
-        for p in verified:
-            slots[p].state = PeerState.AGGREGATED
-            slots[p].gradient = None
-            self.journal.set_input_state(round_, p, PeerState.AGGREGATED)
-        return outcome
+    # -- announcements -----------------------------------------------------------------------
+    async def _read(self, sub: Any) -> None:
+        async for msg in follow(self.node, sub):
+            try:
+                self.on_message(msg.data)
+            except Exception:  # one bad message must never stop the service
+                log.exception("error handling a message from %s", getattr(msg, "from_peer", "?"))
 
-    def _keep_majority_schema(self, round_: int) -> None:
-        """Without a configured or learned schema, inputs that disagree with the majority are excluded."""
-        groups: dict[Schema, list[str]] = {}
-        for p, s in sorted(self._slots.items()):
-            if s.state == PeerState.VERIFIED and s.gradient is not None:
-                groups.setdefault(schema_of(s.gradient), []).append(p)
-        if len(groups) <= 1:
-            return
-        keep = max(groups.items(), key=lambda kv: (len(kv[1]), [-ord(c) for c in kv[1][0]]))[0]
-        for schema, peers in groups.items():
-            if schema != keep:
-                for p in peers:
-                    self._slots[p].fail(
-                        f"schema-mismatch: disagrees with the majority ({_schema_text(keep)})"
-                    )
-                    self.journal.set_input_state(round_, p, PeerState.FAILED, self._slots[p].reason)
-
-    async def _aggregate_and_publish(
-        self,
-        round_: int,
-        verified: list[str],
-        excluded: tuple[tuple[str, str], ...],
-        stats: dict[str, Any],
-        t_close: float,
-    ) -> RoundOutcome:
+    def on_message(self, data: bytes) -> Verdict:
+        """Admit one raw announcement (synchronous: no I/O, never waits)."""
+        if len(data) <= MAX_MESSAGE_BYTES:
+            digest = hashlib.blake2b(data, digest_size=16).digest()
+            if digest in self._seen:
+                self.refusals["duplicate"] += 1
+                return Verdict.DUPLICATE
+            self._seen[digest] = None
+            if len(self._seen) > SEEN_MESSAGES:
+                self._seen.popitem(last=False)
         cfg = self.config
-        slots = self._slots
-        params = cfg.params_for(verified)
-        inputs = [slots[p].gradient.tensors for p in verified]  # type: ignore[union-attr]
-        samples = [slots[p].num_samples for p in verified]
-        t0 = time.perf_counter()
-        result, info = await asyncio.to_thread(aggregate_with_info, inputs, params, samples)
-        stats["aggregate_s"] = round(time.perf_counter() - t0, 3)
-        t0 = time.perf_counter()
-        cids = [CID.parse(slots[p].cid or "") for p in verified]
-        meta = aggregate_meta(cfg.job, round_, cfg.method, cids)
-        output = await self.store.put(Gradient(result, meta))
-        # the factor each input was multiplied by; 1.0 for order statistics (median, trimmed mean)
-        weights = info.weights or tuple(1.0 for _ in verified)
-        record = RoundRecord(
-            job=cfg.job,
-            round=round_,
-            method=cfg.method,
-            params=params.to_record(),
-            inputs=tuple(
-                RecordInput(p, c, slots[p].num_samples, float(w))
-                for p, c, w in zip(verified, cids, weights, strict=True)
-            ),
-            excluded=tuple(
-                RecordExclusion(p, why, _maybe_cid(slots[p].cid)) for p, why in excluded
-            ),
-            output=output,
-            prev=self.head,
-            coordinator=cfg.coordinator,
-        )
-        record_cid, record_bytes = encode_record(record, self.key)
-        stored = await self.node.put_block(record_bytes, DAG_CBOR)
-        if stored != record_cid:
-            raise NodeError(f"node stored the round record as {stored}, expected {record_cid}")
-        await self.node.pin(record_cid)  # keeps the whole round: inputs, output, record
-        if self.journal.get_meta("schema") is None and cfg.schema is None:
-            first = slots[verified[0]].gradient
-            assert first is not None
-            self.journal.set_meta("schema", [[n, d, list(s)] for n, d, s in schema_of(first)])
-        self.journal.close_round(round_, str(output), str(record_cid))  # durable before announcing
-        self.head = record_cid
-        await self._publish_result(round_, record, record_cid)
-        self.journal.mark_published(round_)
-        stats["publish_s"] = round(time.perf_counter() - t0, 3)
-        stats["close_s"] = round(time.perf_counter() - t_close, 3)
-        return RoundOutcome(
-            round_, "closed", output, record_cid, tuple(verified), excluded, None, stats
-        )
-
-    async def _fail(
-        self, round_: int, reason: str, excluded: tuple[tuple[str, str], ...], stats: dict[str, Any]
-    ) -> RoundOutcome:
-        self.journal.fail_round(round_, reason)
-        self._last_failure = self._status(round_, failed=reason)
-        await self._publish(self._last_failure)
-        return RoundOutcome(round_, "failed", None, None, (), excluded, reason, stats)
-
-    # -- publishing -----------------------------------------------------------
-    async def _publish_result(self, round_: int, record: RoundRecord, record_cid: CID) -> None:
-        msg = Result(
-            job=self.config.job,
-            round=round_,
-            cid=str(record.output),
-            record=str(record_cid),
-            method=record.method,
-            peers=tuple(sorted(i.peer for i in record.inputs)),
-            sent_at=_now_ms(),
-        )
-        self._last_result = encode_message(msg, self.key)
-        await self._publish(self._last_result)
-
-    def _status(self, round_: int, *, failed: str | None = None) -> bytes:
-        received = tuple(sorted(row.peer for row in self.journal.inputs(round_)))
-        status = Status(
-            job=self.config.job, round=round_, received=received, sent_at=_now_ms(), failed=failed
-        )
-        return encode_message(status, self.key)
-
-    async def _publish_status(self, round_: int) -> None:
-        await self._publish(self._status(round_))
-
-    async def _publish(self, data: bytes) -> None:
         try:
+            ann = verify_message(data, job=cfg.job, coordinator=cfg.coordinator, peers=cfg.roster)
+        except MessageError as exc:
+            return self._refused(exc.reason, str(exc))
+        if not isinstance(ann, Announce):
+            return self._refused("unexpected-type", f"{type(ann).__name__} on the gradients topic")
+        state = AdmissionState(
+            run=self.run_id,
+            open_round=self.round,
+            max_ahead=cfg.rounds.max_ahead,
+            max_skew_ms=int(cfg.messages.max_clock_skew_s * 1000),
+            announced=self._announced,
+        )
+        decision = admit(ann, state, int(self.clock() * 1000))
+        if decision.verdict is Verdict.DUPLICATE:
+            self.refusals["duplicate"] += 1
+            return decision.verdict
+        if decision.verdict is Verdict.REFUSE:
+            if decision.tell:
+                book = self._books.get(ann.round) or self._past.get(ann.round)
+                if book is None:  # a round long over: a small book just to say so
+                    book = self._past[ann.round] = RoundBook(ann.round, (), self.clock())
+                    while len(self._past) > 8:
+                        self._past.popitem(last=False)
+                if book.refuse(ann.peer, decision.text):
+                    self._mark(ann.round)
+            return self._refused(decision.reason, f"{ann.peer}: {decision.text}")
+        self._announced[ann.round, ann.peer] = ann.cid
+        self.journal.accept(ann.round, ann.peer, ann.cid, ann.num_samples, data)
+        self._accepted.append((ann, self.clock()))
+        self._journal_wake.set()
+        return Verdict.ACCEPT
+
+    def _refused(self, reason: str, detail: str) -> Verdict:
+        self.refusals[reason] += 1
+        self.recent_refusals.append((reason, detail))
+        log.warning("refused announcement: %s: %s", reason, detail)
+        return Verdict.REFUSE
+
+    async def _journal_writer(self) -> None:
+        """Commit queued journal writes in batches; then act on the accepted announcements."""
+        while True:
+            await self._journal_wake.wait()
+            self._journal_wake.clear()
+            accepted, self._accepted = self._accepted, []
+            await asyncio.to_thread(self.journal.flush)
+            for ann, at in accepted:
+                if ann.round < self.round:
+                    continue  # its round closed while the batch was committed
+                book = self._book(ann.round)
+                if book.slots[ann.peer].state != PeerState.PENDING:
+                    continue
+                book.accept(ann.peer, ann.cid, ann.num_samples, at)
+                log.info(
+                    "round %d: %s announced %s (%d samples)",
+                    ann.round,
+                    ann.peer,
+                    ann.cid,
+                    ann.num_samples,
+                )
+                if ann.round == self.round:
+                    self._plan.add((ann.round, ann.peer))
+                self._mark(ann.round)
+            if accepted:
+                self._news.set()
+                self._plan_wake.set()
+
+    # -- fetch and verify ---------------------------------------------------------------------
+    async def _dispatch(self) -> None:
+        """Start fetch attempts as the plan allows; wake on news or at the next retry time."""
+        while True:
+            key, wake = self._plan.next(self.clock())
+            if key is not None:
+                assert self._tg is not None
+                self._attempts[key] = self._tg.create_task(self._attempt(key))
+                continue
+            timeout = None if wake is None else max(0.0, wake - self.clock())
+            await _first(self._plan_wake, None, timeout)
+            self._plan_wake.clear()
+
+    async def _attempt(self, key: tuple[int, str]) -> None:
+        r, peer = key
+        book = self._books.get(r)
+        if book is None or r != self.round:
+            self._plan.finished(key)
+            return
+        slot = book.slots[peer]
+        assert slot.cid is not None
+        cid = CID.parse(slot.cid)
+        start = time.perf_counter()
+        try:
+            got = await verify_input(
+                self.node,
+                self.store,
+                peer,
+                cid,
+                slot.num_samples,
+                expected=self._known_schema(),
+                resolve_timeout_s=self.resolve_timeout_s,
+                budget=self._budget,
+                keep=self._keep,
+                clip=self.config.clip_input_norm is not None,
+            )
+        except InputRefused as exc:
+            self._plan.finished(key)
+            self._settle_failed(book, peer, exc.reason)
+        except (NodeError, TimeoutError) as exc:
+            why = str(exc) or f"no answer in {self.resolve_timeout_s:.0f} s"
+            retry_at = self._plan.retry(key, self.clock())
+            if retry_at is None:
+                self._settle_failed(
+                    book,
+                    peer,
+                    f"unavailable: {slot.cid} could not be fetched in "
+                    f"{self.fetch_attempts} attempts (last: {why})",
+                )
+            else:
+                log.info("round %d: fetching %s failed (%s); will retry", r, slot.cid, why)
+        except asyncio.CancelledError:
+            self._plan.finished(key)
+            raise
+        except Exception as exc:  # a bug must fail this input, not the round
+            log.exception("round %d: verifying %s from %s crashed", r, slot.cid, peer)
+            self._plan.finished(key)
+            self._settle_failed(book, peer, f"internal error: {type(exc).__name__}: {exc}")
+        else:
+            self._plan.finished(key)
+            if r != self.round or book is not self._books.get(r):
+                if got.gradient is not None:
+                    self._keep.give_back(got.nbytes)
+                return  # the round moved on while we verified
+            self._verified[key] = got
+            book.verify(peer, got.nbytes, got.schema)
+            self._bytes_fetched += got.nbytes
+            self.journal.set_input_state(r, peer, PeerState.VERIFIED)
+            self._journal_wake.set()
+            log.info("round %d: %s verified (%d bytes)", r, peer, got.nbytes)
+            if self._prepared is None and got.gradient is not None:
+                self._prepared = asyncio.create_task(_prepare(got.gradient))
+        finally:
+            self._fetch_seconds += time.perf_counter() - start
+            self._attempts.pop(key, None)
+            self._mark(r)
+            self._news.set()
+            self._plan_wake.set()
+
+    def _settle_failed(self, book: RoundBook, peer: str, reason: str) -> None:
+        if book.round != self.round or book.slots[peer].state != PeerState.RECEIVED:
+            return
+        book.fail(peer, reason)
+        self.journal.set_input_state(book.round, peer, PeerState.FAILED, reason)
+        self._journal_wake.set()
+        log.warning("round %d: %s failed: %s", book.round, peer, reason)
+
+    # -- publishing ---------------------------------------------------------------------------
+    def _mark(self, round_: int) -> None:
+        """The status of ``round_`` changed: publish it soon (coalesced)."""
+        self._dirty.add(round_)
+        self._status_wake.set()
+
+    async def _publisher(self) -> None:
+        while True:
+            await self._status_wake.wait()
+            self._status_wake.clear()
+            rounds, self._dirty = sorted(self._dirty), set()
+            for r in rounds:
+                book = self._books.get(r) or self._past.get(r)
+                if book is not None:
+                    await self._publish_status(book)
+            await asyncio.sleep(STATUS_EVERY_S)
+
+    def _stamp(self) -> int:
+        return int(self.clock() * 1000)
+
+    async def _publish_status(self, book: RoundBook, failed: str | None = None) -> None:
+        status = status_of(
+            book,
+            self.config.roster,
+            job=self.config.job,
+            run=self.run_id,
+            sent_at=self._stamp(),
+            failed=failed,
+        )
+        await self._publish_fitted(status)
+
+    async def _publish_fitted(self, msg: Any) -> None:
+        try:
+            data, block = encode_fitted(msg, self.key)
+            if block is not None:
+                await self.node.put_block(block[1], block[0].codec)
             await self.node.publish(self.config.results_topic, data)
         except NodeError as exc:  # peers re-announce and we re-broadcast: never fatal
             log.warning("publishing on %s failed: %s", self.config.results_topic, exc)
 
-    async def _rebroadcast(self) -> None:
-        """Pubsub may drop messages: repeat the open round's status, the last result and failure."""
+    async def _publish_result(self) -> None:
+        if self._last_result is None:
+            return
+        msg = result_of(
+            self._last_result, self._last_result_cid, self.config.roster, sent_at=self._stamp()
+        )
+        await self._publish_fitted(msg)
+
+    async def _publish_failure(self) -> None:
+        if self._last_failure is None:
+            return
+        r, reason = self._last_failure
+        book = self._past.get(r) or self._books.get(r) or RoundBook(r, (), self.clock())
+        await self._publish_status(book, failed=reason)
+
+    async def _beacon(self) -> None:
+        """Repeat what peers may have missed, re-signed with a fresh time."""
         while True:
+            for r in sorted(self._books):
+                if r == self.round or self._books[r].started_at is not None:
+                    self._mark(r)
+            await self._publish_result()
+            await self._publish_failure()
             await asyncio.sleep(self.rebroadcast_s)
-            if self._journal is None:
-                return
-            if self.journal.inputs(self.round):
-                await self._publish_status(self.round)
-            for last in (self._last_result, self._last_failure):
-                if last is not None:
-                    await self._publish(last)
-
-
-def _check(gradient: Gradient, expected: Schema | None) -> str | None:
-    """Why ``gradient`` cannot enter the round (schema, NaN/Inf), or None. Runs off the loop."""
-    if expected is not None and schema_of(gradient) != expected:
-        got = _schema_text(schema_of(gradient))
-        return f"schema-mismatch: expected {_schema_text(expected)}, got {got}"
-    for name, arr in gradient.tensors.items():
-        if arr.dtype.kind == "f" and not bool(np.isfinite(arr).all()):
-            return f"non-finite: tensor {name!r} holds NaN or Inf"
-    return None
 
 
 def format_outcome(outcome: RoundOutcome) -> str:
@@ -552,21 +676,33 @@ def format_outcome(outcome: RoundOutcome) -> str:
     )
 
 
-def _maybe_cid(value: str | None) -> CID | None:
-    return None if value is None else CID.parse(value)
-
-
-def _schema_text(schema: Schema) -> str:
-    return ", ".join(f"{n}:{d}{list(s)}" for n, d, s in schema)
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
+async def _first(event: asyncio.Event, stop: asyncio.Event | None, timeout: float | None) -> None:
+    """Wait until ``event`` or ``stop`` is set, or ``timeout`` seconds pass."""
+    waiters = [asyncio.ensure_future(event.wait())]
+    if stop is not None:
+        waiters.append(asyncio.ensure_future(stop.wait()))
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+        await asyncio.gather(*waiters, return_exceptions=True)
 
 
 async def _wait(event: asyncio.Event, seconds: float) -> None:
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(event.wait(), seconds)
+
+
+async def _unwrap(coro: Any) -> None:
+    """Await ``coro``; a TaskGroup's single error is raised as itself, not as a group."""
+    try:
+        await coro
+    except BaseExceptionGroup as group:
+        errors = [e for e in group.exceptions if not isinstance(e, asyncio.CancelledError)]
+        if len(errors) == 1:
+            raise errors[0] from None
+        raise
 
 
 async def _prepare(gradient: Gradient) -> None:

@@ -187,7 +187,10 @@ class FileAssembler:
             self._place(node, place)
 
     def _parse(self, cid: CID, data: bytes | memoryview) -> _Node:
-        pb = decode_pbnode(data)
+        try:
+            pb = decode_pbnode(data, max_links=self.max_links)
+        except DAGError as exc:
+            raise DAGError(f"node {cid}: {exc}") from None
         if pb.data is None:
             raise DAGError(f"node {cid} has no UnixFS data")
         fs = decode_unixfs(pb.data)
@@ -196,10 +199,6 @@ class FileAssembler:
             raise DAGError(f"node {cid} is a UnixFS {kind}, not a File")
         if fs.filesize is None:
             raise DAGError(f"file node {cid} has no filesize")
-        if len(pb.links) > self.max_links:
-            raise DAGError(
-                f"node {cid} has {len(pb.links)} links, over the limit of {self.max_links}"
-            )
         if len(fs.blocksizes) != len(pb.links):
             raise DAGError(
                 f"node {cid} has {len(pb.links)} links but {len(fs.blocksizes)} blocksizes"

@@ -102,8 +102,12 @@ def _decode_link(buf: memoryview, start: int, end: int) -> PBLink:
     return PBLink(cid, name, tsize)
 
 
-def decode_pbnode(block: bytes | bytearray | memoryview) -> PBNode:
-    """Parse canonical dag-pb bytes; DAGError on anything malformed or non-canonical."""
+def decode_pbnode(block: bytes | bytearray | memoryview, *, max_links: int | None = None) -> PBNode:
+    """Parse canonical dag-pb bytes; DAGError on anything malformed or non-canonical.
+
+    ``max_links`` is checked while parsing: a hostile node with tens of thousands of
+    links is refused at link ``max_links + 1``, before the rest is read.
+    """
     buf = memoryview(block).cast("B")
     pos = 0
     links: list[PBLink] = []
@@ -113,6 +117,8 @@ def decode_pbnode(block: bytes | bytearray | memoryview) -> PBNode:
         if tag == 0x12:
             if data is not None:
                 raise DAGError("dag-pb Links after Data (non-canonical)")
+            if max_links is not None and len(links) >= max_links:
+                raise DAGError(f"dag-pb node has more than {max_links} links")
             a, pos = _read_len(buf, pos, "link")
             links.append(_decode_link(buf, a, pos))
         elif tag == 0x0A:

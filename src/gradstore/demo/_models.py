@@ -137,14 +137,25 @@ class MLP:
 
 MODELS = ("softmax", "mlp")
 
+#: The models of each framework: NumPy's are written out by hand; PyTorch's use autograd.
+FRAMEWORK_MODELS = {"numpy": MODELS, "torch": ("cnn",)}
+
 
 def make_model(name: str, n_features: int, n_classes: int) -> Model:
-    """The model called ``name`` (one of ``MODELS``) for this data's shape."""
+    """The model called ``name`` (one in ``FRAMEWORK_MODELS``) for this data's shape.
+
+    "cnn" is a PyTorch network and needs the ``torch`` extra.
+    """
     if name == "softmax":
         return SoftmaxRegression(n_features, n_classes)
     if name == "mlp":
         return MLP(n_features, n_classes)
-    raise ValueError(f"unknown model {name!r}; expected one of {', '.join(MODELS)}")
+    if name == "cnn":
+        from ._torch_model import DigitsCNN  # imports torch: only when asked for
+
+        return DigitsCNN(n_features, n_classes)
+    known = [m for models in FRAMEWORK_MODELS.values() for m in models]
+    raise ValueError(f"unknown model {name!r}; expected one of {', '.join(known)}")
 
 
 def accuracy(model: Model, params: Params, x: Array, y: Array) -> float:

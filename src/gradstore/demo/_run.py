@@ -39,7 +39,7 @@ from ..messages import SigningKey
 from ..node import Node
 from ..peer import Peer, apply
 from ._data import DigitsSplit, Shard
-from ._models import Model, Params, accuracy, make_model
+from ._models import FRAMEWORK_MODELS, Model, Params, accuracy, make_model
 from ._train import local_sgd
 
 MODES = ("federated", "data-parallel")
@@ -54,6 +54,7 @@ class DemoConfig:
     rounds: int = 20
     mode: str = "federated"
     model: str = "softmax"
+    framework: str = "numpy"
     seed: int = 0
     lr: float | None = None
     local_epochs: int = 2
@@ -63,6 +64,17 @@ class DemoConfig:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"unknown mode {self.mode!r}; expected one of {', '.join(MODES)}")
+        models = FRAMEWORK_MODELS.get(self.framework)
+        if models is None:
+            raise ValueError(
+                f"unknown framework {self.framework!r}; expected one of "
+                f"{', '.join(FRAMEWORK_MODELS)}"
+            )
+        if self.model not in models:
+            raise ValueError(
+                f"model {self.model!r} is not a {self.framework} model; "
+                f"expected one of {', '.join(models)}"
+            )
         for name in ("peers", "rounds", "local_epochs", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

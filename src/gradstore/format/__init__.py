@@ -3,10 +3,13 @@
 ``encode`` streams the canonical bytes (header pieces plus zero-copy views of
 the arrays); ``decode`` refuses every non-canonical byte string and returns
 zero-copy ``np.frombuffer`` views, within caller-set :class:`Limits`.
+``dtype_code``/``numpy_dtype`` map NumPy dtypes to the document's type strings and
+back (bfloat16 and float8 through ``ml_dtypes``).
 """
 
 from ._decode import decode
-from ._dtypes import DTYPES
+from ._dtypes import DTYPES, EXTENDED, ITEMSIZE, is_float, numpy_dtype
+from ._dtypes import canonical_dtype as dtype_code
 from ._encode import FORMAT_ID, EncodedDocument, encode
 from ._gradient import Gradient
 from ._header import DocumentHeader, TensorInfo, read_header
@@ -15,13 +18,18 @@ from ._limits import DEFAULT_LIMITS, Limits
 __all__ = [
     "DEFAULT_LIMITS",
     "DTYPES",
+    "EXTENDED",
     "FORMAT_ID",
+    "ITEMSIZE",
     "DocumentHeader",
     "EncodedDocument",
     "Gradient",
     "Limits",
     "TensorInfo",
     "decode",
+    "dtype_code",
     "encode",
+    "is_float",
+    "numpy_dtype",
     "read_header",
 ]

@@ -16,6 +16,9 @@ from ._limits import DEFAULT_LIMITS, Limits
 def decode(buf: BufferLike, limits: Limits = DEFAULT_LIMITS) -> Gradient:
     """Validate ``buf`` strictly (see read_header) and return its gradient without copying data.
 
+    bfloat16 and float8 tensors are ``ml_dtypes`` arrays; without that package their
+    documents still pass read_header, and decode raises MissingExtraError.
+
     Tensors are ``np.frombuffer`` views into ``buf`` (read-only when ``buf`` is),
     64-byte aligned relative to the document start; keep ``buf`` alive and
     unmodified while they are in use, or copy them.

@@ -1,32 +1,81 @@
-"""The dtypes a gradstore/1 document may hold, and normalisation of input arrays to them."""
+"""The dtypes a gradstore/1 document may hold, and normalisation of input arrays to them.
+
+NumPy's own types are written as NumPy's little-endian type strings (``"<f4"``). bfloat16
+and the two float8 formats have no NumPy type string of their own (NumPy calls bfloat16
+``"<V2"``, a raw void), so they are written by name, the names PyTorch, JAX and
+``ml_dtypes`` share; in memory they are ``ml_dtypes`` arrays (DESIGN "Tensor dtypes").
+"""
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any, Final
 
 import numpy as np
 
-from ..errors import InvalidDocumentError
+from ..errors import InvalidDocumentError, MissingExtraError
 
-#: NumPy little-endian type strings allowed in ``dtype`` (DESIGN section 1), in this order.
+#: The extended floats: document name -> bytes per element. In memory they need ``ml_dtypes``.
+EXTENDED: Final[dict[str, int]] = {"bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
+
+#: The optional extra that brings ``ml_dtypes``.
+ML_DTYPES_EXTRA: Final = "ml-dtypes"
+
+#: Every type string allowed in ``dtype`` (DESIGN "Tensor dtypes"), in this order.
 DTYPES: Final[tuple[str, ...]] = (
     "<f2", "<f4", "<f8", "|i1", "|u1", "<i2", "<u2", "<i4", "<u4", "<i8", "<u8", "|b1",
+    *EXTENDED,
 )  # fmt: skip
 
-_NUMPY: Final = {s: np.dtype(s) for s in DTYPES}
+_NUMPY: Final = {s: np.dtype(s) for s in DTYPES if s not in EXTENDED}
+
+#: Bytes per element of every allowed type string (known without importing ml_dtypes).
+ITEMSIZE: Final[dict[str, int]] = {
+    **{s: dt.itemsize for s, dt in _NUMPY.items()},
+    **EXTENDED,
+}
+
+
+@cache
+def _extended() -> dict[str, np.dtype[Any]]:
+    """Document name -> little-endian ml_dtypes dtype; MissingExtraError without ml_dtypes."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise MissingExtraError(
+            ML_DTYPES_EXTRA, f"the dtypes {', '.join(EXTENDED)} (NumPy arrays of ml_dtypes)"
+        ) from None
+    return {name: np.dtype(getattr(ml_dtypes, name)).newbyteorder("<") for name in EXTENDED}
 
 
 def numpy_dtype(dtype: str) -> np.dtype[Any] | None:
-    """The NumPy dtype for an allowed type string, or None if the string is not allowed."""
-    return _NUMPY.get(dtype)
+    """The NumPy dtype for an allowed type string, or None if the string is not allowed.
+
+    Raises MissingExtraError for an extended float when ``ml_dtypes`` is not installed.
+    """
+    found = _NUMPY.get(dtype)
+    if found is None and dtype in EXTENDED:
+        return _extended()[dtype]
+    return found
 
 
 def canonical_dtype(dt: np.dtype[Any]) -> str | None:
     """The document type string for ``dt`` (either byte order), or None if it is not storable."""
-    if dt.fields is not None or dt.subdtype is not None or dt.kind not in "fiub":
+    if dt.fields is not None or dt.subdtype is not None:
+        return None
+    name = str(getattr(dt.type, "__name__", ""))
+    if name in EXTENDED and getattr(dt.type, "__module__", None) == "ml_dtypes":
+        return name  # only ml_dtypes' own classes: a look-alike name from elsewhere is refused
+    if dt.kind not in "fiub":
         return None
     little = dt.newbyteorder("<").str
     return little if little in _NUMPY else None
+
+
+def is_float(dt: np.dtype[Any]) -> bool:
+    """Whether ``dt`` is one of the document's floating-point types (NumPy's or extended)."""
+    code = canonical_dtype(dt)
+    return code is not None and (code in EXTENDED or _NUMPY[code].kind == "f")
 
 
 def normalize_array(value: object, path: str) -> np.ndarray[Any, Any]:
@@ -46,7 +95,9 @@ def normalize_array(value: object, path: str) -> np.ndarray[Any, Any]:
         raise InvalidDocumentError(
             f"dtype {value.dtype} is not storable; allowed: {' '.join(DTYPES)}", path
         )
-    arr = np.asarray(value, dtype=_NUMPY[code], order="C")
+    target = numpy_dtype(code)
+    assert target is not None
+    arr = np.asarray(value, dtype=target, order="C")
     if code == "|b1" and arr.size and np.max(arr.view(np.uint8)) > 1:
         # A bool array built by a view can hold bytes other than 0/1: write 0/1 only.
         arr = arr.view(np.uint8) != 0

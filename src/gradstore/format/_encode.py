@@ -8,7 +8,7 @@ from typing import Any, BinaryIO, Final
 import numpy as np
 
 from ..errors import InvalidDocumentError
-from ._dtypes import normalize_array
+from ._dtypes import canonical_dtype, normalize_array
 from ._gradient import Gradient
 from ._pack import array_header, bin_header, pack_int, pack_meta, pack_str, str_header
 
@@ -109,7 +109,9 @@ def encode(g: Gradient) -> EncodedDocument:
                 f"tensor {name!r} has {nbytes} bytes; one msgpack bin holds at most 2^32 - 1",
                 f"$.tensors[{i}].data",
             )
-        head += TENSOR_START + _str_bytes(raw) + KEY_DTYPE + pack_str(arr.dtype.str) + KEY_SHAPE
+        code = canonical_dtype(arr.dtype)
+        assert code is not None  # normalize_array refuses the rest
+        head += TENSOR_START + _str_bytes(raw) + KEY_DTYPE + pack_str(code) + KEY_SHAPE
         head += array_header(arr.ndim)
         for dim in arr.shape:
             head += pack_int(dim)

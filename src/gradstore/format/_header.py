@@ -8,7 +8,7 @@ from typing import Any, Final, TypeAlias
 import numpy as np
 
 from ..errors import InvalidDocumentError, LimitExceededError, MalformedDocumentError
-from ._dtypes import DTYPES, numpy_dtype
+from ._dtypes import DTYPES, ITEMSIZE, numpy_dtype
 from ._encode import (
     ALIGN,
     FORMAT_ID,
@@ -27,7 +27,7 @@ from ._unpack import ARRAY, BIN, INT, MAP, STR, Reader
 #: What decode/read_header take; any C-contiguous buffer (an mmap too) works at run time.
 BufferLike: TypeAlias = bytes | bytearray | memoryview | np.ndarray[Any, Any]
 
-_MAX_DTYPE_LEN: Final = 8
+_MAX_DTYPE_LEN: Final = max(len(s) for s in DTYPES)
 _ZEROS: Final = bytes(ALIGN)
 
 
@@ -40,6 +40,13 @@ class TensorInfo:
     shape: tuple[int, ...]
     offset: int
     nbytes: int
+
+    @property
+    def array_dtype(self) -> np.dtype[Any]:
+        """The NumPy dtype of the tensor's elements."""
+        dt = numpy_dtype(self.dtype)
+        assert dt is not None, self.dtype  # a header only holds allowed dtypes
+        return dt
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,11 +225,10 @@ def _read_tensor(
             f"at a multiple of {ALIGN}",
             f"$.tensors[{i}].pad",
         )
-    dt = numpy_dtype(dtype)
-    assert dt is not None
-    if nbytes != count * dt.itemsize:
+    itemsize = ITEMSIZE[dtype]
+    if nbytes != count * itemsize:
         raise InvalidDocumentError(
-            f"data is {nbytes} bytes; shape {tuple(dims)} of {dtype} needs {count * dt.itemsize}",
+            f"data is {nbytes} bytes; shape {tuple(dims)} of {dtype} needs {count * itemsize}",
             f"$.tensors[{i}].data",
         )
     r.take(nbytes)

@@ -1,5 +1,21 @@
 """A federated job: who coordinates, who may contribute, how rounds run and aggregate."""
 
-from ._config import JobConfig, RoundsConfig, TensorSpec, load_job, parse_job, topics
+from ._config import (
+    JobConfig,
+    MessagesConfig,
+    RoundsConfig,
+    TensorSpec,
+    load_job,
+    parse_job,
+    topics,
+)
 
-__all__ = ["JobConfig", "RoundsConfig", "TensorSpec", "load_job", "parse_job", "topics"]
+__all__ = [
+    "JobConfig",
+    "MessagesConfig",
+    "RoundsConfig",
+    "TensorSpec",
+    "load_job",
+    "parse_job",
+    "topics",
+]

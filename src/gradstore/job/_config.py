@@ -7,6 +7,7 @@ peers = ["did:key:z6Mk...", ...]
                 clip_input_norm, clip_output_norm
 [rounds]        count (0 = until stopped), quorum, deadline_s, max_ahead
 [limits]        max_gradient_bytes, max_tensors, max_elements
+[messages]      max_clock_skew_s (messages stamped further from now are refused)
 [[schema]]      optional: name, dtype, shape of every expected tensor
 """
 
@@ -17,17 +18,19 @@ import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from ..aggregate import METHODS, AggregationParams
 from ..errors import AggregationError, CoordinatorError
 from ..format import DTYPES, Limits
-from ..messages import public_key_from_did
+from ..messages import Roster, public_key_from_did
 
 _JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 DEFAULT_DEADLINE_S = 60.0
 DEFAULT_MAX_AHEAD = 1  # announcements for the next round are buffered, later ones refused
+DEFAULT_MAX_CLOCK_SKEW_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,13 @@ class RoundsConfig:
     quorum: int = 1
     deadline_s: float = DEFAULT_DEADLINE_S
     max_ahead: int = DEFAULT_MAX_AHEAD
+
+
+@dataclass(frozen=True)
+class MessagesConfig:
+    """How far a message's ``sent_at`` may be from the receiver's clock before it is refused."""
+
+    max_clock_skew_s: float = DEFAULT_MAX_CLOCK_SKEW_S
 
 
 @dataclass(frozen=True)
@@ -66,6 +76,7 @@ class JobConfig:
     rounds: RoundsConfig = field(default_factory=RoundsConfig)
     limits: Limits = field(default_factory=Limits)
     schema: tuple[TensorSpec, ...] | None = None
+    messages: MessagesConfig = field(default_factory=MessagesConfig)
 
     def params_for(self, peers: list[str]) -> AggregationParams:
         """Aggregation parameters for inputs from ``peers`` (in that order)."""
@@ -81,6 +92,11 @@ class JobConfig:
             clip_input_norm=self.clip_input_norm,
             clip_output_norm=self.clip_output_norm,
         )
+
+    @cached_property
+    def roster(self) -> Roster:
+        """The job's peers sorted by did: the order of every peer bitmap in its messages."""
+        return Roster(self.peers)
 
     @property
     def gradients_topic(self) -> str:
@@ -110,7 +126,9 @@ def parse_job(raw: Mapping[str, Any], source: str = "job") -> JobConfig:
     """Validate a job mapping (as loaded from TOML)."""
     where = _Where(source)
     where.keys(
-        raw, {"job", "coordinator", "peers", "aggregation", "rounds", "limits", "schema"}, ""
+        raw,
+        {"job", "coordinator", "peers", "aggregation", "rounds", "limits", "schema", "messages"},
+        "",
     )
     job = where.req(raw, "job", str, "")
     if not _JOB_NAME.match(job):
@@ -198,6 +216,16 @@ def parse_job(raw: Mapping[str, Any], source: str = "job") -> JobConfig:
         max_name_bytes=base.max_name_bytes,
     )
 
+    messages_raw = raw.get("messages", {})
+    where.keys(messages_raw, {"max_clock_skew_s"}, "messages.")
+    messages = MessagesConfig(
+        max_clock_skew_s=where.num(
+            messages_raw.get("max_clock_skew_s", DEFAULT_MAX_CLOCK_SKEW_S),
+            "messages.max_clock_skew_s",
+            positive=True,
+        )
+    )
+
     schema = None
     if "schema" in raw:
         specs: list[TensorSpec] = []
@@ -205,7 +233,9 @@ def parse_job(raw: Mapping[str, Any], source: str = "job") -> JobConfig:
             where.keys(item, {"name", "dtype", "shape"}, f"schema[{i}].")
             dtype = where.req(item, "dtype", str, f"schema[{i}].")
             if dtype not in DTYPES:
-                raise where.err(f"schema[{i}].dtype", f"unknown dtype {dtype!r}")
+                raise where.err(
+                    f"schema[{i}].dtype", f"unknown dtype {dtype!r}; allowed: {' '.join(DTYPES)}"
+                )
             shape = tuple(
                 where.int_(d, f"schema[{i}].shape", 0)
                 for d in where.req(item, "shape", list, f"schema[{i}].")
@@ -232,6 +262,7 @@ def parse_job(raw: Mapping[str, Any], source: str = "job") -> JobConfig:
         rounds=rounds,
         limits=limits,
         schema=schema,
+        messages=messages,
     )
     for key in ("trim_ratio", "byzantine", "select", "clip_input_norm", "clip_output_norm"):
         if key in agg:  # each parameter on its own first, so the error names its key

@@ -9,6 +9,15 @@ previous round.
 from ..errors import KeyFileError, MessageError
 from .didkey import did_from_public_key, public_key_from_did, verify_signature
 from .keys import SigningKey
+from .lists import (
+    INLINE_BYTES,
+    LISTS_TYPE,
+    PeerLists,
+    decode_lists,
+    encode_fitted,
+    inline_lists,
+    shorten,
+)
 from .record import (
     MAX_RECORD_BYTES,
     RECORD_TYPE,
@@ -19,11 +28,21 @@ from .record import (
     decode_record,
     encode_record,
 )
-from .schema import Announce, Message, MessageKind, Result, Status
-from .signing import MAX_MESSAGE_BYTES, decode_message, encode_message, verify_message
+from .roster import Roster
+from .schema import MAX_REASON_BYTES, Announce, Message, MessageKind, Result, Status
+from .signing import (
+    MAX_MESSAGE_BYTES,
+    check_bitmaps,
+    decode_message,
+    encode_message,
+    verify_message,
+)
 
 __all__ = [
+    "INLINE_BYTES",
+    "LISTS_TYPE",
     "MAX_MESSAGE_BYTES",
+    "MAX_REASON_BYTES",
     "MAX_RECORD_BYTES",
     "RECORD_TYPE",
     "Announce",
@@ -31,19 +50,26 @@ __all__ = [
     "Message",
     "MessageError",
     "MessageKind",
+    "PeerLists",
     "RecordExclusion",
     "RecordInput",
     "Result",
+    "Roster",
     "RoundRecord",
     "SigningKey",
     "Status",
     "aggregate_meta",
+    "check_bitmaps",
+    "decode_lists",
     "decode_message",
     "decode_record",
     "did_from_public_key",
+    "encode_fitted",
     "encode_message",
     "encode_record",
+    "inline_lists",
     "public_key_from_did",
+    "shorten",
     "verify_message",
     "verify_signature",
 ]

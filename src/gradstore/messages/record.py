@@ -1,11 +1,15 @@
-"""The signed DAG-CBOR round record (DESIGN 6): what a round aggregated, how, and what it refused.
+"""The signed DAG-CBOR round record: what a round aggregated, how, and what it refused.
 
 Node shape (DAG-CBOR sorts map keys by length, then bytes)::
 
-    {type: "gradstore/round/1", job, round, method, params,
+    {type: "gradstore/round/2", job, run, round, method, params,
      inputs: [{peer, gradient: <link>, num_samples, weight}],   sorted by peer
-     excluded: [{peer, cid?: <link>, reason}],                  sorted by (peer, cid, reason)
+     excluded: [{peer, cid?: "<CID text>", reason}],            sorted by (peer, cid, reason)
      output: <link>, prev: <link> | null, coordinator, sig}
+
+An excluded input's CID is text, not a link: an input is often excluded because nobody
+serves it, and a link would make the record's DAG incomplete, so pinning the record (or
+fetching it whole) would wait on blocks that never come. Version 1 linked them.
 
 ``sig`` is the coordinator's Ed25519 signature over the DAG-CBOR encoding of
 the same map without ``sig``. ``params`` holds JSON-like values only (str,
@@ -27,9 +31,9 @@ from ..dag.cid import CID, DAG_CBOR, verify_block
 from ..errors import CIDError, MessageError
 from .didkey import SIGNATURE_LEN, verify_signature
 from .keys import SigningKey
-from .schema import check_did, check_text, check_uint
+from .schema import check_did, check_run, check_text, check_uint
 
-RECORD_TYPE: Final = "gradstore/round/1"
+RECORD_TYPE: Final = "gradstore/round/2"
 # A record costs ~200 bytes per input; 4 MiB is ~20k peers, far beyond any job.
 MAX_RECORD_BYTES: Final = 4 * 1024 * 1024
 _MAX_PARAMS_DEPTH: Final = 16
@@ -38,6 +42,7 @@ _RECORD_KEYS: Final = frozenset(
     {
         "type",
         "job",
+        "run",
         "round",
         "method",
         "params",
@@ -121,6 +126,7 @@ class RecordExclusion:
         check_text("excluded.reason", self.reason)
         if self.cid is not None:
             _check_link("excluded.cid", self.cid)
+            _set(self, "cid", self.cid.to_v1())
 
     def sort_key(self) -> tuple[str, bytes, str]:
         return (self.peer, b"" if self.cid is None else self.cid.bytes, self.reason)
@@ -131,6 +137,7 @@ class RoundRecord:
     """The unsigned content of a round record; ``encode_record`` signs it as ``coordinator``."""
 
     job: str
+    run: str
     round: int
     method: str
     params: dict[str, Any]
@@ -142,6 +149,7 @@ class RoundRecord:
 
     def __post_init__(self) -> None:
         check_text("job", self.job)
+        check_run("run", self.run)
         check_uint("round", self.round)
         check_text("method", self.method)
         if not isinstance(self.params, Mapping):
@@ -186,16 +194,28 @@ def _from_mf(name: str, value: object) -> CID:
         raise MessageError("malformed", f"`{name}`: {exc}") from None
 
 
+def _cid_text(name: str, value: object) -> CID:
+    if not isinstance(value, str):
+        raise MessageError(
+            "malformed", f"`{name}` must be a CID string, got {type(value).__name__}"
+        )
+    try:
+        return CID.parse(value)
+    except CIDError as exc:
+        raise MessageError("malformed", f"`{name}`: {exc}") from None
+
+
 def _unsigned_node(rec: RoundRecord) -> dict[str, Any]:
     excluded = []
     for ex in rec.excluded:
         entry: dict[str, Any] = {"peer": ex.peer, "reason": ex.reason}
         if ex.cid is not None:
-            entry["cid"] = _to_mf(ex.cid)
+            entry["cid"] = str(ex.cid)
         excluded.append(entry)
     return {
         "type": RECORD_TYPE,
         "job": rec.job,
+        "run": rec.run,
         "round": rec.round,
         "method": rec.method,
         "params": rec.params,
@@ -318,12 +338,13 @@ def _record_from_node(node: dict[str, Any]) -> RoundRecord:
             RecordExclusion(
                 peer=entry["peer"],
                 reason=entry["reason"],
-                cid=_from_mf(f"excluded[{i}].cid", entry["cid"]) if "cid" in entry else None,
+                cid=_cid_text(f"excluded[{i}].cid", entry["cid"]) if "cid" in entry else None,
             )
         )
     prev = node["prev"]
     rec = RoundRecord(
         job=node["job"],
+        run=node["run"],
         round=node["round"],
         method=node["method"],
         params=node["params"],
@@ -338,7 +359,9 @@ def _record_from_node(node: dict[str, Any]) -> RoundRecord:
     return rec
 
 
-def aggregate_meta(job: str, round_: int, method: str, inputs: Sequence[CID]) -> dict[str, Any]:
+def aggregate_meta(
+    job: str, round_: int, method: str, inputs: Sequence[CID], *, run: str
+) -> dict[str, Any]:
     """The meta of a round's aggregate document: what anyone re-deriving the output CID writes.
 
     ``inputs`` are the input gradients' CIDs in canonical order (sorted by peer id), written
@@ -347,6 +370,7 @@ def aggregate_meta(job: str, round_: int, method: str, inputs: Sequence[CID]) ->
     return {
         "kind": "aggregate",
         "job": job,
+        "run": run,
         "round": round_,
         "method": method,
         "inputs": [str(c.to_v1()) for c in inputs],

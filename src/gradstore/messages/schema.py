@@ -1,4 +1,4 @@
-"""The three signed messages of DESIGN 5 as frozen dataclasses that are valid once built.
+"""The three signed messages (announce, status, result) as frozen dataclasses, valid once built.
 
 Construction normalizes what has one obvious canonical form (CIDs to base32
 CIDv1 strings, did lists sorted) and refuses the rest with
@@ -18,7 +18,7 @@ from ..dag.cid import CID, DAG_CBOR, codec_name
 from ..errors import CIDError, MessageError
 from .didkey import public_key_from_did
 
-PROTOCOL_VERSION: Final = 1
+PROTOCOL_VERSION: Final = 2
 MAX_UINT64: Final = 2**64 - 1
 
 
@@ -100,11 +100,52 @@ def check_dids(name: str, value: object) -> tuple[str, ...]:
     return out
 
 
+_RUN_CHARS: Final = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
+
+
+def check_run(name: str, value: object) -> str:
+    """A run id: 8-64 characters of ``a-z 0-9`` (the coordinator draws 26 base32 characters)."""
+    if not isinstance(value, str) or not 8 <= len(value) <= 64 or not _RUN_CHARS.issuperset(value):
+        raise MessageError(
+            "malformed", f"`{name}` must be 8-64 characters of a-z 0-9, got {value!r:.70}"
+        )
+    return value
+
+
+def check_bitmap(name: str, value: object) -> bytes:
+    """A peer bitmap (its length is checked against the job's roster by ``verify_message``)."""
+    if not isinstance(value, bytes):
+        raise MessageError("malformed", f"`{name}` must be a bitmap (bytes)")
+    return value
+
+
+def check_reasons(name: str, value: object) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        raise MessageError("malformed", f"`{name}` must be a list of strings")
+    out = tuple(value)
+    for i, reason in enumerate(out):
+        check_text(f"{name}[{i}]", reason)
+        if len(reason.encode("utf-8")) > MAX_REASON_BYTES:
+            raise MessageError(
+                "malformed", f"`{name}[{i}]` is longer than {MAX_REASON_BYTES} bytes"
+            )
+    return out
+
+
+#: A refusal reason on the wire is at most this long (the coordinator shortens longer ones).
+MAX_REASON_BYTES: Final = 300
+
+
 @dataclass(frozen=True, slots=True)
 class Announce:
-    """A peer's "my gradient for this round is ``cid``", signed by ``peer``."""
+    """A peer's "my gradient for round ``round`` of run ``run`` is ``cid``", signed by ``peer``.
+
+    ``run`` is the coordinator's run id, learnt from its signed status: an announcement
+    replayed from another run of the same job is refused.
+    """
 
     job: str
+    run: str
     round: int
     peer: str
     cid: str
@@ -115,6 +156,7 @@ class Announce:
 
     def __post_init__(self) -> None:
         check_text("job", self.job)
+        check_run("run", self.run)
         check_uint("round", self.round)
         check_did("peer", self.peer)
         _set(self, "cid", check_cid("cid", self.cid))
@@ -124,51 +166,78 @@ class Announce:
 
 @dataclass(frozen=True, slots=True)
 class Result:
-    """The coordinator's "this round aggregated ``peers`` into ``cid``, see ``record``"."""
+    """The coordinator's "round ``round`` aggregated ``peers`` into ``cid``, see ``record``".
+
+    ``peers`` is a bitmap over the job's roster. When it would make the message too long it
+    is empty and ``lists`` links a DAG-CBOR block that holds it (``messages.lists``).
+    """
 
     job: str
+    run: str
     round: int
     cid: str
     record: str
     method: str
-    peers: tuple[str, ...]
+    peers: bytes
     sent_at: int
+    lists: str | None = None
 
     kind: ClassVar[MessageKind] = MessageKind.RESULT
 
     def __post_init__(self) -> None:
         check_text("job", self.job)
+        check_run("run", self.run)
         check_uint("round", self.round)
         _set(self, "cid", check_cid("cid", self.cid))
         _set(self, "record", check_cid("record", self.record, DAG_CBOR))
         check_text("method", self.method)
-        _set(self, "peers", check_dids("peers", self.peers))
+        check_bitmap("peers", self.peers)
         check_uint("sent_at", self.sent_at)
+        if self.lists is not None:
+            _set(self, "lists", check_cid("lists", self.lists, DAG_CBOR))
+            if self.peers:
+                raise MessageError("malformed", "a result with `lists` carries no `peers` bitmap")
 
 
 @dataclass(frozen=True, slots=True)
 class Status:
-    """The coordinator's "for round ``round`` I hold announcements from ``received``".
+    """The coordinator's "in round ``round`` I hold ``received``, verified ``verified``,
+    refused ``refused``".
 
-    ``failed`` (gradstore's addition to DESIGN 5, on the wire only when set) says
-    the round ended without an aggregate, and why (e.g. ``"quorum not met: ..."``).
+    ``received``, ``verified`` and ``refused`` are bitmaps over the job's roster;
+    ``reasons`` gives one reason per refused peer, in roster order. ``failed`` says the round ended without an
+    aggregate, and why. When the lists would make the message too long they are empty and
+    ``lists`` links a DAG-CBOR block that holds them.
     """
 
     job: str
+    run: str
     round: int
-    received: tuple[str, ...]
+    received: bytes
+    verified: bytes
+    refused: bytes
+    reasons: tuple[str, ...]
     sent_at: int
     failed: str | None = None
+    lists: str | None = None
 
     kind: ClassVar[MessageKind] = MessageKind.STATUS
 
     def __post_init__(self) -> None:
         check_text("job", self.job)
+        check_run("run", self.run)
         check_uint("round", self.round)
-        _set(self, "received", check_dids("received", self.received))
+        check_bitmap("received", self.received)
+        check_bitmap("verified", self.verified)
+        check_bitmap("refused", self.refused)
+        _set(self, "reasons", check_reasons("reasons", self.reasons))
         check_uint("sent_at", self.sent_at)
         if self.failed is not None:
             check_text("failed", self.failed)
+        if self.lists is not None:
+            _set(self, "lists", check_cid("lists", self.lists, DAG_CBOR))
+            if self.received or self.verified or self.refused or self.reasons:
+                raise MessageError("malformed", "a status with `lists` carries no inline lists")
 
 
 Message = Announce | Result | Status
@@ -182,8 +251,8 @@ def field_names(cls: type[Announce] | type[Result] | type[Status]) -> tuple[str,
     return tuple(f.name for f in fields(cls))
 
 
-#: Fields that are left off the wire when None (so messages without them stay as DESIGN 5 has them).
-OPTIONAL_FIELDS: Final = frozenset({"failed"})
+#: Fields that are left off the wire when None.
+OPTIONAL_FIELDS: Final = frozenset({"failed", "lists"})
 
 
 def unsigned_pairs(msg: Message) -> list[tuple[str, Any]]:

@@ -9,28 +9,28 @@ by the job's coordinator, which the receiver must supply.
 from __future__ import annotations
 
 from collections.abc import Collection
-from itertools import pairwise
 from typing import Any, Final
 
 from ..errors import MessageError
 from .didkey import SIGNATURE_LEN, public_key_from_did, verify_signature
 from .keys import SigningKey
+from .roster import Roster
 from .schema import (
     MESSAGE_TYPES,
     OPTIONAL_FIELDS,
     PROTOCOL_VERSION,
     Announce,
     Message,
+    Result,
+    Status,
     field_names,
     unsigned_pairs,
 )
 from .wire import pack_map, unpack_map
 
-# Pubsub allows messages up to 1 MiB; ours are a few hundred bytes, a status
-# listing 1000 peers is ~60 KiB.
+# Pubsub allows messages up to 1 MiB; ours are a few hundred bytes. Peer sets are bitmaps
+# and long lists move to a linked block (``lists``), so no message needs more than this.
 MAX_MESSAGE_BYTES: Final = 64 * 1024
-
-_LIST_FIELDS: Final = frozenset({"peers", "received"})
 
 
 def encode_message(msg: Message, key: SigningKey) -> bytes:
@@ -65,13 +65,10 @@ def _decode_unverified(data: bytes, max_bytes: int) -> tuple[Message, bytes, byt
     if keys != expected:
         raise MessageError("malformed", f"`{kind}` messages have keys {expected}, got {keys}")
     values: dict[str, Any] = dict(pairs)
-    for name in _LIST_FIELDS.intersection(names):
-        items = values[name]
-        if not isinstance(items, list):
-            raise MessageError("malformed", f"`{name}` must be an array")
-        if any(not isinstance(d, str) for d in items) or any(a >= b for a, b in pairwise(items)):
-            raise MessageError("malformed", f"`{name}` must be strictly sorted did strings")
-        values[name] = tuple(items)
+    if "reasons" in values:
+        if not isinstance(values["reasons"], list):
+            raise MessageError("malformed", "`reasons` must be an array")
+        values["reasons"] = tuple(values["reasons"])
     signature = values["sig"]
     if not isinstance(signature, bytes) or len(signature) != SIGNATURE_LEN:
         raise MessageError("malformed", f"`sig` must be {SIGNATURE_LEN} bytes (msgpack bin)")
@@ -99,16 +96,18 @@ def verify_message(
     *,
     job: str,
     coordinator: str,
-    peers: Collection[str] | None = None,
+    peers: Roster | Collection[str] | None = None,
     max_bytes: int = MAX_MESSAGE_BYTES,
 ) -> Message:
     """Decode a message and accept it only if it belongs to ``job`` and is signed by the right key.
 
     An announcement must be signed by its ``peer``, who must be in ``peers``
     when given; a result or status must be signed by ``coordinator`` (they name
-    no signer, so any other signature, or an altered one, is "not-coordinator").
-    Refusals are ``MessageError`` with ``reason`` one of too-large, malformed,
-    unknown-type, wrong-job, unknown-peer, bad-signature, not-coordinator.
+    no signer, so any other signature, or an altered one, is "not-coordinator"),
+    and its bitmaps must fit the roster of ``peers`` when given. Freshness
+    (``sent_at``) and the run id are the receiver's to judge. Refusals are
+    ``MessageError`` with ``reason`` one of too-large, malformed, unknown-type,
+    wrong-job, unknown-peer, bad-signature, not-coordinator.
     """
     public_key_from_did(coordinator)  # a bad coordinator id is the caller's error, say so early
     msg, unsigned, signature = _decode_unverified(data, max_bytes)
@@ -119,9 +118,29 @@ def verify_message(
             raise MessageError("unknown-peer", f"{msg.peer} is not a peer of job {job!r}")
         if not verify_signature(msg.peer, unsigned, signature):
             raise MessageError("bad-signature", f"announcement signature is not {msg.peer}'s")
-    elif not verify_signature(coordinator, unsigned, signature):
-        raise MessageError(
-            "not-coordinator",
-            f"{msg.kind.value} is not signed by coordinator {coordinator} (or was altered)",
-        )
+    else:
+        if not verify_signature(coordinator, unsigned, signature):
+            raise MessageError(
+                "not-coordinator",
+                f"{msg.kind.value} is not signed by coordinator {coordinator} (or was altered)",
+            )
+        if peers is not None:
+            check_bitmaps(msg, peers if isinstance(peers, Roster) else Roster(peers))
     return msg
+
+
+def check_bitmaps(msg: Status | Result, roster: Roster) -> None:
+    """MessageError unless the message's inline bitmaps fit ``roster`` (or it has ``lists``)."""
+    if msg.lists is not None:
+        return
+    if isinstance(msg, Status):
+        roster.check("received", msg.received)
+        roster.check("verified", msg.verified)
+        roster.check("refused", msg.refused)
+        refused = sum(bin(b).count("1") for b in msg.refused)
+        if len(msg.reasons) != refused:
+            raise MessageError(
+                "malformed", f"`reasons` has {len(msg.reasons)} entries for {refused} refused peers"
+            )
+    else:
+        roster.check("peers", msg.peers)

@@ -108,8 +108,12 @@ class Node(Protocol):
         """Whether the block is in the local blockstore (never a network fetch)."""
         ...
 
-    async def pin(self, cid: CID) -> None:
-        """Pin ``cid`` recursively (its whole DAG must be available)."""
+    async def pin(self, cid: CID, *, recursive: bool = True) -> None:
+        """Pin ``cid`` recursively (its whole DAG must be available), or only its own block.
+
+        A direct pin (``recursive=False``) keeps one block and walks nothing: a round
+        record links the previous one, so a recursive pin would walk the whole history.
+        """
         ...
 
     async def unpin(self, cid: CID) -> None:

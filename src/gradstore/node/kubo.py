@@ -344,15 +344,19 @@ class KuboNode(AsyncClosing):
         result: dict[str, Any] = items[-1] if items else {}
         return result
 
-    async def pin(self, cid: CID, *, offline: bool = False) -> None:
-        """``pin/add`` recursively; Kubo fetches missing blocks from its peers unless ``offline``.
+    async def pin(self, cid: CID, *, recursive: bool = True, offline: bool = False) -> None:
+        """``pin/add``; Kubo fetches missing blocks from its peers unless ``offline``.
 
         Offline, the DAG is first checked with ``dag/stat`` (Kubo 0.42's pinner
-        would still wait on the network for a missing child block).
+        would still wait on the network for a missing child block). A direct pin
+        (``recursive=False``) keeps the one block and walks nothing.
         """
-        params: rpc.Params = [("arg", str(cid)), ("recursive", "true")]
+        params: rpc.Params = [("arg", str(cid)), ("recursive", rpc.flag(recursive))]
         if offline:
-            await self.dag_stat(cid, offline=True)
+            if recursive:
+                await self.dag_stat(cid, offline=True)
+            else:
+                await self.block_stat(cid, offline=True)
             params.append(("offline", "true"))
         await self._call("pin/add", params, cid=cid)
 

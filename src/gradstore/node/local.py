@@ -224,9 +224,12 @@ class LocalNode(AsyncClosing):
             assert isinstance(piece, bytes | memoryview)
             yield piece if isinstance(piece, bytes) else bytes(piece)
 
-    async def pin(self, cid: CID) -> None:
-        """Pin recursively; ``BlockNotFoundError`` unless the whole DAG is stored."""
-        await asyncio.to_thread(self._check_complete, cid)
+    async def pin(self, cid: CID, *, recursive: bool = True) -> None:
+        """Pin; ``BlockNotFoundError`` unless the whole DAG (or, direct, the block) is stored."""
+        if recursive:
+            await asyncio.to_thread(self._check_complete, cid)
+        elif not await self.has_block(cid):
+            raise BlockNotFoundError(cid)
         await asyncio.to_thread(self._update_pins, add=cid)
 
     async def unpin(self, cid: CID) -> None:

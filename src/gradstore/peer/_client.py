@@ -1,31 +1,58 @@
-"""Peer side of a job (DESIGN section 5).
+"""Peer side of a job: publish a gradient for a round, await the round's aggregate.
 
-Pubsub has no delivery guarantee, so a peer re-announces with backoff until a
-status or result from the coordinator shows its CID, and keeps every result it
-sees so ``await_result`` also answers for a round that closed a moment ago.
+Pubsub has no delivery guarantee, so a peer re-announces with backoff until the
+coordinator's signed status shows its input received, then waits until it is verified or
+refused. Announcements carry the coordinator's run id, which the peer learns from the
+coordinator's own signed, fresh status (``CoordinatorView``), so no message of an
+earlier run of the same job is trusted or answered.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Final
 
 import numpy as np
 
 from ..dag import CID
-from ..errors import CoordinatorError, MessageError, RoundFailedError
+from ..errors import (
+    CoordinatorError,
+    MessageError,
+    NodeError,
+    RefusedError,
+    RoundFailedError,
+)
 from ..format import Gradient
 from ..job import JobConfig
-from ..messages import Announce, Result, SigningKey, Status, encode_message, verify_message
+from ..messages import (
+    Announce,
+    PeerLists,
+    Result,
+    SigningKey,
+    Status,
+    decode_lists,
+    encode_message,
+    inline_lists,
+    verify_message,
+)
 from ..node import Node, follow
 from ..store import GradientStore
+from ._view import CoordinatorView, Standing
 
 log = logging.getLogger("gradstore.peer")
+
+#: How long a peer waits for a word from its coordinator before saying it is not there.
+DEFAULT_COORDINATOR_TIMEOUT_S: Final = 15.0
+
+#: A round that is over without a word about our input: wait this long for its result.
+_OVER_GRACE_S: Final = 3.0
+
+#: Lists blocks a peer keeps (by CID), so a repeated status costs no fetch.
+_LISTS_CACHE: Final = 16
 
 
 @dataclass(frozen=True)
@@ -53,8 +80,10 @@ class Peer:
         *,
         first_backoff_s: float = 1.0,
         max_backoff_s: float = 10.0,
+        coordinator_timeout_s: float = DEFAULT_COORDINATOR_TIMEOUT_S,
+        clock: Callable[[], float] = time.time,
     ) -> None:
-        if key is not None and key.did not in config.peers:
+        if key is not None and key.did not in config.roster:
             raise CoordinatorError(f"{key.did} is not among the job's peers")
         self.config = config
         self.key = key
@@ -62,18 +91,26 @@ class Peer:
         self.store = GradientStore(node, limits=config.limits)
         self.first_backoff_s = first_backoff_s
         self.max_backoff_s = max_backoff_s
+        self.coordinator_timeout_s = coordinator_timeout_s
+        self.clock = clock
         self.announcements_sent = 0
-        self._results: dict[int, Result] = {}
-        self._failed: dict[int, str] = {}  # round -> the coordinator's reason
-        self._acked: dict[int, set[str]] = {}
+        self.view = CoordinatorView(config.roster)
+        self._heard_at: float | None = None  # monotonic time of the last fresh coordinator message
+        self._started_at = 0.0
+        self._listening_since_ms = 0
+        self._skew_warned = False
+        self._lists: dict[str, PeerLists] = {}
         self._news = asyncio.Condition()
-        self._sub: Any = None
+        self._sub: object = None
         self._reader: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Peer:
-        self._sub = self.node.subscribe(self.config.results_topic)
-        await self._sub.__aenter__()
-        self._reader = asyncio.create_task(self._read(), name="peer-results-reader")
+        sub = self.node.subscribe(self.config.results_topic)
+        await sub.__aenter__()
+        self._sub = sub
+        self._started_at = time.monotonic()
+        self._listening_since_ms = int(self.clock() * 1000)
+        self._reader = asyncio.create_task(self._read(sub), name="peer-results-reader")
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -81,35 +118,113 @@ class Peer:
             self._reader.cancel()
             await asyncio.gather(self._reader, return_exceptions=True)
         if self._sub is not None:
-            await self._sub.__aexit__(None, None, None)
+            await self._sub.__aexit__(None, None, None)  # type: ignore[attr-defined]
 
-    async def _read(self) -> None:
+    @property
+    def run(self) -> str | None:
+        """The coordinator's current run id, once heard."""
+        return None if self.view.current is None else self.view.current.run
+
+    # -- reading the coordinator ---------------------------------------------------------
+    async def _read(self, sub: object) -> None:
         cfg = self.config
-        async for msg in follow(self.node, self._sub):
+        async for msg in follow(self.node, sub):  # type: ignore[arg-type]
             try:
                 parsed = verify_message(
-                    msg.data, job=cfg.job, coordinator=cfg.coordinator, peers=cfg.peers
+                    msg.data, job=cfg.job, coordinator=cfg.coordinator, peers=cfg.roster
                 )
             except MessageError as exc:
                 log.warning("ignored a message on %s: %s", cfg.results_topic, exc)
                 continue
+            if not isinstance(parsed, Status | Result):
+                continue
+            if not self._fresh(parsed.sent_at):
+                continue
+            try:
+                lists = await self._lists_of(parsed)
+            except (MessageError, NodeError, TimeoutError) as exc:
+                log.warning("ignored a %s whose lists cannot be read: %s", parsed.kind.value, exc)
+                continue
             async with self._news:
-                if isinstance(parsed, Result):
-                    self._results.setdefault(parsed.round, parsed)
-                elif isinstance(parsed, Status):
-                    self._acked.setdefault(parsed.round, set()).update(parsed.received)
-                    if parsed.failed is not None:
-                        self._failed.setdefault(parsed.round, parsed.failed)
+                if isinstance(parsed, Status):
+                    self.view.see_status(parsed, lists)
+                else:
+                    self.view.see_result(parsed, lists)
+                self._heard_at = time.monotonic()
                 self._news.notify_all()
 
-    def _acknowledged(self, round_: int) -> bool:
-        assert self.key is not None
-        return (
-            self.key.did in self._acked.get(round_, set())
-            or (round_ in self._results and self.key.did in self._results[round_].peers)
-            or any(r > round_ for r in self._results)
+    def _fresh(self, sent_at: int) -> bool:
+        """Whether a message stamped ``sent_at`` (unix ms) is within the job's skew window."""
+        skew_ms = self.config.messages.max_clock_skew_s * 1000
+        off = sent_at - self.clock() * 1000
+        if abs(off) <= skew_ms:
+            return True
+        if not self._skew_warned:
+            self._skew_warned = True
+            log.warning(
+                "ignoring coordinator messages stamped %.0f s from this machine's clock "
+                "(the job allows %.0f s): replays of an earlier run, or a wrong clock here",
+                off / 1000,
+                skew_ms / 1000,
+            )
+        return False
+
+    async def _lists_of(self, msg: Status | Result) -> PeerLists:
+        """The message's peer lists: inline, or from the linked block (fetched and verified)."""
+        if msg.lists is None:
+            return inline_lists(msg)
+        cached = self._lists.get(msg.lists)
+        if cached is None:
+            data = await asyncio.wait_for(self.node.get_block(CID.parse(msg.lists)), 10.0)
+            cached = decode_lists(data, msg, self.config.roster)
+            if len(self._lists) >= _LISTS_CACHE:
+                self._lists.pop(next(iter(self._lists)))
+            self._lists[msg.lists] = cached
+        return cached
+
+    def _silent_for(self) -> float:
+        """Seconds since the coordinator was last heard (or since we started listening)."""
+        return time.monotonic() - (self._heard_at or self._started_at)
+
+    def _no_coordinator(self) -> CoordinatorError:
+        cfg = self.config
+        heard = "has not been heard" if self._heard_at is None else "has been silent"
+        return CoordinatorError(
+            f"the coordinator of job {cfg.job} {heard} for {self._silent_for():.0f} s "
+            f"on {cfg.results_topic} (is `gradstore coordinator` running, and connected to "
+            "this node?)"
         )
 
+    async def _wait(
+        self, ready: Callable[[], bool], step: float | None, deadline: float | None
+    ) -> bool:
+        """Wait until ``ready()``, ``step`` seconds, the deadline, or coordinator silence.
+
+        True when ready; raises the "no coordinator" error once the coordinator has been
+        silent for ``coordinator_timeout_s``.
+        """
+        async with self._news:
+            while True:
+                if ready():
+                    return True
+                now = time.monotonic()
+                silent_left = self.coordinator_timeout_s - self._silent_for()
+                if silent_left <= 0:
+                    raise self._no_coordinator()
+                limit = silent_left
+                if step is not None:
+                    limit = min(limit, step)
+                if deadline is not None:
+                    limit = min(limit, deadline - now)
+                if limit <= 0:
+                    return ready()
+                try:
+                    await asyncio.wait_for(self._news.wait(), limit)
+                except TimeoutError:
+                    if step is not None or (deadline is not None and time.monotonic() >= deadline):
+                        return ready()
+
+    # -- publishing ----------------------------------------------------------------------
     async def publish(
         self,
         gradient: Gradient,
@@ -119,12 +234,18 @@ class Peer:
         wait: bool = True,
         timeout: float | None = None,
     ) -> CID:
-        """Store ``gradient`` (pinned on our node), announce it, and re-announce until acknowledged."""
+        """Store ``gradient`` (pinned on our node) and announce it until the coordinator has it.
+
+        With ``wait`` (the default) it returns once the coordinator verified the input, and
+        raises ``RefusedError`` with the coordinator's reason as soon as it refuses or
+        excludes it. Without ``wait`` it returns after the first announcement.
+        """
         if self._reader is None:
             raise CoordinatorError("use the Peer as `async with Peer(...) as peer`")
         if self.key is None:
             raise CoordinatorError("publishing needs the peer's key")
         key = self.key
+        deadline = None if timeout is None else time.monotonic() + timeout
         meta = dict(gradient.meta)
         meta.update(
             {
@@ -136,68 +257,104 @@ class Peer:
             }
         )
         cid = await self.store.put(Gradient(gradient.tensors, meta))
-        announce = Announce(
-            job=self.config.job,
-            round=round_,
-            peer=key.did,
-            cid=str(cid),
-            num_samples=num_samples,
-            sent_at=0,
-        )
-        deadline = None if timeout is None else time.monotonic() + timeout
+        if not await self._wait(lambda: self.run is not None, None, deadline):
+            raise TimeoutError(f"round {round_}: no word from the coordinator in {timeout}s")
         delay = self.first_backoff_s
         while True:
-            data = encode_message(_with_time(announce), key)
-            await self.node.publish(self.config.gradients_topic, data)
+            run = self.run
+            assert run is not None
+            announce = Announce(
+                job=self.config.job,
+                run=run,
+                round=round_,
+                peer=key.did,
+                cid=str(cid),
+                num_samples=num_samples,
+                sent_at=int(self.clock() * 1000),
+            )
+            await self.node.publish(self.config.gradients_topic, encode_message(announce, key))
             self.announcements_sent += 1
             if not wait:
                 return cid
-            acked = await self._wait_for(lambda: self._acknowledged(round_), delay, deadline)
-            if acked:
+            if await self._verdict(round_, run, announce.sent_at, delay, deadline):
                 return cid
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(
-                    f"round {round_}: the coordinator did not acknowledge {cid} in {timeout}s"
+                    f"round {round_}: the coordinator did not verify {cid} in {timeout}s"
                 )
             delay = min(delay * 2, self.max_backoff_s)
 
+    async def _verdict(
+        self, round_: int, run: str, since_ms: int, delay: float, deadline: float | None
+    ) -> bool:
+        """After an announcement stamped ``since_ms``: True once verified; False to announce
+        again (not heard of within ``delay``, the run changed, or the deadline passed);
+        RefusedError if refused. Only statuses stamped after the announcement count."""
+        assert self.key is not None
+        did = self.key.did
+
+        def standing() -> tuple[Standing, str | None]:
+            return self.view.standing(round_, did, since_ms)
+
+        def moved() -> bool:
+            return self.run != run or standing()[0] is not Standing.UNKNOWN
+
+        await self._wait(moved, delay, deadline)
+        over_since: float | None = None
+        while self.run == run:  # heard of: wait for the verdict, without re-announcing
+            where, reason = standing()
+            if where is Standing.VERIFIED:
+                return True
+            if where is Standing.REFUSED:
+                raise RefusedError(self.config.job, round_, did, reason or "refused")
+            if where is Standing.UNKNOWN:
+                return False
+            if where is Standing.OVER:  # its result may still be on its way
+                over_since = over_since or time.monotonic()
+                if time.monotonic() - over_since >= _OVER_GRACE_S:
+                    raise RefusedError(self.config.job, round_, did, reason or "round over")
+            before = (where, reason)
+
+            def changed(before: tuple[Standing, str | None] = before) -> bool:
+                return self.run != run or standing() != before
+
+            step = _OVER_GRACE_S if where is Standing.OVER else None
+            await self._wait(changed, step, deadline)
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+        return False
+
+    # -- results -------------------------------------------------------------------------
     async def await_result(self, round_: int, *, timeout: float | None = None) -> AggregateResult:
         """Wait for the round's signed result, then fetch and verify the aggregate.
 
-        Raises ``RoundFailedError`` as soon as the coordinator's status says the round failed.
+        Raises ``RoundFailedError`` as soon as the coordinator's status says the round
+        failed, and ``CoordinatorError`` when the coordinator is silent for
+        ``coordinator_timeout_s``.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        ok = await self._wait_for(
-            lambda: round_ in self._results or round_ in self._failed, None, deadline
-        )
-        if not ok:
+        # a result stamped before we began to listen may be a replay from an earlier run;
+        # the coordinator re-sends its last result with a fresh stamp, so wait for that one
+        since_ms = self._listening_since_ms
+
+        def known() -> bool:
+            result, failed = self.view.outcome(round_, since_ms)
+            return result is not None or failed is not None
+
+        if not await self._wait(known, None, deadline):
             raise TimeoutError(
                 f"no result for round {round_} of job {self.config.job} within {timeout}s"
             )
-        if round_ not in self._results:
-            raise RoundFailedError(self.config.job, round_, self._failed[round_])
-        result = self._results[round_]
+        result, failed = self.view.outcome(round_, since_ms)
+        if result is None:
+            raise RoundFailedError(self.config.job, round_, failed or "failed")
+        view = self.view.current
+        assert view is not None
+        peers = self.config.roster.members(view.rounds[round_].result_peers)
         gradient = await self.store.get(result.cid)
         return AggregateResult(
-            round_, CID.parse(result.cid), CID.parse(result.record), result.peers, gradient
+            round_, CID.parse(result.cid), CID.parse(result.record), peers, gradient
         )
-
-    async def _wait_for(self, ready: Any, step: float | None, deadline: float | None) -> bool:
-        """Wait until ``ready()`` or ``step`` seconds pass or the deadline; True when ready."""
-        async with self._news:
-            limit = step
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                limit = left if limit is None else min(limit, left)
-            try:
-                await asyncio.wait_for(self._news.wait_for(ready), limit)
-            except TimeoutError:
-                return bool(ready())
-            return True
-
-
-def _with_time(announce: Announce) -> Announce:
-    return dataclasses.replace(announce, sent_at=int(time.time() * 1000))
 
 
 def apply(

@@ -2,6 +2,14 @@
 
 from ._put import Progress
 from ._store import GradientStore, VerifyReport
+from ._stored import StoredDocument, StoredGradient
 from ._sync import SyncGradientStore
 
-__all__ = ["GradientStore", "Progress", "SyncGradientStore", "VerifyReport"]
+__all__ = [
+    "GradientStore",
+    "Progress",
+    "StoredDocument",
+    "StoredGradient",
+    "SyncGradientStore",
+    "VerifyReport",
+]

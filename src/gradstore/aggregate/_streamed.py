@@ -1,0 +1,299 @@
+"""Aggregation over inputs read piece by piece (``InputSource``), never all in memory.
+
+Every method gives the bits :func:`aggregate_with_info` gives over the same inputs in the
+same order, because each element sees the same IEEE operations in the same order:
+
+- the coordinate-wise methods (sum, mean, fedavg, weighted, median, trimmed_mean) run
+  their kernels window by window: a window of every input at a time, O(inputs x window)
+  plus the output;
+- sum, mean, fedavg and weighted, when that would hold too much (many inputs), add one
+  input at a time into a float64 accumulator instead: O(model);
+- Krum sums its Gram matrix chunk by chunk in ``chunks(layout)`` order, exactly as the
+  in-memory kernel does, then averages the inputs it selected like the linear methods;
+- input clipping needs each input's global norm: the caller passes the norms it took
+  when it verified the inputs (:func:`global_norm`), or a first pass takes them, block by
+  block in the same order as :func:`global_norm`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Sequence
+from typing import Any, Final, Protocol
+
+import numpy as np
+
+from ..errors import AggregationError
+from ..format import is_float
+from ._blocks import CHUNK, blocks, chunks, default_threads
+from ._checks import Layout, NonFiniteResult, check_num_samples, dtype_name
+from ._clip import BLOCK as NORM_BLOCK
+from ._clip import clip_scale, global_norm, scale_into
+from ._dispatch import AggregationInfo, _linear_terms
+from ._krum import chunk_gram, distances_from_gram, krum_scores, select_lowest
+from ._linear import combine
+from ._params import AggregationParams, trimmed_per_side
+from ._robust import order_mean
+from ._rounding import round_into
+
+#: Bytes of input windows held at once (all inputs together) by the windowed path.
+DEFAULT_WINDOW_BYTES: Final = 128 << 20
+
+#: The smallest window, in elements: a multiple of every kernel's block.
+MIN_WINDOW: Final = 1 << 16
+
+#: The largest window, in elements: a chunk for each of up to four worker threads.
+MAX_WINDOW: Final = 4 * CHUNK
+
+_F64: Final = np.dtype(np.float64)
+
+
+class InputSource(Protocol):
+    """One input, read a range of one tensor at a time (sequentially, in name order)."""
+
+    async def read(self, name: str, start: int, stop: int) -> np.ndarray[Any, Any]:
+        """Elements ``start .. stop`` of tensor ``name`` as a 1-D array of its dtype."""
+        ...
+
+
+class InMemory:
+    """An ``InputSource`` over tensors already in memory (slices are views: no copy)."""
+
+    def __init__(self, tensors: Any) -> None:
+        self.flat = {name: np.ravel(array) for name, array in tensors.items()}
+
+    async def read(self, name: str, start: int, stop: int) -> np.ndarray[Any, Any]:
+        return self.flat[name][start:stop]
+
+
+async def aggregate_streamed(
+    sources: Sequence[InputSource],
+    layout: Layout,
+    params: AggregationParams,
+    num_samples: Sequence[int] | None = None,
+    *,
+    norms: Sequence[float] | None = None,
+    window_bytes: int = DEFAULT_WINDOW_BYTES,
+    threads: int | None = None,
+) -> tuple[dict[str, np.ndarray[Any, Any]], AggregationInfo]:
+    """:func:`aggregate_with_info` over ``sources`` that all have ``layout``; same bits.
+
+    ``norms``: each input's :func:`global_norm`, when ``clip_input_norm`` is set (else they
+    are computed here, in one more pass over the inputs).
+    """
+    n, method = len(sources), params.method
+    params.validate(n)
+    counts = check_num_samples(num_samples, n) if method == "fedavg" else None
+    for name in layout.names:
+        if not is_float(layout.dtypes[name]):
+            raise AggregationError(
+                f"tensor {name!r} has dtype {dtype_name(layout.dtypes[name])}; "
+                f"{method} aggregates floating-point tensors only"
+            )
+    workers = default_threads() if threads is None else max(1, int(threads))
+    itemsize = max((layout.dtypes[name].itemsize for name in layout.names), default=1)
+    info: dict[str, Any] = {}
+    scales: list[float] | None = None
+    if params.clip_input_norm is not None:
+        if norms is None:
+            norms = [await _norm(source, layout) for source in sources]
+        for index, norm in enumerate(norms):
+            if not math.isfinite(norm):
+                raise AggregationError(f"input {index}: its L2 norm is not finite")
+        scales = [clip_scale(norm, params.clip_input_norm) for norm in norms]
+        info["input_norms"], info["input_scales"] = tuple(norms), tuple(scales)
+
+    window = _window(n, itemsize, window_bytes)
+    # one input at a time (O(model)) when even the smallest windows of all inputs are too many
+    one_by_one = n * MIN_WINDOW * itemsize > window_bytes
+    try:
+        if method in ("sum", "mean", "fedavg", "weighted"):
+            coefs, divisor = _linear_terms(method, n, params, counts)
+            info["weights"] = tuple(c / (divisor or 1.0) for c in coefs or [1.0] * n)
+            if scales is not None:
+                coefs = [s if coefs is None else coefs[i] * s for i, s in enumerate(scales)]
+            result = await _linear(sources, layout, coefs, divisor, window, workers, one_by_one)
+        elif method in ("median", "trimmed_mean"):
+            if method == "median":
+                first, stop = (n - 1) // 2, n // 2 + 1
+            else:
+                assert params.trim_ratio is not None
+                k = trimmed_per_side(n, params.trim_ratio)
+                first, stop = k, n - k
+            result = await _windowed(
+                sources,
+                layout,
+                window,
+                lambda flats, sub: order_mean(flats, sub, first, stop, scales, workers),
+            )
+        else:
+            assert params.byzantine is not None
+            gram = await _gram(sources, layout, scales)
+            scores = krum_scores(distances_from_gram(gram), params.byzantine)
+            m = 1 if method == "krum" else (params.select or n - params.byzantine)
+            selected = select_lowest(scores, m)
+            chosen = [sources[i] for i in selected]
+            coefs = None if scales is None else [scales[i] for i in selected]
+            divide = None if m == 1 else float(m)
+            result = await _linear(chosen, layout, coefs, divide, window, workers, one_by_one)
+            info["scores"], info["selected"] = tuple(scores), selected
+            info["weights"] = tuple(1.0 / m if i in selected else 0.0 for i in range(n))
+    except NonFiniteResult as exc:
+        where = "the inputs" if exc.name is None else f"tensor {exc.name!r}"
+        raise AggregationError(
+            f"{method}: aggregating {where} gives NaN or infinity (an input holds one, "
+            "or the sum overflows its dtype)"
+        ) from None
+
+    if params.clip_output_norm is not None:
+        norm = global_norm(result)
+        if not math.isfinite(norm):
+            raise AggregationError(f"{method}: the aggregate's L2 norm overflows float64")
+        scale = clip_scale(norm, params.clip_output_norm)
+        if scale != 1.0:
+            scale_into(result, scale, result)
+        info["output_norm"], info["output_scale"] = norm, scale
+    return result, AggregationInfo(method, n, **info)
+
+
+def _window(n: int, itemsize: int, window_bytes: int) -> int:
+    """Elements per window: every input's window together within ``window_bytes`` (at least
+    ``MIN_WINDOW``; at most ``MAX_WINDOW``, enough for every worker thread to take a chunk)."""
+    fit = window_bytes // max(1, n * itemsize)
+    return max(MIN_WINDOW, min(MAX_WINDOW, fit // MIN_WINDOW * MIN_WINDOW))
+
+
+def _windows(layout: Layout, window: int) -> list[tuple[str, int, int]]:
+    return [
+        (name, start, min(start + window, layout.size(name)))
+        for name in layout.names
+        for start in range(0, layout.size(name), window)
+    ]
+
+
+def _sub_layout(layout: Layout, name: str, size: int) -> Layout:
+    return Layout((name,), {name: (size,)}, {name: layout.dtypes[name]})
+
+
+async def _read_all(
+    sources: Sequence[InputSource], name: str, start: int, stop: int
+) -> list[dict[str, np.ndarray[Any, Any]]]:
+    parts = await asyncio.gather(*(source.read(name, start, stop) for source in sources))
+    return [{name: part} for part in parts]
+
+
+async def _windowed(
+    sources: Sequence[InputSource], layout: Layout, window: int, kernel: Any
+) -> dict[str, np.ndarray[Any, Any]]:
+    """Run ``kernel(flats, sub_layout)`` on each window of every input; the next window is
+    read while the current one is computed."""
+    out = layout.empty()
+    items = _windows(layout, window)
+    if not items:
+        return out
+    pending = asyncio.ensure_future(_read_all(sources, *items[0]))
+    try:
+        for index, (name, start, stop) in enumerate(items):
+            flats = await pending
+            if index + 1 < len(items):
+                pending = asyncio.ensure_future(_read_all(sources, *items[index + 1]))
+            sub = _sub_layout(layout, name, stop - start)
+            part = await asyncio.to_thread(kernel, flats, sub)
+            out[name].reshape(-1)[start:stop] = part[name]
+    finally:
+        if not pending.done():
+            pending.cancel()
+            await asyncio.gather(pending, return_exceptions=True)
+    return out
+
+
+async def _linear(
+    sources: Sequence[InputSource],
+    layout: Layout,
+    coefs: Sequence[float] | None,
+    divisor: float | None,
+    window: int,
+    threads: int,
+    one_by_one: bool,
+) -> dict[str, np.ndarray[Any, Any]]:
+    """sum/mean/fedavg/weighted: windowed over all inputs, or one input at a time into a
+    float64 accumulator when the windows of all inputs would not fit."""
+    if not one_by_one:
+        return await _windowed(
+            sources,
+            layout,
+            window,
+            lambda flats, sub: combine(flats, sub, coefs, divisor, threads),
+        )
+    return await _accumulated(sources, layout, coefs, divisor)
+
+
+async def _accumulated(
+    sources: Sequence[InputSource],
+    layout: Layout,
+    coefs: Sequence[float] | None,
+    divisor: float | None,
+) -> dict[str, np.ndarray[Any, Any]]:
+    """``(sum_i coefs[i] * x_i) / divisor`` with one input in memory at a time: O(model).
+
+    The same operations per element, in the same order, as ``_linear.combine``.
+    """
+    acc = {name: np.empty(layout.size(name), _F64) for name in layout.names}
+    tmp = np.empty(CHUNK, _F64)
+    for index, source in enumerate(sources):
+        factor = None if coefs is None else np.float64(coefs[index])
+        for name in layout.names:
+            for start, stop in blocks(0, layout.size(name), CHUNK):
+                x = await source.read(name, start, stop)
+                a = acc[name][start:stop]
+                if index == 0:
+                    if factor is None:
+                        np.copyto(a, x)
+                    else:
+                        np.multiply(x, factor, a)
+                elif factor is None:
+                    np.add(a, x, a, dtype=_F64)
+                else:
+                    t = tmp[: stop - start]
+                    np.multiply(x, factor, t)
+                    np.add(a, t, a)
+    out = layout.empty()
+    for name in layout.names:
+        dst = out[name].reshape(-1)
+        for start, stop in blocks(0, layout.size(name), CHUNK):
+            with np.errstate(over="ignore", invalid="ignore"):
+                round_into(dst[start:stop], acc[name][start:stop], divisor)
+            if not np.isfinite(dst[start:stop]).all():
+                raise NonFiniteResult(name)
+        del acc[name]
+    return out
+
+
+async def _gram(
+    sources: Sequence[InputSource], layout: Layout, scales: Sequence[float] | None
+) -> np.ndarray[Any, Any]:
+    """Krum's Gram matrix, chunk by chunk in ``chunks(layout)`` order (the in-memory sums)."""
+    n = len(sources)
+    gram = np.zeros((n - 1, n - 1), _F64)
+    for name, start, stop in chunks(layout):
+        flats = await _read_all(sources, name, start, stop)
+        part = await asyncio.to_thread(chunk_gram, flats, name, 0, stop - start, scales)
+        gram += part
+    return gram
+
+
+async def _norm(source: InputSource, layout: Layout) -> float:
+    """:func:`global_norm` of one input, read block by block in the same order and sums."""
+    total = 0.0
+    squares = np.empty(NORM_BLOCK, _F64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for name in sorted(layout.names):
+            for start, stop in blocks(0, layout.size(name), CHUNK):
+                part = await source.read(name, start, stop)
+                for lo in range(0, part.size, NORM_BLOCK):
+                    piece = part[lo : lo + NORM_BLOCK]
+                    sq = squares[: piece.size]
+                    np.square(piece, out=sq, dtype=_F64)
+                    total += float(np.add.reduce(sq))
+    return math.sqrt(total)

@@ -1,0 +1,95 @@
+"""Admission of one announcement: a pure decision from the message and the state, with a reason.
+
+The signature, the job and the allowlist are checked when the message is decoded
+(``messages.verify_message``); what is left needs the coordinator's state: the run, the
+clock, the open round and what each peer already announced. The asyncio service only
+reads a message, calls ``admit`` and acts on the answer, so every hostile sequence can be
+tested here without a network.
+
+Which refusals are told to the peer (``Admission.tell``): only those about an announcement
+the peer may still stand behind. A message of another run or stamped outside the skew
+window is most likely a replay by someone else, so the peer is not told about it (a peer
+whose own clock is wrong notices from the coordinator's messages, which it refuses too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+from ..messages import Announce
+
+
+class Verdict(StrEnum):
+    ACCEPT = "accept"  # journal it, then fetch and verify it
+    DUPLICATE = "duplicate"  # already have exactly this: no work, no publish
+    REFUSE = "refuse"
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """What to do with one announcement, and why."""
+
+    verdict: Verdict
+    reason: str = ""  # a reason code: stale-round, conflicting-cid, ...
+    detail: str = ""  # one line for logs and for the peer
+    tell: bool = False  # whether the peer hears of the refusal (in its round's status)
+
+    @property
+    def text(self) -> str:
+        """``"reason: detail"``, what logs and statuses carry."""
+        return f"{self.reason}: {self.detail}" if self.detail else self.reason
+
+
+ACCEPT = Admission(Verdict.ACCEPT)
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionState:
+    """What admission needs to know of the coordinator."""
+
+    run: str
+    open_round: int
+    max_ahead: int
+    max_skew_ms: int
+    announced: Mapping[tuple[int, str], str]  # (round, peer) -> the CID it announced
+
+
+def admit(ann: Announce, state: AdmissionState, now_ms: int) -> Admission:
+    """Accept, ignore as a duplicate, or refuse (with a reason) one verified announcement."""
+    if ann.run != state.run:
+        return Admission(
+            Verdict.REFUSE, "wrong-run", f"announcement is for run {ann.run}, this is {state.run}"
+        )
+    skew = ann.sent_at - now_ms
+    if abs(skew) > state.max_skew_ms:
+        return Admission(
+            Verdict.REFUSE,
+            "clock-skew",
+            f"stamped {skew / 1000:+.1f} s from the coordinator's clock "
+            f"(the job allows {state.max_skew_ms / 1000:.0f} s)",
+        )
+    r, open_ = ann.round, state.open_round
+    if r < open_:
+        return Admission(
+            Verdict.REFUSE, "stale-round", f"round {r} is over (round {open_} is open)", tell=True
+        )
+    if r > open_ + state.max_ahead:
+        return Admission(
+            Verdict.REFUSE,
+            "future-round",
+            f"round {r} is too far ahead (round {open_} is open, {state.max_ahead} ahead allowed)",
+            tell=True,
+        )
+    known = state.announced.get((r, ann.peer))
+    if known is not None:
+        if known == ann.cid:
+            return Admission(Verdict.DUPLICATE, "duplicate")
+        return Admission(
+            Verdict.REFUSE,
+            "conflicting-cid",
+            f"round {r}: already announced {known}, the first announcement counts",
+            tell=True,
+        )
+    return ACCEPT

@@ -1,0 +1,169 @@
+"""Closing a round: aggregate the verified inputs, store the aggregate and the signed record.
+
+Node calls here are retried with backoff while the node is unreachable or answers 5xx:
+a Kubo that drops for a few seconds while the aggregate is stored must not lose the
+round. The record links only verified inputs (an excluded input's CID is text, not a
+link), it is pinned directly and the aggregate recursively, so pinning never walks an
+input nobody serves, nor the whole history behind ``prev``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, TypeVar
+
+from ..aggregate import InMemory, InputSource, Layout, aggregate_streamed
+from ..dag import CID
+from ..dag.cid import DAG_CBOR
+from ..errors import NodeError, NodeUnreachableError
+from ..format import Gradient
+from ..job import JobConfig
+from ..messages import (
+    RecordExclusion,
+    RecordInput,
+    RoundRecord,
+    SigningKey,
+    aggregate_meta,
+    encode_record,
+)
+from ..node import Node
+from ..store import GradientStore, StoredGradient
+from .inputs import VerifiedInput
+
+log = logging.getLogger("gradstore.coordinator")
+
+T = TypeVar("T")
+
+#: How long the close keeps retrying a node that fails, before the node counts as lost.
+DEFAULT_CLOSE_RETRY_S: Final = 300.0
+
+
+@dataclass(frozen=True)
+class Closed:
+    """What a closed round stored."""
+
+    output: CID
+    record: RoundRecord
+    record_cid: CID
+    stats: dict[str, Any]
+
+
+async def with_retries(
+    what: str, call: Callable[[], Awaitable[T]], *, give_up_after: float = DEFAULT_CLOSE_RETRY_S
+) -> T:
+    """``await call()``, retried with backoff on node errors for up to ``give_up_after`` s.
+
+    Errors that a retry cannot fix (a node that refuses the request) are raised at once;
+    an unreachable or failing node is retried, and raised once the time is up.
+    """
+    deadline = time.monotonic() + give_up_after
+    delay = 0.2
+    while True:
+        try:
+            return await call()
+        except NodeError as exc:
+            transient = isinstance(exc, NodeUnreachableError) or _server_side(exc)
+            if not transient or time.monotonic() + delay > deadline:
+                raise
+            log.warning("%s failed (%s); retrying in %.1f s", what, exc, delay)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 10.0)
+
+
+def _opener(node: Node, item: VerifiedInput, max_bytes: int) -> Callable[[], Awaitable[Any]]:
+    async def open_() -> StoredGradient:
+        return await StoredGradient.open(node, item.cid, item.tensors, max_bytes)
+
+    return open_
+
+
+def _server_side(exc: NodeError) -> bool:
+    status = getattr(exc, "status", None)
+    return isinstance(status, int) and status >= 500
+
+
+async def close_round(
+    config: JobConfig,
+    key: SigningKey,
+    node: Node,
+    store: GradientStore,
+    *,
+    run: str,
+    round_: int,
+    inputs: Sequence[VerifiedInput],
+    excluded: Sequence[tuple[str, str, str | None]],
+    prev: CID | None,
+    give_up_after: float = DEFAULT_CLOSE_RETRY_S,
+) -> Closed:
+    """Aggregate ``inputs`` (canonical order: sorted by peer) and store the round's record.
+
+    Raises ``AggregationError`` when the method refuses the inputs (the round then fails).
+    """
+    stats: dict[str, Any] = {}
+    verified = sorted(inputs, key=lambda i: i.peer)
+    params = config.params_for([i.peer for i in verified])
+    t0 = time.perf_counter()
+    sources: list[InputSource] = []
+    for item in verified:
+        if item.gradient is not None:
+            sources.append(InMemory(item.gradient.tensors))
+        else:  # not kept in memory: read back from our node (pinned there), range by range
+            sources.append(
+                await with_retries(
+                    f"opening {item.cid}",
+                    _opener(node, item, store.limits.max_bytes),
+                    give_up_after=give_up_after,
+                )
+            )
+    layout = Layout.of((t.name, t.array_dtype, t.shape) for t in verified[0].tensors.values())
+    norms = None if params.clip_input_norm is None else [i.norm or 0.0 for i in verified]
+    samples = [i.num_samples for i in verified]
+    result, info = await aggregate_streamed(sources, layout, params, samples, norms=norms)
+    del sources
+    stats["aggregate_s"] = round(time.perf_counter() - t0, 3)
+
+    t0 = time.perf_counter()
+    cids = [i.cid for i in verified]
+    meta = aggregate_meta(config.job, round_, config.method, cids, run=run)
+    aggregate = Gradient(result, meta)
+    output = await with_retries(
+        "storing the aggregate", lambda: store.put(aggregate), give_up_after=give_up_after
+    )
+    weights = info.weights or tuple(1.0 for _ in verified)
+    record = RoundRecord(
+        job=config.job,
+        run=run,
+        round=round_,
+        method=config.method,
+        params=params.to_record(),
+        inputs=tuple(
+            RecordInput(i.peer, i.cid, i.num_samples, float(w))
+            for i, w in zip(verified, weights, strict=True)
+        ),
+        excluded=tuple(
+            RecordExclusion(peer, why, None if cid is None else CID.parse(cid))
+            for peer, why, cid in excluded
+        ),
+        output=output,
+        prev=prev,
+        coordinator=config.coordinator,
+    )
+    record_cid, record_bytes = encode_record(record, key)
+
+    async def put_record() -> CID:
+        return await node.put_block(record_bytes, DAG_CBOR)
+
+    stored = await with_retries("storing the round record", put_record, give_up_after=give_up_after)
+    if stored != record_cid:
+        raise NodeError(f"node stored the round record as {stored}, expected {record_cid}")
+    await with_retries(
+        "pinning the round record",
+        lambda: node.pin(record_cid, recursive=False),
+        give_up_after=give_up_after,
+    )
+    stats["store_s"] = round(time.perf_counter() - t0, 3)
+    return Closed(output, record, record_cid, stats)

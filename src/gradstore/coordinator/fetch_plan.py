@@ -1,0 +1,114 @@
+"""Which announced input to fetch next, and when to try again: pure, no I/O.
+
+A fetch worker takes an input, makes one bounded attempt, and gives the worker back:
+it never holds its place while waiting to retry. First attempts go before retries, and
+retries may use only part of the workers, so peers that announce CIDs nobody serves
+cannot keep honest inputs waiting (a Byzantine-robust method would otherwise be defeated
+without a single bad gradient). Each input has a budget of attempts, after which it
+fails as unavailable.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field
+from typing import Final
+
+#: Attempts per input before it fails as unavailable.
+DEFAULT_ATTEMPTS: Final = 4
+
+
+@dataclass(order=True)
+class _Entry:
+    ready_at: float
+    attempt: int
+    seq: int
+    key: tuple[int, str] = field(compare=False)
+
+
+class FetchPlan:
+    """A queue of inputs to fetch, keyed by (round, peer), with retry backoff and budgets."""
+
+    def __init__(
+        self,
+        workers: int,
+        *,
+        attempts: int = DEFAULT_ATTEMPTS,
+        first_delay_s: float = 0.5,
+        max_delay_s: float = 5.0,
+    ) -> None:
+        self.workers = workers
+        self.attempts = attempts
+        self.first_delay_s = first_delay_s
+        self.max_delay_s = max_delay_s
+        self.retry_workers = max(1, workers // 2)
+        self._fresh: list[_Entry] = []  # first attempts, in arrival order
+        self._later: list[_Entry] = []  # retries, by ready time
+        self._tried: dict[tuple[int, str], int] = {}  # attempts made so far
+        self._queued: set[tuple[int, str]] = set()
+        self._running: dict[tuple[int, str], int] = {}  # key -> its attempt number
+        self._seq = itertools.count()
+
+    def add(self, key: tuple[int, str]) -> None:
+        """Queue a first attempt (no-op if the input is queued or being fetched)."""
+        if key in self._queued or key in self._running:
+            return
+        self._queued.add(key)
+        heapq.heappush(self._fresh, _Entry(0.0, 0, next(self._seq), key))
+
+    def drop(self, key: tuple[int, str]) -> None:
+        """Forget an input (its round moved on, or it settled)."""
+        self._queued.discard(key)
+        self._tried.pop(key, None)
+
+    def drop_round(self, round_: int) -> None:
+        for key in [k for k in (*self._queued, *self._tried) if k[0] == round_]:
+            self.drop(key)
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    def next(self, now: float) -> tuple[tuple[int, str] | None, float | None]:
+        """The input to fetch now, if any; else when to look again (None: on news only)."""
+        if len(self._running) < self.workers:
+            while self._fresh:
+                entry = heapq.heappop(self._fresh)
+                if entry.key in self._queued:
+                    return self._start(entry), None
+        retries = sum(1 for attempt in self._running.values() if attempt > 0)
+        while self._later and self._later[0].key not in self._queued:
+            heapq.heappop(self._later)
+        if not self._later:
+            return None, None
+        head = self._later[0]
+        if head.ready_at > now:
+            return None, head.ready_at
+        if len(self._running) >= self.workers or retries >= self.retry_workers:
+            return None, None  # a worker coming back will look again
+        heapq.heappop(self._later)
+        return self._start(head), None
+
+    def _start(self, entry: _Entry) -> tuple[int, str]:
+        self._queued.discard(entry.key)
+        self._running[entry.key] = entry.attempt
+        return entry.key
+
+    def finished(self, key: tuple[int, str]) -> None:
+        """The attempt succeeded or failed for good: the input leaves the plan."""
+        self._running.pop(key, None)
+        self.drop(key)
+
+    def retry(self, key: tuple[int, str], now: float) -> float | None:
+        """The attempt failed for a passing reason: when it will be tried again, or None
+        when its budget is spent (the input then fails as unavailable)."""
+        attempt = self._running.pop(key, 0) + 1
+        self._tried[key] = attempt
+        if attempt >= self.attempts:
+            self.drop(key)
+            return None
+        delay = min(self.first_delay_s * 2.0 ** (attempt - 1), self.max_delay_s)
+        self._queued.add(key)
+        heapq.heappush(self._later, _Entry(now + delay, attempt, next(self._seq), key))
+        return now + delay

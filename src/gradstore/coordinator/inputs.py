@@ -1,0 +1,173 @@
+"""Fetch and verify one announced input: one bounded attempt, and what it proved.
+
+An attempt first resolves the root block, within ``resolve_timeout_s``, and checks the
+size it declares against the job's limit before a single leaf is fetched: a peer that
+lies about its size, or announces a CID nobody serves, costs one block and a timeout.
+Then the document is fetched within a memory budget (every block verified on the way),
+decoded with the job's limits, checked against the schema and for NaN/Inf, and pinned,
+so it stays on the coordinator's node until the round is aggregated.
+
+``InputRefused`` is final for the round; a ``NodeError`` or ``TimeoutError`` is passing
+and the fetch plan may try again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Final
+
+import numpy as np
+
+from ..aggregate import global_norm
+from ..dag import CID, Block, FileAssembler
+from ..errors import DAGError, FormatError, IntegrityError, LimitExceededError
+from ..format import Gradient, Limits, TensorInfo, decode, is_float, read_header
+from ..node import Node
+from ..store import GradientStore
+from .rounds import Schema, schema_of, schema_text
+
+#: Slowest transfer an attempt allows once the root is in: its timeout grows with the size.
+MIN_RATE_BYTES_S: Final = 4 * 1024 * 1024
+
+
+class InputRefused(Exception):
+    """The input cannot enter the round; ``reason`` says why (``"too-large: ..."``)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass
+class VerifiedInput:
+    """An input that passed every check, and what aggregation needs of it."""
+
+    peer: str
+    cid: CID
+    num_samples: int
+    nbytes: int  # the document's size
+    schema: Schema
+    norm: float | None  # its global L2 norm, when the job clips inputs
+    gradient: Gradient | None  # kept in memory when the budget allows; else read again
+    tensors: dict[str, TensorInfo]  # where each tensor lives in the document, to read it again
+    seconds: float
+
+
+class ByteBudget:
+    """At most ``limit`` bytes of documents in memory at once (one document is always let in)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._cond = asyncio.Condition()
+
+    async def acquire(self, n: int) -> None:
+        async with self._cond:
+            await self._cond.wait_for(lambda: self.used == 0 or self.used + n <= self.limit)
+            self.used += n
+
+    async def release(self, n: int) -> None:
+        async with self._cond:
+            self.used -= n
+            self._cond.notify_all()
+
+    def try_take(self, n: int) -> bool:
+        """Take ``n`` bytes now if they fit (for keeping verified inputs in memory)."""
+        if self.used + n > self.limit:
+            return False
+        self.used += n
+        return True
+
+    def give_back(self, n: int) -> None:
+        """Return bytes taken with ``try_take``."""
+        self.used -= n
+
+
+async def declared_size(node: Node, cid: CID, limits: Limits, timeout: float) -> int:
+    """The document size ``cid``'s root block declares; refused over the limit.
+
+    Only the root is fetched (and verified against its CID).
+    """
+    data = await asyncio.wait_for(node.get_block(cid), timeout)
+    assembler = FileAssembler(cid, limits.max_bytes)
+    try:
+        assembler.add(Block(cid, data))  # allocates lazily; refuses a size over the limit
+    except LimitExceededError as exc:
+        raise InputRefused(f"too-large: {exc}") from None
+    except IntegrityError as exc:
+        raise InputRefused(f"integrity: {exc}") from None
+    except DAGError as exc:
+        raise InputRefused(f"malformed: {exc}") from None
+    buffer = assembler.buffer
+    assert buffer is not None
+    return int(buffer.size)
+
+
+async def verify_input(
+    node: Node,
+    store: GradientStore,
+    peer: str,
+    cid: CID,
+    num_samples: int,
+    *,
+    expected: Schema | None,
+    resolve_timeout_s: float,
+    budget: ByteBudget,
+    keep: ByteBudget,
+    clip: bool,
+) -> VerifiedInput:
+    """One attempt at ``cid`` (see the module docstring)."""
+    start = time.perf_counter()
+    size = await declared_size(node, cid, store.limits, resolve_timeout_s)
+    await budget.acquire(size)
+    kept = False
+    try:
+        timeout = resolve_timeout_s + size / MIN_RATE_BYTES_S
+        limits = store.limits
+        try:
+            buf = await asyncio.wait_for(store.fetch_document(cid), timeout)
+            gradient = decode(buf, limits)
+            header = read_header(buf, limits)
+        except IntegrityError as exc:
+            raise InputRefused(f"integrity: {exc}") from None
+        except LimitExceededError as exc:
+            raise InputRefused(f"too-large: {exc}") from None
+        except (FormatError, DAGError) as exc:
+            raise InputRefused(f"malformed: {exc}") from None
+        schema, problem, norm = await asyncio.to_thread(_check, gradient, expected, clip)
+        if problem is not None:
+            raise InputRefused(problem)
+        await asyncio.wait_for(node.pin(cid), timeout)
+        kept = keep.try_take(size)
+        return VerifiedInput(
+            peer,
+            cid,
+            num_samples,
+            size,
+            schema,
+            norm,
+            gradient if kept else None,
+            {t.name: t for t in header.tensors},
+            time.perf_counter() - start,
+        )
+    finally:
+        await budget.release(size)
+
+
+def _check(
+    gradient: Gradient, expected: Schema | None, clip: bool
+) -> tuple[Schema, str | None, float | None]:
+    """Schema, the reason the gradient cannot enter the round (or None), and its norm."""
+    schema = schema_of(gradient)
+    if expected is not None and schema != expected:
+        return (
+            schema,
+            f"schema-mismatch: expected {schema_text(expected)}, got {schema_text(schema)}",
+            None,
+        )
+    for name, arr in gradient.tensors.items():
+        if is_float(arr.dtype) and not bool(np.isfinite(arr).all()):
+            return schema, f"non-finite: tensor {name!r} holds NaN or Inf", None
+    return schema, None, global_norm(gradient.tensors) if clip else None

@@ -1,0 +1,30 @@
+"""PyTorch bridge (extra ``torch``): tensors to and from gradients, and a training-loop peer.
+
+    from gradstore.torch import to_gradient, from_gradient, TorchPeer
+
+``to_gradient(model.state_dict())`` shares the memory of CPU tensors (bfloat16 too) and
+copies CUDA tensors to the host; ``from_gradient`` gives CPU tensors back.
+:class:`TorchPeer` publishes a model's ``.grad`` (or its delta) for a round and writes
+the round's aggregate back, with a synchronous face for loops that do not use asyncio.
+"""
+
+try:
+    import torch as _torch  # noqa: F401  (fail here, with the extra's name, if torch is missing)
+except ImportError:
+    from ..errors import MissingExtraError
+
+    raise MissingExtraError("torch", "gradstore.torch (PyTorch tensors)") from None
+
+from ._convert import CODES, from_gradient, numpy_to_tensor, tensor_to_numpy, to_gradient
+from ._peer import TorchPeer, named_parameters, snapshot
+
+__all__ = [
+    "CODES",
+    "TorchPeer",
+    "from_gradient",
+    "named_parameters",
+    "numpy_to_tensor",
+    "snapshot",
+    "tensor_to_numpy",
+    "to_gradient",
+]
