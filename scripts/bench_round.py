@@ -7,25 +7,29 @@ coordinator fetches every gradient over bitswap). One round of --peers peers,
 each with a float32 gradient of --mib MiB (seeded), aggregated with --method.
 
 Stages (wall seconds unless marked "sum"):
-  put                   GradientStore.put inside Peer.publish (mean and slowest peer)
-  announce until acked  from the start until every peer's announcement is acknowledged
+  put                   each peer storing its gradient on its node (mean and slowest peer)
+  announce until acked  from the start until every peer's input is verified
+  announcements / peer  announcements sent per peer (re-announcements count)
+  first ann. to close   coordinator: from the first accepted announcement to the close
   resolve+verify (sum)  coordinator: fetch, verify and decode of every input, summed over
-                        inputs (fetches run 4 at a time)
+                        inputs (fetches run several at a time)
   round open            coordinator: from the round opening to its closing
   aggregate             coordinator: aggregation
   publish               coordinator: store the aggregate + round record, publish the result
   result at peer        from the start until a listening peer has the signed result
   fetch aggregate       that peer fetching and verifying the aggregate
-  total                 from the start until the peer holds the verified aggregate
+  total                 from the announcements until a peer holds the verified aggregate
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python scripts/bench_round.py
-    options: --peers 8 --mib 64 --method fedavg --json --kubo PATH
+    options: --peers 8 --mib 64 (or --kib 64) --method fedavg --json --kubo PATH
+    e.g. --peers 256 --kib 64, --peers 1000 --kib 16
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import subprocess
 import sys
 import tempfile
 import time
@@ -36,7 +40,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_common import MiB, dump_json, kubo_binary, machine, start_daemons, table
-from gradstore.coordinator import Coordinator
+from gradstore.coordinator import Journal
 from gradstore.format import Gradient, Limits
 from gradstore.job import JobConfig, parse_job
 from gradstore.messages import SigningKey
@@ -47,10 +51,11 @@ from gradstore.peer import Peer
 SEED = 20250918
 
 
-def make_job(n: int, method: str, mib: int) -> tuple[JobConfig, SigningKey, list[SigningKey]]:
-    coord = SigningKey.from_seed(bytes([200]) * 32)
+def make_job(n: int, method: str) -> tuple[JobConfig, SigningKey, list[SigningKey]]:
+    coord = SigningKey.from_seed(b"\xc8" * 32)
     peers = sorted(
-        (SigningKey.from_seed(bytes([i + 1]) * 32) for i in range(n)), key=lambda k: k.did
+        (SigningKey.from_seed((i + 1).to_bytes(32, "big")) for i in range(n)),
+        key=lambda k: k.did,
     )
     raw = {
         "job": "bench-round",
@@ -63,11 +68,11 @@ def make_job(n: int, method: str, mib: int) -> tuple[JobConfig, SigningKey, list
     return config, coord, peers
 
 
-def make_gradients(n: int, mib: int) -> list[Gradient]:
+def make_gradients(n: int, nbytes: int) -> list[Gradient]:
     rng = np.random.default_rng(SEED)
     out = []
     for _ in range(n):
-        a = np.empty(mib * MiB // 4, dtype=np.float32)
+        a = np.empty(nbytes // 4, dtype=np.float32)
         rng.standard_normal(dtype=np.float32, out=a)
         out.append(Gradient({"grad": a}))
     return out
@@ -76,54 +81,59 @@ def make_gradients(n: int, mib: int) -> list[Gradient]:
 async def one_round(
     daemons: list[KuboDaemon], args: argparse.Namespace, state: Path
 ) -> dict[str, Any]:
-    config, coord_key, peer_keys = make_job(args.peers, args.method, args.mib)
-    grads = make_gradients(args.peers, args.mib)
-    limits = Limits(max_bytes=args.mib * MiB + MiB)
-    coord_node = daemons[0].node()
+    config, coord_key, peer_keys = make_job(args.peers, args.method)
+    grads = make_gradients(args.peers, args.bytes)
+    limits = Limits(max_bytes=args.bytes + MiB)
     carriers = [d.node() for d in daemons[1:]]
     nodes: list[KuboNode] = [carriers[i % len(carriers)] for i in range(args.peers)]
     timings: dict[str, Any] = {}
+    job_file, key_file = state / "job.toml", state / "coord.key"
+    write_job(config, job_file, args.bytes + MiB)
+    coord_key.save(key_file)
+    log = open(state / "coordinator.log", "wb")  # noqa: SIM115 (closed in finally)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gradstore", "coordinator", "--config", str(job_file),
+         "--key", str(key_file), "--api", daemons[0].api_url, "--state", str(state / "state")],
+        stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
     try:
-        coordinator = Coordinator(
-            config, coord_key, coord_node, state, rebroadcast_s=0.5, linger_s=0
-        )
-        task = asyncio.create_task(coordinator.run())
         for carrier in carriers:  # pubsub reaches only peers the publisher knows are subscribed
-            await carrier.wait_for_topic_peers(config.gradients_topic, 1, timeout=30)
+            await carrier.wait_for_topic_peers(config.gradients_topic, 1, timeout=60)
         puts: list[float] = [0.0] * args.peers
         acked: list[float] = [0.0] * args.peers
+        sent: list[int] = [0] * args.peers
 
         async with Peer(config, nodes[0]) as listener:
             listener.store.limits = limits
             start = time.perf_counter()
 
+            everyone_stored = asyncio.Event()
+            stored = 0
+
             async def publish(i: int) -> None:
-                async with Peer(config, nodes[i], peer_keys[i], first_backoff_s=0.5) as peer:
+                nonlocal stored, start
+                async with Peer(config, nodes[i], peer_keys[i]) as peer:
                     peer.store.limits = limits
-                    inner = peer.store.put
-
-                    async def timed_put(g: Gradient, **kw: Any) -> Any:
-                        t = time.perf_counter()
-                        cid = await inner(g, **kw)
-                        puts[i] = time.perf_counter() - t
-                        return cid
-
-                    peer.store.put = timed_put  # type: ignore[method-assign,assignment]
-                    await peer.publish(grads[i], 0, 100 + i, timeout=600)
+                    t = time.perf_counter()
+                    cid = await peer.store.put(peer.prepare(grads[i], 0, 100 + i))
+                    puts[i] = time.perf_counter() - t
+                    stored += 1
+                    if stored == args.peers:
+                        start = time.perf_counter()
+                        everyone_stored.set()
+                    await everyone_stored.wait()
+                    await peer.announce(cid, 0, 100 + i, timeout=600)
                     acked[i] = time.perf_counter() - start
+                    sent[i] = peer.announcements_sent
 
             await asyncio.gather(*(publish(i) for i in range(args.peers)))
-            await listener._wait_for(lambda: 0 in listener._results, None, time.monotonic() + 600)
-            t_result = time.perf_counter() - start
-            t = time.perf_counter()
             result = await listener.await_result(0, timeout=600)
-            t_fetch = time.perf_counter() - t
             total = time.perf_counter() - start
-        outcomes = await asyncio.wait_for(task, 60)
-        outcome = outcomes[-1]
-        if outcome.status != "closed" or len(result.peers) != args.peers:
-            raise SystemExit(f"round did not close with every peer: {outcome}")
-        stats = dict(outcome.stats)
+        code = await asyncio.to_thread(process.wait, 120)
+        with Journal(state / "state" / "journal.sqlite") as journal:
+            stats = journal.stats(0) or {}
+        if code != 0 or len(result.peers) != args.peers:
+            raise SystemExit(f"round did not close with every peer: exit {code}, {stats}")
         timings = {
             "put_mean_s": sum(puts) / len(puts),
             "put_max_s": max(puts),
@@ -132,35 +142,53 @@ async def one_round(
             "open_s": stats.get("open_s"),
             "aggregate_s": stats.get("aggregate_s"),
             "publish_s": stats.get("publish_s"),
-            "result_s": t_result,
-            "fetch_aggregate_s": t_fetch,
+            "announcements_per_peer": sum(sent) / len(sent),
+            "announcements_max": max(sent),
+            "started_s": stats.get("started_s"),
             "total_s": total,
             "coordinator_stats": stats,
             "aggregate_cid": str(result.cid),
         }
     finally:
-        await coord_node.aclose()
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        log.close()
         for carrier in carriers:
             await carrier.aclose()
     return timings
 
 
+def write_job(config: JobConfig, path: Path, max_bytes: int) -> None:
+    peers = ", ".join(f'"{p}"' for p in config.peers)
+    r = config.rounds
+    path.write_text(
+        f'job = "{config.job}"\ncoordinator = "{config.coordinator}"\npeers = [{peers}]\n'
+        f'[aggregation]\nmethod = "{config.method}"\n'
+        f"[rounds]\ncount = {r.count}\nquorum = {r.quorum}\ndeadline_s = {r.deadline_s}\n"
+        f"[limits]\nmax_gradient_bytes = {max_bytes}\n"
+    )
+
+
 def report(data: dict[str, Any]) -> str:
     t = data["timings"]
-    payload = data["peers"] * data["mib"]
+    size = data["bytes"]
+    each = f"{size // MiB} MiB" if size >= MiB else f"{size // 1024} KiB"
     rows = [
         ["put (mean / slowest peer)", f"{t['put_mean_s']:.3f} / {t['put_max_s']:.3f}"],
-        ["announce until acked", f"{t['acked_s']:.3f}"],
+        ["announce until verified", f"{t['acked_s']:.3f}"],
+        [
+            "announcements / peer (max)",
+            f"{t['announcements_per_peer']:.2f} ({t['announcements_max']})",
+        ],
         ["resolve+verify (sum)", f"{t['resolve_sum_s']:.3f}"],
-        ["round open", f"{t['open_s']:.3f}"],
+        ["first announcement to close", f"{t['started_s']:.3f}"],
         ["aggregate", f"{t['aggregate_s']:.3f}"],
         ["publish", f"{t['publish_s']:.3f}"],
-        ["result at peer", f"{t['result_s']:.3f}"],
-        ["fetch aggregate", f"{t['fetch_aggregate_s']:.3f}"],
-        ["total", f"{t['total_s']:.3f}"],
+        ["total (peer holds the aggregate)", f"{t['total_s']:.3f}"],
     ]
     head = (
-        f"{data['peers']} peers x {data['mib']} MiB float32 ({payload} MiB), method "
+        f"{data['peers']} peers x {each} float32 ({data['peers'] * size / MiB:.0f} MiB), method "
         f"{data['method']}, 3 Kubo {data['kubo']} daemons (coordinator on its own), "
         f"load {data['machine']['loadavg']}"
     )
@@ -170,11 +198,14 @@ def report(data: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[1] if __doc__ else None)
     parser.add_argument("--peers", type=int, default=8)
-    parser.add_argument("--mib", type=int, default=64, help="gradient size per peer in MiB")
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--mib", type=int, help="gradient size per peer in MiB (default 64)")
+    size.add_argument("--kib", type=int, help="gradient size per peer in KiB")
     parser.add_argument("--method", default="fedavg")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--kubo", help="Kubo binary (default: $GRADSTORE_KUBO, PATH, cache)")
     args = parser.parse_args()
+    args.bytes = args.kib * 1024 if args.kib else (args.mib or 64) * MiB
     binary = kubo_binary(args.kubo)
     daemons = start_daemons(binary, 3, connect=True)
     try:
@@ -185,7 +216,7 @@ def main() -> None:
         stop_all(daemons)
     data = {
         "peers": args.peers,
-        "mib": args.mib,
+        "bytes": args.bytes,
         "method": args.method,
         "kubo": version,
         "machine": machine(),

@@ -84,17 +84,20 @@ def test_verify_round_recomputes_a_bf16_fedavg_bit_for_bit(kubo: KuboDaemon) -> 
     differ = int((honest.view(np.uint16) != twice.view(np.uint16)).sum())
     assert differ >= 100, "the inputs must exercise double rounding"
 
+    RUN = "bf16audit0run0000000000000"
+
     async def go() -> tuple[CID, CID]:
         async with kubo.node() as node:
             store = GradientStore(node)
             cids = [await store.put(g) for g in inputs]
-            meta = aggregate_meta("bf16-audit", 0, "fedavg", cids)
+            meta = aggregate_meta("bf16-audit", 0, "fedavg", cids, run=RUN)
             records = []
             for output in (honest, twice):
                 out_cid = await store.put(Gradient({"w": output}, meta))
                 assert out_cid == file_cid(encode(Gradient({"w": output}, meta)))
                 record = RoundRecord(
                     job="bf16-audit",
+                    run=RUN,
                     round=0,
                     method="fedavg",
                     params={},

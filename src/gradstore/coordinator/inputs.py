@@ -16,12 +16,12 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 
 from ..aggregate import global_norm
-from ..dag import CID, Block, FileAssembler
+from ..dag import CID, RAW, Block, FileAssembler
 from ..errors import DAGError, FormatError, IntegrityError, LimitExceededError
 from ..format import Gradient, Limits, TensorInfo, decode, is_float, read_header
 from ..node import Node
@@ -85,8 +85,8 @@ class ByteBudget:
         self.used -= n
 
 
-async def declared_size(node: Node, cid: CID, limits: Limits, timeout: float) -> int:
-    """The document size ``cid``'s root block declares; refused over the limit.
+async def root_block(node: Node, cid: CID, limits: Limits, timeout: float) -> tuple[int, bytes]:
+    """The document size ``cid``'s root block declares (refused over the limit), and the root.
 
     Only the root is fetched (and verified against its CID).
     """
@@ -102,7 +102,7 @@ async def declared_size(node: Node, cid: CID, limits: Limits, timeout: float) ->
         raise InputRefused(f"malformed: {exc}") from None
     buffer = assembler.buffer
     assert buffer is not None
-    return int(buffer.size)
+    return int(buffer.size), data
 
 
 async def verify_input(
@@ -120,14 +120,17 @@ async def verify_input(
 ) -> VerifiedInput:
     """One attempt at ``cid`` (see the module docstring)."""
     start = time.perf_counter()
-    size = await declared_size(node, cid, store.limits, resolve_timeout_s)
+    size, root = await root_block(node, cid, store.limits, resolve_timeout_s)
     await budget.acquire(size)
     kept = False
     try:
         timeout = resolve_timeout_s + size / MIN_RATE_BYTES_S
         limits = store.limits
         try:
-            buf = await asyncio.wait_for(store.fetch_document(cid), timeout)
+            if cid.codec == RAW:  # a one-block document: the root is all of it
+                buf: Any = root
+            else:
+                buf = await asyncio.wait_for(store.fetch_document(cid), timeout)
             gradient = decode(buf, limits)
             header = read_header(buf, limits)
         except IntegrityError as exc:

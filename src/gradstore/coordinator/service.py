@@ -97,7 +97,7 @@ class Coordinator:
         node: Node,
         state_dir: str | Path,
         *,
-        fetch_concurrency: int = 8,
+        fetch_concurrency: int = 16,
         fetch_attempts: int = DEFAULT_ATTEMPTS,
         resolve_timeout_s: float = 10.0,
         restart_grace_s: float | None = None,
@@ -352,6 +352,8 @@ class Coordinator:
             else:
                 outcome = await self._closed(book, closed, verdict.excluded, stats, t_close)
         await self._forget(book, keep_pins=outcome.status == "closed")
+        # from the first accepted announcement (when the round's clock started) to the end
+        stats["started_s"] = round(self.clock() - (book.started_at or book.opened_at), 3)
         return outcome
 
     async def _closed(

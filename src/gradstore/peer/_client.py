@@ -240,12 +240,12 @@ class Peer:
         raises ``RefusedError`` with the coordinator's reason as soon as it refuses or
         excludes it. Without ``wait`` it returns after the first announcement.
         """
-        if self._reader is None:
-            raise CoordinatorError("use the Peer as `async with Peer(...) as peer`")
-        if self.key is None:
-            raise CoordinatorError("publishing needs the peer's key")
-        key = self.key
-        deadline = None if timeout is None else time.monotonic() + timeout
+        cid = await self.store.put(self.prepare(gradient, round_, num_samples))
+        return await self.announce(cid, round_, num_samples, wait=wait, timeout=timeout)
+
+    def prepare(self, gradient: Gradient, round_: int, num_samples: int) -> Gradient:
+        """``gradient`` with the meta ``publish`` stores it with (round, peer, job, ...)."""
+        key = self._signer()
         meta = dict(gradient.meta)
         meta.update(
             {
@@ -256,7 +256,27 @@ class Peer:
                 "job": self.config.job,
             }
         )
-        cid = await self.store.put(Gradient(gradient.tensors, meta))
+        return Gradient(gradient.tensors, meta)
+
+    def _signer(self) -> SigningKey:
+        if self._reader is None:
+            raise CoordinatorError("use the Peer as `async with Peer(...) as peer`")
+        if self.key is None:
+            raise CoordinatorError("publishing needs the peer's key")
+        return self.key
+
+    async def announce(
+        self,
+        cid: CID,
+        round_: int,
+        num_samples: int,
+        *,
+        wait: bool = True,
+        timeout: float | None = None,
+    ) -> CID:
+        """Announce a gradient already stored (and pinned) on our node; see ``publish``."""
+        key = self._signer()
+        deadline = None if timeout is None else time.monotonic() + timeout
         if not await self._wait(lambda: self.run is not None, None, deadline):
             raise TimeoutError(f"round {round_}: no word from the coordinator in {timeout}s")
         delay = self.first_backoff_s
