@@ -355,11 +355,16 @@ def test_an_earlier_runs_messages_are_not_trusted(kubo_factory, tmp_path: Path) 
 
             replaying = asyncio.create_task(replay())
             try:
-                await asyncio.sleep(0.5)  # the old run's messages are flying
-                second, task = _coordinator(w, tmp_path / "run-2", rebroadcast_s=1.0)
                 async with Peer(config, w.peer_nodes[0]) as listener:
-                    await publish_all(w, 0, new_grads, [1, 1])
-                    result = await listener.await_result(0, timeout=30)
+                    # the peers start while only the earlier run's messages fly: they must not
+                    # take its statuses as acknowledgements, nor its result as this round's
+                    publishing = asyncio.create_task(publish_all(w, 0, new_grads, [1, 1]))
+                    awaiting = asyncio.create_task(listener.await_result(0, timeout=60))
+                    await asyncio.sleep(2.0)
+                    assert not publishing.done() and not awaiting.done()
+                    second, task = _coordinator(w, tmp_path / "run-2", rebroadcast_s=1.0)
+                    await publishing
+                    result = await awaiting
                 (new,) = await asyncio.wait_for(task, 30)
             finally:
                 replaying.cancel()

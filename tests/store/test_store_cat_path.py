@@ -15,9 +15,9 @@ import pytest
 
 from gradstore.dag import CID
 from gradstore.errors import DAGError, IntegrityError
-from gradstore.format import Gradient
+from gradstore.format import Gradient, encode
 from gradstore.node import KuboDaemon, KuboNode
-from gradstore.store import GradientStore
+from gradstore.store import GradientStore, StoredDocument
 
 pytestmark = pytest.mark.kubo
 MIB = 1 << 20
@@ -190,3 +190,34 @@ def test_a_short_cat_body_is_refused(kubo: KuboDaemon) -> None:
                 assert p.cat_requests == 1
 
     asyncio.run(go())
+
+
+def test_ranged_reads_verify_every_leaf_they_touch(kubo: KuboDaemon) -> None:
+    # StoredDocument: the coordinator reads inputs back range by range (ranged `cat`);
+    # honest ranges give the document's bytes, a flipped byte is an IntegrityError
+    g = _gradient()
+    cid = _put(kubo, g)
+    doc = encode_bytes(g)
+
+    async def go() -> None:
+        with proxy(kubo) as p:
+            async with KuboNode(p.url) as node:
+                stored = await StoredDocument.open(node, cid, 8 * MIB)
+                assert [s.size for s in stored.leaves] == [MIB, MIB, MIB, len(doc) - 3 * MIB]
+                out = np.empty(MIB + 1000, np.uint8)
+                for offset in (10, MIB + 10, 2 * MIB - 500):  # across leaves, in order
+                    await stored.read_into(offset, out)
+                    assert out.tobytes() == doc[offset : offset + out.size]
+                assert p.cat_requests >= 2
+        with proxy(kubo, flip_at=MIB - 3) as p:  # in the first leaf of the range
+            async with KuboNode(p.url) as node:
+                stored = await StoredDocument.open(node, cid, 8 * MIB)
+                with pytest.raises(IntegrityError) as info:
+                    await stored.read_into(MIB + 10, np.empty(2 * MIB, np.uint8))
+                assert CID.parse(info.value.cid) == stored.leaves[1].cid
+
+    asyncio.run(go())
+
+
+def encode_bytes(g: Gradient) -> bytes:
+    return b"".join(bytes(piece) for piece in encode(g))

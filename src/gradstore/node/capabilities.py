@@ -49,7 +49,8 @@ class SupportsGuardedImport(Protocol):
 
 @runtime_checkable
 class SupportsCatInto(Protocol):
-    """A node that reads a UnixFS file's bytes straight into a caller's buffer (Kubo's ``cat``)."""
+    """A node that reads a UnixFS file's bytes, or a range of them, straight into a caller's
+    buffer (Kubo's ``cat``)."""
 
     @property
     def bulk_reads(self) -> bool:
@@ -57,7 +58,15 @@ class SupportsCatInto(Protocol):
         ...
 
     async def cat_into(
-        self, cid: CID, out: Buffer, *, progress: Callable[[int], None] | None = None
+        self,
+        cid: CID,
+        out: Buffer,
+        *,
+        offset: int = 0,
+        progress: Callable[[int], None] | None = None,
     ) -> int:
-        """Write the file's bytes (unverified) into ``out``; return how many were written."""
+        """Write the file's bytes (unverified; from ``offset``, ``len(out)`` at most) into ``out``.
+
+        Returns how many were written.
+        """
         ...

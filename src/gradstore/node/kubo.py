@@ -435,9 +435,11 @@ class KuboNode(AsyncClosing):
         """``block/rm`` of unpinned blocks; blocks already gone are not an error."""
         await self._call("block/rm", rpc.block_rm_params(cids))
 
-    async def cat(self, cid: CID) -> AsyncIterator[bytes]:
-        """``cat``: a UnixFS file's content, streamed."""
-        async with self._open("cat", [("arg", str(cid))], cid=cid) as response:
+    async def cat(
+        self, cid: CID, *, offset: int = 0, length: int | None = None
+    ) -> AsyncIterator[bytes]:
+        """``cat``: a UnixFS file's content (or ``length`` bytes from ``offset``), streamed."""
+        async with self._open("cat", rpc.cat_params(cid, offset, length), cid=cid) as response:
             async for chunk in response.aiter_bytes():
                 yield chunk
 
@@ -447,9 +449,16 @@ class KuboNode(AsyncClosing):
         return self._transport is None and _bulk.supported(self.api)
 
     async def cat_into(
-        self, cid: CID, out: Buffer, *, progress: Callable[[int], None] | None = None
+        self,
+        cid: CID,
+        out: Buffer,
+        *,
+        offset: int = 0,
+        progress: Callable[[int], None] | None = None,
     ) -> int:
         """``cat`` a UnixFS file into the writable buffer ``out``; return the bytes written.
+
+        With ``offset``, the file's bytes from there, ``len(out)`` of them at most.
 
         The bytes are not verified here (``GradientStore`` hashes every leaf
         in place). ``IntegrityError`` if the node sends more than ``len(out)``.
@@ -464,9 +473,10 @@ class KuboNode(AsyncClosing):
         def overflow() -> Exception:
             return IntegrityError(cid, f"kubo cat {cid}: the node sent more than {len(view)} bytes")
 
+        length = len(view)  # a whole file of that size, or that many bytes from `offset`
         if not self.bulk_reads:
             pos = 0
-            async for chunk in self.cat(cid):
+            async for chunk in self.cat(cid, offset=offset, length=length):
                 if pos + len(chunk) > len(view):
                     raise overflow()
                 view[pos : pos + len(chunk)] = chunk
@@ -476,7 +486,11 @@ class KuboNode(AsyncClosing):
             return pos
 
         read = _bulk.BulkRead(
-            self.api, "cat", [("arg", str(cid))], auth=self._headers.get("Authorization"), cid=cid
+            self.api,
+            "cat",
+            rpc.cat_params(cid, offset, length),
+            auth=self._headers.get("Authorization"),
+            cid=cid,
         )
         transfer = asyncio.ensure_future(
             asyncio.to_thread(read.into, view, self.timeouts, overflow=overflow, progress=progress)

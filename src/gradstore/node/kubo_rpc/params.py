@@ -48,6 +48,16 @@ def block_rm_params(cids: Sequence[CID]) -> Params:
     return [*(("arg", str(c)) for c in cids), ("force", "true"), ("quiet", "true")]
 
 
+def cat_params(cid: CID, offset: int = 0, length: int | None = None) -> Params:
+    """``cat`` of a UnixFS file, or of ``length`` bytes from ``offset``."""
+    params: Params = [("arg", str(cid))]
+    if offset:
+        params.append(("offset", str(offset)))
+    if length is not None:
+        params.append(("length", str(length)))
+    return params
+
+
 def pubsub_pub_params(topic: str) -> Params:
     return [("arg", multibase_u(topic.encode("utf-8")))]
 
