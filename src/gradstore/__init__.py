@@ -5,27 +5,79 @@ The names most programs need, re-exported from the layer modules:
     from gradstore import Gradient, KuboNode, SyncGradientStore
     with SyncGradientStore(KuboNode()) as store:
         cid = store.put(Gradient({"w": w}))
+
+They are imported on first use, so ``import gradstore.cli`` (every command's
+start, ``gradstore --help``) does not load NumPy and httpx for nothing.
 """
 
-__version__ = "0.1.0"  # before the imports: submodules read it
+from __future__ import annotations
 
-from .dag import CID, file_cid
-from .errors import (
-    AggregationError,
-    CIDError,
-    CoordinatorError,
-    DAGError,
-    FormatError,
-    GradstoreError,
-    IntegrityError,
-    LimitExceededError,
-    MessageError,
-    MissingExtraError,
-    NodeError,
+import importlib
+from typing import TYPE_CHECKING
+
+from ._version import __version__
+
+if TYPE_CHECKING:
+    from .dag import CID, file_cid
+    from .errors import (
+        AggregationError,
+        CIDError,
+        CoordinatorError,
+        DAGError,
+        FormatError,
+        GradstoreError,
+        IntegrityError,
+        LimitExceededError,
+        MessageError,
+        MissingExtraError,
+        NodeError,
+    )
+    from .format import Gradient, Limits, decode, encode
+    from .node import KuboNode, LocalNode, Node
+    from .store import GradientStore, SyncGradientStore
+
+_ERRORS = (
+    "AggregationError",
+    "CIDError",
+    "CoordinatorError",
+    "DAGError",
+    "FormatError",
+    "GradstoreError",
+    "IntegrityError",
+    "LimitExceededError",
+    "MessageError",
+    "MissingExtraError",
+    "NodeError",
 )
-from .format import Gradient, Limits, decode, encode
-from .node import KuboNode, LocalNode, Node
-from .store import GradientStore, SyncGradientStore
+_HOMES: dict[str, str] = {
+    "CID": "dag",
+    "file_cid": "dag",
+    **dict.fromkeys(_ERRORS, "errors"),
+    "Gradient": "format",
+    "Limits": "format",
+    "decode": "format",
+    "encode": "format",
+    "KuboNode": "node",
+    "LocalNode": "node",
+    "Node": "node",
+    "GradientStore": "store",
+    "SyncGradientStore": "store",
+}
+"""Where each re-exported name lives (the TYPE_CHECKING imports above say the same)."""
+
+
+def __getattr__(name: str) -> object:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOMES})
+
 
 __all__ = [
     "CID",

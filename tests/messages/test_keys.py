@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ec import SECP256R1, generate_private_key
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gradstore.errors import KeyFileError, MessageError
 from gradstore.messages import SigningKey, did_from_public_key, public_key_from_did
@@ -64,6 +66,13 @@ def test_public_key_from_did_refuses_other_ids(bad: str) -> None:
     with pytest.raises(MessageError) as info:
         public_key_from_did(bad)
     assert info.value.reason == "malformed"
+
+
+@given(st.binary(min_size=32, max_size=32))
+def test_every_public_key_round_trips_through_its_did(raw: bytes) -> None:
+    did = did_from_public_key(raw)
+    assert did.startswith("did:key:z6Mk")
+    assert public_key_from_did(did) == raw
 
 
 def test_did_from_public_key_needs_32_bytes() -> None:

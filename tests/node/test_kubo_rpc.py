@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -327,6 +327,53 @@ def test_retries_stop_after_the_configured_number() -> None:
         run_with(handler, lambda n: n.version(), retry=Retry(retries=2, backoff=0.001))
     assert info.value.status == 503
     assert calls == 3
+
+
+class _BreaksAfter(httpx.AsyncByteStream):
+    """A 200 body that sends ``chunks`` and then fails as a dropped connection does."""
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.chunks = chunks
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for chunk in self.chunks:
+            yield chunk
+        raise httpx.ReadError("connection reset")
+
+
+async def _collect(stream: AsyncIterator[bytes]) -> bytes:
+    return b"".join([chunk async for chunk in stream])
+
+
+def test_export_car_is_retried_until_its_first_byte_arrives() -> None:
+    calls = 0
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise httpx.ConnectError("refused", request=request)
+        if calls == 2:
+            return httpx.Response(200, stream=_BreaksAfter([]))  # fails before any byte
+        return httpx.Response(200, content=b"car bytes")
+
+    root = CID.hash(RAW, b"x")
+    assert run_with(handler, lambda n: _collect(n.export_car(root))) == b"car bytes"
+    assert calls == 3
+
+
+def test_export_car_failing_after_its_first_byte_raises_and_is_not_retried() -> None:
+    calls = 0
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        nonlocal calls
+        calls += 1
+        return httpx.Response(200, stream=_BreaksAfter([b"car", b" by"]))
+
+    root = CID.hash(RAW, b"x")
+    with pytest.raises(NodeUnreachableError, match=r"dag/export.*ReadError"):
+        run_with(handler, lambda n: _collect(n.export_car(root)))
+    assert calls == 1
 
 
 def test_timeout_becomes_node_timeout_error() -> None:

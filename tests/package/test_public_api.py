@@ -23,3 +23,20 @@ def test_every_error_class_is_exported() -> None:
         and v.__bases__[0] is errors.GradstoreError
     }
     assert base <= exported | {"AuditError", "KeyFileError"}, base - exported
+
+
+def test_the_version_has_one_source() -> None:
+    from importlib.metadata import version
+
+    from gradstore._version import __version__
+
+    assert gradstore.__version__ is __version__
+    assert version("gradstore") == __version__  # pyproject reads it from _version.py
+
+
+def test_every_lazy_name_has_a_home_and_nothing_else_does() -> None:
+    homes = gradstore._HOMES
+    assert set(homes) == set(gradstore.__all__) - {"__version__"}
+    for name, home in homes.items():
+        assert getattr(gradstore, name).__module__.startswith(f"gradstore.{home}"), name
+    assert set(gradstore.__all__) <= set(dir(gradstore))

@@ -14,7 +14,7 @@ from gradstore.dag import CID, file_cid
 from gradstore.errors import BlockNotFoundError, IntegrityError, NodeError
 from gradstore.format import Gradient, encode
 from gradstore.node import KuboDaemon, KuboNode
-from gradstore.node._guarded_import import GuardedImport
+from gradstore.node._guarded_import import CanaryGuardedImport
 from gradstore.store import GradientStore, _put
 
 pytestmark = pytest.mark.kubo
@@ -161,13 +161,13 @@ def test_profile_flags_give_the_same_cid_past_the_default_link_limit(
 
 
 class _Recording:
-    """Wraps ``KuboNode.guarded_import`` to keep each ``GuardedImport`` it hands out."""
+    """Wraps ``KuboNode.guarded_import`` to keep each ``CanaryGuardedImport`` it hands out."""
 
     def __init__(self, node: KuboNode) -> None:
-        self.imports: list[GuardedImport] = []
+        self.imports: list[CanaryGuardedImport] = []
         make = node.guarded_import
 
-        def guarded_import() -> GuardedImport:
+        def guarded_import() -> CanaryGuardedImport:
             self.imports.append(make())
             return self.imports[-1]
 
@@ -207,13 +207,13 @@ def decode_equal(a: Gradient, b: Gradient) -> bool:
 
 def _gc_before_the_root(kubo: KuboDaemon, monkeypatch: pytest.MonkeyPatch) -> None:
     """Run ``ipfs repo gc`` between put's leaf imports and its root's pin."""
-    original_finish = GuardedImport.finish
+    original_finish = CanaryGuardedImport.finish
 
-    async def finish_after_gc(self: GuardedImport, root, *, pin):  # type: ignore[no-untyped-def]
+    async def finish_after_gc(self: CanaryGuardedImport, root, *, pin):  # type: ignore[no-untyped-def]
         await asyncio.to_thread(kubo.run, "repo", "gc", "--quiet")
         return await original_finish(self, root, pin=pin)
 
-    monkeypatch.setattr(GuardedImport, "finish", finish_after_gc)
+    monkeypatch.setattr(CanaryGuardedImport, "finish", finish_after_gc)
 
 
 def test_a_gc_during_put_is_caught_and_the_dag_sent_again(

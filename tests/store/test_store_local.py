@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 from gradstore.dag import CID, file_cid
 from gradstore.errors import BlockNotFoundError, IntegrityError, LimitExceededError, NodeError
 from gradstore.format import Gradient, Limits, encode
-from gradstore.node import LocalNode
+from gradstore.node import LocalNode, SupportsCatInto
 from gradstore.store import GradientStore, SyncGradientStore
 
 SEED = 20261129
@@ -122,3 +123,49 @@ def test_a_put_that_fails_midway_raises_and_leaves_no_thread_behind(tmp_path: Pa
 
     asyncio.run(asyncio.wait_for(go(), 30))
     assert not [t for t in threading.enumerate() if t.name == "gradstore-put"]
+
+
+class _CatIntoNode(LocalNode):
+    """A LocalNode that also has the ``SupportsCatInto`` capability, serving given file bytes."""
+
+    def __init__(self, path: Path, files: dict[CID, bytes]) -> None:
+        super().__init__(path)
+        self.files = files
+        self.cat_calls = 0
+
+    @property
+    def bulk_reads(self) -> bool:
+        return True
+
+    async def cat_into(
+        self, cid: CID, out: memoryview, *, progress: Callable[[int], None] | None = None
+    ) -> int:
+        self.cat_calls += 1
+        data = self.files[cid]
+        view = memoryview(out).cast("B")
+        view[: len(data)] = data
+        if progress is not None:
+            progress(len(data))
+        return len(data)
+
+
+def test_any_node_with_cat_into_gets_the_cat_path_and_every_byte_is_still_verified(
+    tmp_path: Path,
+) -> None:
+    # The store tests for the capability, not for KuboNode: a non-Kubo node offering cat_into
+    # is read through it, and a byte it flips is caught all the same.
+    g = _gradient(700_000)  # three leaves under a dag-pb root
+    doc = encode(g).tobytes()
+    with SyncGradientStore(LocalNode(tmp_path)) as store:
+        cid = store.put(g)
+    honest = _CatIntoNode(tmp_path, {cid: doc})
+    assert isinstance(honest, SupportsCatInto)
+    with SyncGradientStore(honest) as store:
+        assert store.get(cid) == g
+    assert honest.cat_calls == 1
+    flipped = bytearray(doc)
+    flipped[(1 << 20) + 5] ^= 1  # in the second leaf
+    liar = _CatIntoNode(tmp_path, {cid: bytes(flipped)})
+    with SyncGradientStore(liar) as store, pytest.raises(IntegrityError):
+        store.get(cid)
+    assert liar.cat_calls == 1

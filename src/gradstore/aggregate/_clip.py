@@ -35,7 +35,8 @@ def global_norm(tensors: Tensors) -> float:
                 part = flat[lo : lo + BLOCK]
                 squares = buf[: part.size]
                 np.square(part, out=squares, dtype=_F64)
-                total += float(np.add.reduce(squares))
+                # sum() is np.add.reduce (same bits); NumPy 2.5's stubs refuse the latter
+                total += float(squares.sum())
     return math.sqrt(total)
 
 

@@ -295,5 +295,6 @@ async def _norm(source: InputSource, layout: Layout) -> float:
                     piece = part[lo : lo + NORM_BLOCK]
                     sq = squares[: piece.size]
                     np.square(piece, out=sq, dtype=_F64)
-                    total += float(np.add.reduce(sq))
+                    # sum() is np.add.reduce (same bits); NumPy 2.5's stubs refuse the latter
+                    total += float(sq.sum())
     return math.sqrt(total)

@@ -1,4 +1,7 @@
-"""Job subcommands: keygen, coordinator, peer publish/await, aggregate (offline), round show."""
+"""Job subcommands: keygen, coordinator, peer publish/await, aggregate (offline), round show.
+
+Their parsers are in ``_job_args``.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..aggregate import METHODS, AggregationParams, aggregate
+from ..aggregate import AggregationParams, aggregate
 from ..coordinator import Coordinator, Journal, RoundOutcome, format_outcome
 from ..dag import CID
 from ..errors import AggregationError, CoordinatorError
@@ -21,92 +24,10 @@ from ..job import load_job
 from ..messages import SigningKey, decode_record
 from ..peer import Peer
 from . import _exit
-from ._nodes import add_node_options, node_from_args
+from ._nodes import node_from_args
 from ._tensor_files import load_gradient, save_gradient
 
 T = TypeVar("T")
-
-
-def register(sub: Any) -> None:
-    p = sub.add_parser(
-        "keygen", help="create an Ed25519 identity (file mode 0600); prints its did:key"
-    )
-    p.add_argument("--out", required=True, help="key file to create (never overwritten)")
-    p.set_defaults(run=cmd_keygen)
-
-    p = sub.add_parser("coordinator", help="run a job's coordinator until its rounds are done")
-    p.add_argument("--config", required=True, help="job file (TOML)")
-    p.add_argument("--key", required=True, help="the coordinator's key file")
-    p.add_argument(
-        "--state", default=None, help="journal folder (default: ./gradstore-state/<job>)"
-    )
-    p.add_argument(
-        "-v", "--verbose", action="count", default=0, help="log announcements (-vv: debug)"
-    )
-    add_node_options(p)
-    p.set_defaults(run=cmd_coordinator)
-
-    peer = sub.add_parser("peer", help="act as one of a job's peers")
-    psub = peer.add_subparsers(dest="peer_command", metavar="ACTION", required=True)
-    p = psub.add_parser(
-        "publish", help="store a gradient, announce it, wait for the coordinator's ack"
-    )
-    p.add_argument("gradient", help="gradient as .npz or .safetensors")
-    p.add_argument("--config", required=True, help="job file (TOML)")
-    p.add_argument("--key", required=True, help="this peer's key file")
-    p.add_argument("--round", type=int, required=True)
-    p.add_argument("--num-samples", type=int, default=1)
-    p.add_argument("--no-wait", action="store_true", help="return after the first announcement")
-    p.add_argument("--timeout", type=float, default=None, help="give up after S seconds")
-    add_node_options(p)
-    p.set_defaults(run=cmd_peer_publish)
-
-    p = psub.add_parser("await", help="wait for a round's result, verify and save the aggregate")
-    p.add_argument("--config", required=True, help="job file (TOML)")
-    p.add_argument("--round", type=int, required=True)
-    p.add_argument(
-        "-o",
-        "--output",
-        required=True,
-        help="file to write: .safetensors by its extension, else .npz",
-    )
-    p.add_argument("--timeout", type=float, default=None, help="give up after S seconds")
-    add_node_options(p)
-    p.set_defaults(run=cmd_peer_await)
-
-    p = sub.add_parser(
-        "aggregate",
-        help="aggregate .npz/.safetensors gradients offline with the coordinator's code",
-        epilog="sum/mean/fedavg/weighted over large float32/float64 tensors run a numba-compiled "
-        "kernel that gives the NumPy path's exact bits; GRADSTORE_NUMBA=0 turns it off.",
-    )
-    p.add_argument(
-        "inputs", nargs="*", help="gradients as .npz or .safetensors, in canonical order"
-    )
-    p.add_argument("-o", "--output", required=True)
-    p.add_argument("--method", required=True, choices=METHODS)
-    # nargs="+" lists swallow the inputs that follow them (`--num-samples 10 20 a.npz b.npz`):
-    # they take strings, and _split_lists gives the non-numeric tail back to the inputs.
-    p.add_argument("--num-samples", nargs="+", default=None, metavar="N", help="one per input")
-    p.add_argument("--weights", nargs="+", default=None, metavar="W", help="one per input")
-    p.add_argument("--trim-ratio", type=float, default=None)
-    p.add_argument("--byzantine", type=int, default=None)
-    p.add_argument("--select", type=int, default=None)
-    p.add_argument("--clip-input-norm", type=float, default=None)
-    p.add_argument("--clip-output-norm", type=float, default=None)
-    p.set_defaults(run=cmd_aggregate)
-
-    rnd = sub.add_parser("round", help="inspect round records")
-    rsub = rnd.add_subparsers(dest="round_command", metavar="ACTION", required=True)
-    p = rsub.add_parser("show", help="a round record as JSON, with each peer's status")
-    p.add_argument("record", help="round record CID")
-    p.add_argument(
-        "--state",
-        default=None,
-        help="the coordinator's journal folder: adds the round's stats (seconds per stage, bytes)",
-    )
-    add_node_options(p)
-    p.set_defaults(run=cmd_round_show)
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:

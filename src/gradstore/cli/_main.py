@@ -7,12 +7,12 @@ import difflib
 import sys
 from collections.abc import Callable, Sequence
 
-from .. import __version__
+from .._version import __version__
 from ..errors import GradstoreError
-from . import _demo_cmd, _exit, _job_cmds, _store_cmds
+from . import _demo_cmd, _exit, _job_args, _store_args
 
 Command = Callable[[argparse.Namespace], int]
-_REGISTRARS = (_store_cmds.register, _job_cmds.register, _demo_cmd.register)
+_REGISTRARS = (_store_args.register, _job_args.register, _demo_cmd.register)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import TYPE_CHECKING
 
-from ..node import KuboNode, LocalNode, Node
+if TYPE_CHECKING:
+    from ..node import Node
 
 DEFAULT_API = "http://127.0.0.1:5001"
 
@@ -31,6 +33,9 @@ def add_node_options(
 
 
 def node_from_args(args: argparse.Namespace) -> Node:
+    """The node the options name (imported here: ``--help`` must not load the node layer)."""
+    from ..node import KuboNode, LocalNode
+
     if args.local:
         return LocalNode(args.local)
     api = args.api or os.environ.get("GRADSTORE_API") or DEFAULT_API

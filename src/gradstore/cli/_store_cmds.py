@@ -1,4 +1,4 @@
-"""Store subcommands: encode, decode, cid, put, get, verify, inspect."""
+"""Store subcommands: encode, decode, cid, put, get, verify, inspect (their parsers: ``_store_args``)."""
 
 from __future__ import annotations
 
@@ -17,94 +17,12 @@ from ..errors import CIDError, FormatError, LimitExceededError, NodeTimeoutError
 from ..format import DEFAULT_LIMITS, DocumentHeader, Limits, decode, encode, read_header
 from ..store import GradientStore
 from . import _exit
-from ._nodes import add_node_options, node_from_args
+from ._nodes import node_from_args
 from ._progress import ProgressBar
 from ._tensor_files import load_gradient, save_gradient
 
 T = TypeVar("T")
 _FILE_CHUNK = 16 << 20
-
-
-def register(sub: Any) -> None:
-    p = sub.add_parser(
-        "encode", help="write the gradstore/1 document of an .npz or .safetensors file"
-    )
-    p.add_argument("input", help="gradient as .npz or .safetensors")
-    p.add_argument("-o", "--output", required=True, help="document file to write")
-    p.add_argument(
-        "--meta", action="append", default=[], metavar="K=V", help="meta entry (repeatable)"
-    )
-    p.set_defaults(run=cmd_encode)
-
-    p = sub.add_parser(
-        "decode", help="turn a gradstore/1 document back into an .npz or .safetensors file"
-    )
-    p.add_argument("input", help="document file")
-    p.add_argument(
-        "-o",
-        "--output",
-        required=True,
-        help="file to write: .safetensors by its extension, else .npz",
-    )
-    _add_max_bytes(p)
-    p.set_defaults(run=cmd_decode)
-
-    p = sub.add_parser(
-        "cid", help="CID of a gradient's document (or of any file with --raw), no node needed"
-    )
-    p.add_argument("input", help="gradient as .npz or .safetensors (or any file with --raw)")
-    p.add_argument(
-        "--raw", action="store_true", help="CID of the file's bytes, as `ipfs add --only-hash`"
-    )
-    p.add_argument(
-        "--meta", action="append", default=[], metavar="K=V", help="meta entry (repeatable)"
-    )
-    p.set_defaults(run=cmd_cid)
-
-    p = sub.add_parser(
-        "put", help="store an .npz or .safetensors gradient on the node, pinned; prints its CID"
-    )
-    p.add_argument("input", help="gradient as .npz or .safetensors")
-    p.add_argument(
-        "--meta", action="append", default=[], metavar="K=V", help="meta entry (repeatable)"
-    )
-    add_node_options(p)
-    _add_timeout(p)
-    p.set_defaults(run=cmd_put)
-
-    p = sub.add_parser(
-        "get", help="fetch, verify and decode a gradient into an .npz or .safetensors file"
-    )
-    p.add_argument("cid")
-    p.add_argument(
-        "-o",
-        "--output",
-        required=True,
-        help="file to write: .safetensors by its extension, else .npz",
-    )
-    add_node_options(p)
-    _add_timeout(p)
-    _add_max_bytes(p)
-    p.set_defaults(run=cmd_get)
-
-    p = sub.add_parser(
-        "verify", help="check every block of a CID and that it is a canonical gradstore/1 document"
-    )
-    p.add_argument("cid")
-    add_node_options(p)
-    _add_timeout(p)
-    _add_max_bytes(p)
-    p.set_defaults(run=cmd_verify)
-
-    p = sub.add_parser(
-        "inspect", help="names, dtypes, shapes, sizes and meta of a CID or document file"
-    )
-    p.add_argument("target", help="a CID or a document file")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    add_node_options(p)
-    _add_timeout(p)
-    _add_max_bytes(p)
-    p.set_defaults(run=cmd_inspect)
 
 
 def parse_meta(items: list[str]) -> dict[str, Any]:
@@ -150,32 +68,14 @@ def _file_pieces(path: str) -> Any:
             yield memoryview(buf)[:n]
 
 
-def _add_max_bytes(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--max-bytes",
-        type=int,
-        default=DEFAULT_LIMITS.max_bytes,
-        metavar="N",
-        help=f"refuse documents larger than N bytes (default {DEFAULT_LIMITS.max_bytes}, 1 GiB)",
-    )
-
-
 def _limits(args: argparse.Namespace) -> Limits:
     """The decoding limits a command runs with: the defaults, scaled to ``--max-bytes``."""
-    max_bytes = getattr(args, "max_bytes", DEFAULT_LIMITS.max_bytes)
+    max_bytes = getattr(args, "max_bytes", None)
+    if max_bytes is None:
+        max_bytes = DEFAULT_LIMITS.max_bytes
     if max_bytes <= 0:
         raise LimitExceededError(f"--max-bytes must be positive, got {max_bytes}")
     return Limits(max_bytes=max_bytes, max_elements=max(DEFAULT_LIMITS.max_elements, max_bytes))
-
-
-def _add_timeout(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--timeout",
-        type=float,
-        default=None,
-        metavar="S",
-        help="give up after S seconds (Kubo waits for a missing block as long as it is asked to)",
-    )
 
 
 def _with_store(

@@ -98,7 +98,7 @@ def normalize_array(value: object, path: str) -> np.ndarray[Any, Any]:
     target = numpy_dtype(code)
     assert target is not None
     arr = np.asarray(value, dtype=target, order="C")
-    if code == "|b1" and arr.size and arr.view(np.uint8).max() > 1:
+    if code == "|b1" and arr.size and np.max(arr.view(np.uint8)) > 1:
         # A bool array built by a view can hold bytes other than 0/1: write 0/1 only.
         arr = arr.view(np.uint8) != 0
     return arr

@@ -232,7 +232,7 @@ def _read_tensor(
             f"$.tensors[{i}].data",
         )
     r.take(nbytes)
-    if dtype == "|b1" and nbytes and np.frombuffer(r.buf, np.uint8, nbytes, offset).max() > 1:
+    if dtype == "|b1" and nbytes and np.max(np.frombuffer(r.buf, np.uint8, nbytes, offset)) > 1:
         raise InvalidDocumentError("bool bytes must be 0 or 1", f"$.tensors[{i}].data")
     return TensorInfo(name, dtype, tuple(dims), offset, nbytes), raw, count
 

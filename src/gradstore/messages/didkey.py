@@ -1,7 +1,8 @@
 """did:key identifiers for Ed25519 public keys, and signature checks against them.
 
-A did:key is ``did:key:z`` + base58btc(multicodec ``ed25519-pub`` (0xed, varint
-``ed 01``) + the 32-byte public key), so every id starts ``did:key:z6Mk``.
+A did:key is ``did:key:`` + multibase base58btc (``z...``) of multicodec
+``ed25519-pub`` (0xed, varint ``ed 01``) + the 32-byte public key, so every id
+starts ``did:key:z6Mk``. The base58 and varint work is ``multiformats``'.
 """
 
 from __future__ import annotations
@@ -11,47 +12,23 @@ from typing import Final
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from multiformats import multibase, multicodec
 
 from ..errors import MessageError
 
 DID_KEY_PREFIX: Final = "did:key:"
-ED25519_PUB_MULTICODEC: Final = b"\xed\x01"  # varint(0xed)
+ED25519_PUB_MULTICODEC: Final = multicodec.wrap("ed25519-pub", b"")  # varint(0xed): ed 01
 PUBLIC_KEY_LEN: Final = 32
 SIGNATURE_LEN: Final = 64
 # 34 bytes in base58 are at most 47 characters; anything longer is not ours.
 _MAX_DID_LEN: Final = len(DID_KEY_PREFIX) + 1 + 48
-
-_B58_ALPHABET: Final = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
-_B58_INDEX: Final = {c: i for i, c in enumerate(_B58_ALPHABET)}
-
-
-def _b58encode(data: bytes) -> str:
-    n = int.from_bytes(data, "big")
-    out = []
-    while n:
-        n, r = divmod(n, 58)
-        out.append(_B58_ALPHABET[r])
-    zeros = len(data) - len(data.lstrip(b"\0"))
-    return "1" * zeros + "".join(reversed(out))
-
-
-def _b58decode(text: str) -> bytes:
-    n = 0
-    for c in text:
-        digit = _B58_INDEX.get(c)
-        if digit is None:
-            raise ValueError(f"{c!r} is not a base58btc character")
-        n = n * 58 + digit
-    zeros = len(text) - len(text.lstrip("1"))
-    body = n.to_bytes((n.bit_length() + 7) // 8, "big") if n else b""
-    return b"\0" * zeros + body
 
 
 def did_from_public_key(raw32: bytes) -> str:
     """The ``did:key:z6Mk...`` id of a raw 32-byte Ed25519 public key."""
     if not isinstance(raw32, bytes | bytearray) or len(raw32) != PUBLIC_KEY_LEN:
         raise MessageError("malformed", "an Ed25519 public key is exactly 32 bytes")
-    return DID_KEY_PREFIX + "z" + _b58encode(ED25519_PUB_MULTICODEC + bytes(raw32))
+    return DID_KEY_PREFIX + multibase.encode(ED25519_PUB_MULTICODEC + bytes(raw32), "base58btc")
 
 
 @lru_cache(maxsize=4096)
@@ -64,8 +41,8 @@ def public_key_from_did(did: str) -> bytes:
     ):
         raise MessageError("malformed", f"not an Ed25519 did:key: {did!r:.80}")
     try:
-        raw = _b58decode(did[len(DID_KEY_PREFIX) + 1 :])
-    except ValueError as exc:
+        raw = multibase.decode(did[len(DID_KEY_PREFIX) :])  # the "z" prefix: base58btc
+    except ValueError as exc:  # the multiformats/bases decoding errors are ValueErrors
         raise MessageError("malformed", f"not an Ed25519 did:key: {did!r} ({exc})") from None
     if len(raw) != 2 + PUBLIC_KEY_LEN or raw[:2] != ED25519_PUB_MULTICODEC:
         raise MessageError(

@@ -1,12 +1,14 @@
 """IPFS nodes behind one narrow async interface: ``KuboNode`` (Kubo RPC) and ``LocalNode``.
 
-``KuboDaemon`` and ``find_kubo_binary`` launch isolated Kubo daemons for tests
-and local runs.
+Optional capabilities (``SupportsCatInto``, ``SupportsGuardedImport``) are
+protocols too: callers test for them, not for a class. ``KuboDaemon`` and
+``find_kubo_binary`` launch isolated Kubo daemons for tests and local runs.
 """
 
 from ._config import MAX_PUBSUB_DATA, DaemonSettings, Retry, Timeouts
 from ._follow import follow
 from .base import Node, NodeIdentity, PubsubMessage, Subscription
+from .capabilities import GuardedImport, SupportsCatInto, SupportsGuardedImport
 from .daemon import KuboDaemon, find_kubo_binary, stop_all
 from .kubo import KuboNode, KuboSubscription
 from .local import LocalNode, LocalSubscription
@@ -14,6 +16,7 @@ from .local import LocalNode, LocalSubscription
 __all__ = [
     "MAX_PUBSUB_DATA",
     "DaemonSettings",
+    "GuardedImport",
     "KuboDaemon",
     "KuboNode",
     "KuboSubscription",
@@ -24,6 +27,8 @@ __all__ = [
     "PubsubMessage",
     "Retry",
     "Subscription",
+    "SupportsCatInto",
+    "SupportsGuardedImport",
     "Timeouts",
     "find_kubo_binary",
     "follow",

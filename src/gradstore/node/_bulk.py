@@ -4,7 +4,8 @@ httpx moves large bodies through several small copies per 64 KiB on the event
 loop (about 4x slower than ``ipfs cat`` for a 256 MiB file). Here the answer
 body is read straight into the caller's buffer with ``readinto`` (the kernel
 copies once), and the request ends with ``Connection: close`` so nothing is
-pooled. Only plain ``http://`` APIs; errors become the node layer's types.
+pooled. Only plain ``http://`` APIs. Failures become the node layer's errors
+through ``kubo_rpc.error_map``, the same table as httpx's.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from collections.abc import Callable
 from typing import BinaryIO, cast
 from urllib.parse import quote, urlsplit
 
-from ..errors import NodeError, NodeTimeoutError, NodeUnreachableError
+from ..dag.cid import CID
+from ..errors import NodeError
 from . import kubo_rpc as rpc
 from ._config import Timeouts
 
@@ -40,7 +42,7 @@ def _line(stream: BinaryIO, what: str) -> bytes:
     if len(line) > _MAX_LINE:
         raise NodeError(f"kubo answered with a {what} line over {_MAX_LINE} bytes")
     if not line.endswith(b"\n"):
-        raise NodeUnreachableError(f"kubo closed the connection in the middle of a {what} line")
+        raise ConnectionAbortedError(f"the node closed the connection in a {what} line")
     return line.rstrip(b"\r\n")
 
 
@@ -53,12 +55,24 @@ def _headers(stream: BinaryIO, what: str) -> dict[str, str]:
 
 
 class BulkRead:
-    """POST ``command`` to Kubo and read the answer's body into a caller's buffer."""
+    """POST ``command`` to Kubo and read the answer's body into a caller's buffer.
 
-    def __init__(self, api: str, command: str, params: rpc.Params, *, auth: str | None) -> None:
+    An error answer about ``cid`` may be ``BlockNotFoundError`` (``error_from_response``).
+    """
+
+    def __init__(
+        self,
+        api: str,
+        command: str,
+        params: rpc.Params,
+        *,
+        auth: str | None,
+        cid: CID | None = None,
+    ) -> None:
         parts = urlsplit(api)
         self.api = api
         self.command = command
+        self.cid = cid
         self.host = parts.hostname or "127.0.0.1"
         self.port = parts.port or 80
         query = "&".join(f"{quote(k)}={quote(v, safe='')}" for k, v in params)
@@ -88,24 +102,18 @@ class BulkRead:
         out: memoryview,
         timeouts: Timeouts,
         *,
-        error: Callable[[int, bytes], NodeError],
         overflow: Callable[[], Exception],
         progress: Callable[[int], None] | None = None,
     ) -> int:
         """Fill ``out`` from the body; return the bytes read.
 
-        ``error(status, body)`` builds the exception for a non-200 answer;
-        ``overflow()`` the one for a body longer than ``out``. ``progress(n)``
-        is called (in this thread) as the filled prefix grows.
+        ``overflow()`` builds the exception for a body longer than ``out``.
+        ``progress(n)`` is called (in this thread) as the filled prefix grows.
         """
         try:
             sock = socket.create_connection((self.host, self.port), timeout=timeouts.connect)
-        except TimeoutError as exc:
-            raise NodeTimeoutError(f"kubo {self.command}: connect timeout to {self.api}") from exc
         except OSError as exc:
-            raise NodeUnreachableError(
-                f"cannot connect to {self.api}: is the Kubo daemon running? ({exc})"
-            ) from exc
+            raise rpc.error_from_socket(exc, self.command, self.api, connecting=True) from exc
         self._sock = sock
         if self._aborted:
             sock.close()
@@ -114,15 +122,9 @@ class BulkRead:
             sock.settimeout(timeouts.read)
             sock.sendall(self.request)
             with sock.makefile("rb", buffering=256 * 1024) as stream:
-                return self._read(cast(BinaryIO, stream), out, error, overflow, progress)
-        except TimeoutError as exc:
-            raise NodeTimeoutError(
-                f"kubo {self.command}: read timeout talking to {self.api}"
-            ) from exc
+                return self._read(cast(BinaryIO, stream), out, overflow, progress)
         except OSError as exc:
-            raise NodeUnreachableError(
-                f"kubo {self.command}: connection to {self.api} failed: {exc}"
-            ) from exc
+            raise rpc.error_from_socket(exc, self.command, self.api, connecting=False) from exc
         finally:
             self._sock = None
             sock.close()
@@ -131,7 +133,6 @@ class BulkRead:
         self,
         stream: BinaryIO,
         out: memoryview,
-        error: Callable[[int, bytes], NodeError],
         overflow: Callable[[], Exception],
         progress: Callable[[int], None] | None,
     ) -> int:
@@ -146,14 +147,16 @@ class BulkRead:
             limit = min(int(length), _MAX_ERROR_BODY) if length and length.isdigit() else None
             body = bytearray(_MAX_ERROR_BODY)
             n = self._body(stream, memoryview(body), chunked, limit, lambda: None, None)
-            raise error(status, bytes(body[:n]))
+            raise rpc.error_from_response(self.command, status, bytes(body[:n]), cid=self.cid)
         total = int(length) if length and length.isdigit() and not chunked else None
         n = self._body(stream, out, chunked, total, overflow, progress)
         if chunked:
             trailers = _headers(stream, "trailer")
             failure = trailers.get("x-stream-error")
             if failure:
-                raise error(500, failure.encode("utf-8", "replace"))
+                raise rpc.error_from_response(
+                    self.command, 500, failure.encode("utf-8", "replace"), cid=self.cid
+                )
         return n
 
     def _body(
@@ -183,9 +186,7 @@ class BulkRead:
                 if not got:
                     if n is None:
                         return False
-                    raise NodeUnreachableError(
-                        f"kubo {self.command}: connection closed {n} bytes before the end"
-                    )
+                    raise ConnectionAbortedError(f"the node closed the connection {n} bytes early")
                 pos += got
                 if n is not None:
                     n -= got

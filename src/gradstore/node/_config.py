@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+import itertools
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, TypeVar
 
 import httpx
 
 from ..errors import LimitExceededError
+
+T = TypeVar("T")
 
 PUBSUB_ENVELOPE_ALLOWANCE: Final = 1024
 """Bytes of libp2p's 1 MiB message limit kept for the envelope (from, seqno, signature, key)."""
@@ -48,9 +52,14 @@ class Timeouts:
 
 @dataclass(frozen=True, slots=True)
 class Retry:
-    """Exponential backoff for calls that are safe to repeat: ``retries`` extra attempts."""
+    """Exponential backoff for calls that are safe to repeat: ``retries`` extra attempts.
 
-    retries: int = 3
+    ``retries=None`` retries for as long as the caller keeps asking (a service
+    resubscribing to its topic). The one retry policy of the project: every
+    retry loop takes its sleeps from ``delays`` (or lets ``call`` loop).
+    """
+
+    retries: int | None = 3
     backoff: float = 0.1
     factor: float = 2.0
     max_backoff: float = 2.0
@@ -58,9 +67,26 @@ class Retry:
     def delays(self) -> Iterator[float]:
         """Sleep before each retry: backoff, backoff*factor, ... capped at max_backoff."""
         delay = self.backoff
-        for _ in range(self.retries):
+        for _ in range(self.retries) if self.retries is not None else itertools.count():
             yield min(delay, self.max_backoff)
-            delay *= self.factor
+            delay = min(delay * self.factor, self.max_backoff)
+
+    async def call(
+        self, attempt: Callable[[], Awaitable[T]], *, retry_on: Callable[[Exception], bool]
+    ) -> T:
+        """``await attempt()``, again after each delay while it raises what ``retry_on`` accepts.
+
+        The last failure, or the first that ``retry_on`` refuses, is raised as it is.
+        """
+        delays = self.delays()
+        while True:
+            try:
+                return await attempt()
+            except Exception as error:
+                delay = next(delays, None)
+                if delay is None or not retry_on(error):
+                    raise
+            await asyncio.sleep(delay)
 
 
 @dataclass(frozen=True, slots=True)

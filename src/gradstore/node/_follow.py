@@ -13,29 +13,34 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from typing import Final
 
 from ..errors import NodeError
+from ._config import Retry
 from .base import Node, PubsubMessage, Subscription
 
 log = logging.getLogger("gradstore.node")
 
-FIRST_DELAY_S = 0.5
-MAX_DELAY_S = 10.0
+RESUBSCRIBE: Final = Retry(retries=None, backoff=0.5, factor=2.0, max_backoff=10.0)
+"""Sleeps before each resubscription, for ever; they start again from 0.5 s once messages flow."""
 
 
-async def follow(node: Node, sub: Subscription) -> AsyncIterator[PubsubMessage]:
+async def follow(
+    node: Node, sub: Subscription, *, retry: Retry = RESUBSCRIBE
+) -> AsyncIterator[PubsubMessage]:
     """Every message of ``sub``'s topic, reopening the subscription whenever it fails.
 
     ``sub`` must already be entered; ``follow`` closes it (or its replacement) when the
-    caller stops iterating.
+    caller stops iterating. ``retry`` paces the resubscriptions (once a limited
+    one runs out, ``follow`` raises ``NodeError``).
     """
     topic = sub.topic
-    delay = FIRST_DELAY_S
+    delays = retry.delays()
     try:
         while True:
             try:
                 async for message in sub:
-                    delay = FIRST_DELAY_S
+                    delays = retry.delays()
                     yield message
                 reason = "the subscription ended"
             except NodeError as exc:
@@ -43,14 +48,17 @@ async def follow(node: Node, sub: Subscription) -> AsyncIterator[PubsubMessage]:
             log.warning("lost the subscription to %s (%s); resubscribing", topic, reason)
             await sub.__aexit__(None, None, None)
             while True:
+                delay = next(delays, None)
+                if delay is None:
+                    raise NodeError(f"lost the subscription to {topic} ({reason}); gave up")
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, MAX_DELAY_S)
                 sub = node.subscribe(topic)
                 try:
                     await sub.__aenter__()
                     log.info("subscribed to %s again", topic)
                     break
                 except NodeError as exc:
+                    reason = str(exc)
                     log.warning("resubscribing to %s failed (%s); retrying", topic, exc)
     finally:
         await sub.__aexit__(None, None, None)

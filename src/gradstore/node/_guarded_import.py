@@ -17,26 +17,49 @@ So:
    block, so it would have taken the canary of every request before it. All
    canaries present means no block sent here was collected; then they are
    removed. A missing canary makes ``finish`` return False and the caller
-   sends the DAG again the slow, walking way.
+   sends the DAG again the slow, walking way (and ``abandon`` drops the pin if
+   that fails too).
+
+``CanaryGuardedImport`` needs only the few public calls of ``GuardedTarget``
+(``KuboNode`` has them), so this module and ``kubo`` do not import each other.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import AsyncIterable, AsyncIterator
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterable, AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..dag.block import Block
 from ..dag.car import write_car_async
 from ..dag.cid import CID, RAW
-from ..errors import IntegrityError, NodeError
-from . import kubo_rpc as rpc
+from ..errors import BlockNotFoundError, IntegrityError, NodeError
 
 if TYPE_CHECKING:
-    from .kubo import KuboNode
+    from typing_extensions import Buffer
 
 log = logging.getLogger("gradstore.node")
+
+
+class GuardedTarget(Protocol):
+    """The node calls a ``CanaryGuardedImport`` makes (``KuboNode``'s)."""
+
+    async def import_car_gc_locked(self, car: AsyncIterable[Buffer], *, guard: CID) -> None:
+        """Import ``car`` (whose only root is ``guard``) holding the node's GC lock throughout."""
+        ...
+
+    async def dag_put(self, block: Block, *, pin: bool) -> CID:
+        """Store one block as it is (pinned recursively without a walk if asked)."""
+        ...
+
+    async def has_block(self, cid: CID) -> bool: ...
+
+    async def block_rm(self, cids: Sequence[CID]) -> None: ...
+
+    async def dag_stat(self, cid: CID, *, offline: bool = False) -> dict[str, Any]: ...
+
+    async def unpin(self, cid: CID) -> None: ...
 
 
 def _canary() -> Block:
@@ -44,13 +67,14 @@ def _canary() -> Block:
     return Block(CID.hash(RAW, data), data)
 
 
-class GuardedImport:
-    """One new DAG sent to a ``KuboNode`` over one or more (concurrent) ``send`` calls."""
+class CanaryGuardedImport:
+    """One new DAG sent to a node over one or more (concurrent) ``send`` calls (a ``GuardedImport``)."""
 
-    def __init__(self, node: KuboNode) -> None:
+    def __init__(self, node: GuardedTarget) -> None:
         self.node = node
         self.guard = CID.hash(RAW, os.urandom(32))  # hashed from bytes that are never stored
         self.canaries: list[CID] = []
+        self._pinned: CID | None = None
 
     async def send(self, blocks: AsyncIterable[Block]) -> None:
         """Import ``blocks`` in one request that holds Kubo's GC lock; nothing is pinned yet."""
@@ -62,11 +86,9 @@ class GuardedImport:
             async for block in blocks:
                 yield block
 
-        car = write_car_async([self.guard], canary_first())
-        answer = await self.node._upload(
-            "dag/import", rpc.guarded_import_params(), car, retry=False, filename="import.car"
+        await self.node.import_car_gc_locked(
+            write_car_async([self.guard], canary_first()), guard=self.guard
         )
-        rpc.parse_guarded_import(rpc.parse_ndjson("dag/import", answer), self.guard)
 
     async def finish(self, root: Block, *, pin: bool) -> bool:
         """Store ``root`` (pinned recursively if ``pin``) once every ``send`` has returned.
@@ -74,24 +96,37 @@ class GuardedImport:
         True when no block sent before could have been garbage-collected on the
         way; False when one may have been (the root is stored all the same).
         """
-        boundary = rpc.new_boundary()
-        answer = await self.node._call(
-            "dag/put",
-            rpc.dag_put_params(root.cid.codec, pin=pin),
-            body=lambda: rpc.multipart_stream([root.data], boundary, filename="root"),
-            boundary=boundary,
-            retry=True,  # storing and pinning the same block again is harmless
-        )
-        items = rpc.parse_ndjson("dag/put", answer)  # an error after the CID line raises here
-        stored = rpc.parse_dag_put(items[0] if len(items) == 1 else items)
+        stored = await self.node.dag_put(root, pin=pin)
         if stored != root.cid:
             raise IntegrityError(root.cid, f"kubo dag/put stored {stored}, expected {root.cid}")
+        if pin:
+            self._pinned = root.cid
         intact = True
         for canary in self.canaries:
             intact = intact and await self.node.has_block(canary)
         try:
             if self.canaries:
-                await self.node._call("block/rm", rpc.block_rm_params(self.canaries))
+                await self.node.block_rm(self.canaries)
         except NodeError as exc:  # an unpinned 32-byte block left over is harmless
             log.debug("could not remove put canaries %s: %s", self.canaries, exc)
         return intact
+
+    async def abandon(self) -> None:
+        """Unpin the root ``finish`` pinned if blocks of its DAG are missing (best effort).
+
+        Such a pin protects nothing and would hide the loss. A root whose DAG is
+        complete keeps its pin: it may be the user's own from before.
+        """
+        root, self._pinned = self._pinned, None
+        if root is None:
+            return
+        try:
+            await self.node.dag_stat(root, offline=True)
+        except BlockNotFoundError:
+            try:
+                await self.node.unpin(root)
+                log.warning("put %s: unpinned the root, whose DAG is incomplete", root)
+            except NodeError as exc:
+                log.warning("put %s: its DAG is incomplete but unpinning failed: %s", root, exc)
+        except NodeError as exc:
+            log.warning("put %s: could not check the DAG after a failed re-send: %s", root, exc)

@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import httpx
 
+from ..dag.block import Block
 from ..dag.chunker import as_bytes_view
 from ..dag.cid import CID, verify_block
 from ..errors import (
@@ -29,7 +30,7 @@ from . import _bulk
 from . import kubo_rpc as rpc
 from ._closing import AsyncClosing
 from ._config import DEFAULT_API, DEFAULT_TIMEOUTS, Retry, Timeouts, check_pubsub_size
-from ._guarded_import import GuardedImport
+from ._guarded_import import CanaryGuardedImport
 from ._subscription import QueuedSubscription
 from .base import NodeIdentity
 
@@ -108,16 +109,41 @@ class KuboNode(AsyncClosing):
             headers={"Content-Type": rpc.multipart_content_type(boundary)},
         )
 
-    async def _with_retries(self, attempt: Callable[[], Awaitable[Any]], retry: bool) -> Any:
-        delays = iter(self.retry.delays() if retry else ())
-        while True:
-            try:
-                return await attempt()
-            except NodeError as error:
-                delay = next(delays, None)
-                if delay is None or not rpc.is_transient(error):
-                    raise
-            await asyncio.sleep(delay)
+    @staticmethod
+    def _transient(error: Exception) -> bool:
+        return isinstance(error, NodeError) and rpc.is_transient(error)
+
+    @contextlib.contextmanager
+    def _mapped(self, command: str) -> Iterator[None]:
+        """Translate httpx's exceptions while reading an answer to ``command``."""
+        try:
+            yield
+        except httpx.HTTPError as exc:
+            raise rpc.error_from_transport(exc, command, self.api) from exc
+
+    async def _send(
+        self,
+        command: str,
+        params: rpc.Params,
+        *,
+        body: BodyFactory | None = None,
+        boundary: str = "",
+        cid: CID | None = None,
+        client: httpx.AsyncClient | None = None,
+    ) -> httpx.Response:
+        """Send one request; return its streaming answer once it is a 200 (the caller closes it)."""
+        client = client or self._client
+        request = self._request(client, command, params, body, boundary)
+        with self._mapped(command):
+            response = await client.send(request, stream=True)
+        if response.status_code == 200:
+            return response
+        try:
+            with self._mapped(command):
+                content = await response.aread()
+        finally:
+            await response.aclose()
+        raise rpc.error_from_response(command, response.status_code, content, cid=cid)
 
     @contextlib.asynccontextmanager
     async def _open(
@@ -131,23 +157,12 @@ class KuboNode(AsyncClosing):
         client: httpx.AsyncClient | None = None,
     ) -> AsyncIterator[httpx.Response]:
         """Send one request and yield the streaming response once it is a 200; map every failure."""
-        client = client or self._client
-        request = self._request(client, command, params, body, boundary)
+        response = await self._send(
+            command, params, body=body, boundary=boundary, cid=cid, client=client
+        )
         try:
-            response = await client.send(request, stream=True)
-        except httpx.HTTPError as exc:
-            raise rpc.error_from_transport(exc, command, self.api) from exc
-        try:
-            if response.status_code != 200:
-                try:
-                    content = await response.aread()
-                except httpx.HTTPError as exc:
-                    raise rpc.error_from_transport(exc, command, self.api) from exc
-                raise rpc.error_from_response(command, response.status_code, content, cid=cid)
-            try:
+            with self._mapped(command):
                 yield response
-            except httpx.HTTPError as exc:
-                raise rpc.error_from_transport(exc, command, self.api) from exc
         finally:
             await response.aclose()
 
@@ -169,8 +184,9 @@ class KuboNode(AsyncClosing):
             ) as response:
                 return await response.aread()
 
-        result: bytes = await self._with_retries(attempt, retry)
-        return result
+        if not retry:
+            return await attempt()
+        return await self.retry.call(attempt, retry_on=self._transient)
 
     async def _json(self, command: str, params: rpc.Params | None = None, **kwargs: Any) -> Any:
         return rpc.parse_json(command, await self._call(command, params, **kwargs))
@@ -249,12 +265,12 @@ class KuboNode(AsyncClosing):
                 await self.pin(root, offline=True)
         return list(seen.roots)
 
-    def guarded_import(self) -> GuardedImport:
+    def guarded_import(self) -> CanaryGuardedImport:
         """Send a new DAG over several requests and pin its root without Kubo's walk.
 
-        Kubo's GC cannot take a block on the way unnoticed: see ``GuardedImport``.
+        Kubo's GC cannot take a block on the way unnoticed: see ``CanaryGuardedImport``.
         """
-        return GuardedImport(self)
+        return CanaryGuardedImport(self)
 
     async def export_car(self, root: CID, *, offline: bool = False) -> AsyncIterator[bytes]:
         """``dag/export``: the DAG under ``root`` as a CAR v1 byte stream.
@@ -267,20 +283,26 @@ class KuboNode(AsyncClosing):
         params: rpc.Params = [("arg", str(root))]
         if offline:
             params.append(("offline", "true"))
-        delays = iter(self.retry.delays())
-        started = False
-        while True:
+
+        async def first_chunk() -> tuple[httpx.Response, AsyncIterator[bytes], bytes | None]:
+            response = await self._send("dag/export", params, cid=root)
+            chunks = response.aiter_bytes()
             try:
-                async with self._open("dag/export", params, cid=root) as response:
-                    async for chunk in response.aiter_bytes():
-                        started = True
-                        yield chunk
-                    return
-            except NodeError as error:
-                delay = next(delays, None)
-                if started or delay is None or not rpc.is_transient(error):
-                    raise
-            await asyncio.sleep(delay)
+                with self._mapped("dag/export"):
+                    return response, chunks, await anext(chunks, None)
+            except BaseException:
+                await response.aclose()
+                raise
+
+        response, chunks, first = await self.retry.call(first_chunk, retry_on=self._transient)
+        try:
+            with self._mapped("dag/export"):
+                if first is not None:
+                    yield first
+                async for chunk in chunks:
+                    yield chunk
+        finally:
+            await response.aclose()
 
     async def put_block(self, data: Buffer, codec: int) -> CID:
         """``block/put`` (CIDv1, sha2-256); the CID Kubo reports must equal the local hash."""
@@ -381,11 +403,43 @@ class KuboNode(AsyncClosing):
         answer = await self._upload("add", query, pieces, retry=False, filename="gradient")
         return rpc.parse_add(rpc.parse_ndjson("add", answer))
 
+    async def import_car_gc_locked(self, car: AsyncIterable[Buffer], *, guard: CID) -> None:
+        """``dag/import`` of ``car`` holding Kubo's GC lock for the whole request; nothing pinned.
+
+        The lock comes with ``pin-roots=true``; the CAR's only root must be
+        ``guard``, a CID never stored, so Kubo has nothing to pin (it reports
+        ``guard`` as unpinnable, which is expected) and walks nothing. Not retried.
+        """
+        answer = await self._upload(
+            "dag/import", rpc.guarded_import_params(), car, retry=False, filename="import.car"
+        )
+        rpc.parse_guarded_import(rpc.parse_ndjson("dag/import", answer), guard)
+
+    async def dag_put(self, block: Block, *, pin: bool) -> CID:
+        """``dag/put`` of one raw or dag-pb block stored as it is; return the CID Kubo reports.
+
+        With ``pin`` Kubo records a recursive pin without walking the DAG (the
+        caller vouches for it). Retried: storing and pinning a block again is harmless.
+        """
+        boundary = rpc.new_boundary()
+        answer = await self._call(
+            "dag/put",
+            rpc.dag_put_params(block.cid.codec, pin=pin),
+            body=lambda: rpc.multipart_stream([block.data], boundary, filename="root"),
+            boundary=boundary,
+        )
+        items = rpc.parse_ndjson("dag/put", answer)  # an error after the CID line raises here
+        return rpc.parse_dag_put(items[0] if len(items) == 1 else items)
+
+    async def block_rm(self, cids: Sequence[CID]) -> None:
+        """``block/rm`` of unpinned blocks; blocks already gone are not an error."""
+        await self._call("block/rm", rpc.block_rm_params(cids))
+
     async def cat(
         self, cid: CID, *, offset: int = 0, length: int | None = None
     ) -> AsyncIterator[bytes]:
         """``cat``: a UnixFS file's content (or ``length`` bytes from ``offset``), streamed."""
-        async with self._open("cat", _cat_params(cid, offset, length), cid=cid) as response:
+        async with self._open("cat", rpc.cat_params(cid, offset, length), cid=cid) as response:
             async for chunk in response.aiter_bytes():
                 yield chunk
 
@@ -431,19 +485,15 @@ class KuboNode(AsyncClosing):
                     progress(pos)
             return pos
 
-        def error(status: int, body: bytes) -> NodeError:
-            return rpc.error_from_response("cat", status, body, cid=cid)
-
         read = _bulk.BulkRead(
             self.api,
             "cat",
-            _cat_params(cid, offset, length),
+            rpc.cat_params(cid, offset, length),
             auth=self._headers.get("Authorization"),
+            cid=cid,
         )
         transfer = asyncio.ensure_future(
-            asyncio.to_thread(
-                read.into, view, self.timeouts, error=error, overflow=overflow, progress=progress
-            )
+            asyncio.to_thread(read.into, view, self.timeouts, overflow=overflow, progress=progress)
         )
         try:
             return await asyncio.shield(transfer)
@@ -497,15 +547,6 @@ class KuboNode(AsyncClosing):
                     f"subscribed to {topic!r}: {known}"
                 )
             await asyncio.sleep(interval)
-
-
-def _cat_params(cid: CID, offset: int, length: int | None) -> rpc.Params:
-    params: rpc.Params = [("arg", str(cid))]
-    if offset:
-        params.append(("offset", str(offset)))
-    if length is not None:
-        params.append(("length", str(length)))
-    return params
 
 
 class KuboSubscription(QueuedSubscription):

@@ -20,7 +20,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from .. import __version__
+from .._version import __version__
 from ..dag.block import Block, block_links
 from ..dag.car import CarReader, write_car
 from ..dag.chunker import as_bytes_view

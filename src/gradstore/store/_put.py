@@ -4,9 +4,9 @@ A worker thread chunks and hashes (two threads, zero-copy views of the
 document) while the event loop streams the leaves to the node as they come,
 over ``_PUT_STREAMS`` concurrent imports (Kubo then writes on every core). The
 few dag-pb nodes follow once the last leaf is hashed: only then is the root
-known. On Kubo the imports hold its GC lock and the root is pinned without
-Kubo's DAG walk (``KuboNode.guarded_import``); elsewhere they are CAR imports
-and the node pins the root named by the last CAR.
+known. On a node that ``SupportsGuardedImport`` (Kubo) the imports hold its GC lock
+and the root is pinned without the node's DAG walk; elsewhere they are CAR
+imports and the node pins the root named by the last CAR.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from ..dag import CID, EMPTY_FILE, Block, build_file, write_car
 from ..dag.car import write_car_async
 from ..dag.cid import RAW
-from ..errors import BlockNotFoundError, NodeError
+from ..errors import NodeError
 from ..format import EncodedDocument
-from ..node import KuboNode, Node
+from ..node import Node, SupportsGuardedImport
 
 log = logging.getLogger("gradstore.store")
 
@@ -75,7 +75,7 @@ async def put_document(
                 progress(min(sent[0], doc.size), doc.size)
                 sent[1] = sent[0]
 
-    guarded = node.guarded_import() if isinstance(node, KuboNode) else None
+    guarded = node.guarded_import() if isinstance(node, SupportsGuardedImport) else None
 
     async def send(blocks: AsyncIterable[Block]) -> None:
         if guarded is not None:
@@ -111,8 +111,7 @@ async def put_document(
             try:
                 await _import_checked(node, root.cid, blocks, pin)
             except BaseException:
-                if pin:
-                    await _drop_broken_pin(guarded.node, root.cid)
+                await guarded.abandon()
                 raise
     if progress is not None:
         progress(doc.size, doc.size)
@@ -125,24 +124,6 @@ async def _import_checked(node: Node, root: CID, blocks: Sequence[Block], pin: b
     if reported != [root]:
         got = ", ".join(map(str, reported)) or "nothing"
         raise NodeError(f"node {node.name} imported {got}, expected root {root}")
-
-
-async def _drop_broken_pin(node: KuboNode, root: CID) -> None:
-    """Unpin ``root`` if blocks of its DAG are missing (best effort, after a failed re-send).
-
-    Such a pin protects nothing and would hide the loss. A root whose DAG is complete keeps
-    its pin: it may be the user's own from before this put.
-    """
-    try:
-        await node.dag_stat(root, offline=True)
-    except BlockNotFoundError:
-        try:
-            await node.unpin(root)
-            log.warning("put %s: unpinned the root, whose DAG is incomplete", root)
-        except NodeError as exc:
-            log.warning("put %s: its DAG is incomplete but unpinning failed: %s", root, exc)
-    except NodeError as exc:
-        log.warning("put %s: could not check the DAG after a failed re-send: %s", root, exc)
 
 
 async def _aiter(blocks: Sequence[Block]) -> AsyncIterator[Block]:

@@ -4,7 +4,8 @@ put streams the canonical document through the chunker and DAG builder in one
 pass (``_put``): leaves go to the node while they are hashed, the dag-pb nodes
 follow, and the node must store exactly the locally computed root, pinned.  get verifies every block against its CID
 while writing leaf data into one preallocated buffer (Kubo: nodes by block/get,
-leaves by cat hashed in place; other nodes: a CAR export), and only then decodes.
+leaves by cat hashed in place, on a node that ``SupportsCatInto``; other nodes: a CAR
+export), and only then decodes.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from ..dag.assemble import LeafSpan
 from ..dag.cid import RAW
 from ..errors import DAGError, IntegrityError
 from ..format import DEFAULT_LIMITS, EncodedDocument, Gradient, Limits, decode, encode
-from ..node import KuboNode, Node
+from ..node import Node, SupportsCatInto
 from ._put import PROGRESS_BYTES, Progress, put_document
 
 _MAX_NODE_FETCHES = 64  # dag-pb nodes fetched at once by block/get (64 GiB files under the profile)
@@ -77,16 +78,16 @@ class GradientStore:
     ) -> np.ndarray:
         """Fetch the file bytes of ``cid``, every block verified, into one buffer.
 
-        On a Kubo node reached over plain http, the dag-pb nodes come from
-        ``block/get`` and the leaves' bytes from ``cat`` straight into the
-        buffer, each leaf hashed there against its CID (Kubo's ``dag/export``
+        On a node with fast ``cat_into`` (Kubo over plain http), the dag-pb
+        nodes come from ``block/get`` and the leaves' bytes from ``cat`` straight
+        into the buffer, each leaf hashed there against its CID (Kubo's ``dag/export``
         is several times slower than ``cat``); otherwise from a CAR stream.
         """
         root = CID.parse(cid)
         limit = self.limits.max_bytes if max_bytes is None else max_bytes
         assembler = FileAssembler(root, limit)
         node = self.node
-        if isinstance(node, KuboNode) and node.bulk_reads:
+        if isinstance(node, SupportsCatInto) and node.bulk_reads:
             spans = await _fetch_inner_nodes(node, assembler)
             if assembler.done:
                 return assembler.result()
@@ -153,7 +154,7 @@ class GradientStore:
         await self.node.unpin(CID.parse(cid))
 
 
-async def _fetch_inner_nodes(node: KuboNode, assembler: FileAssembler) -> list[LeafSpan] | None:
+async def _fetch_inner_nodes(node: Node, assembler: FileAssembler) -> list[LeafSpan] | None:
     """Fetch the root and every dag-pb node below it (``block/get``, one level at a time).
 
     Returns the leaf spans to fill by ``cat`` (see ``FileAssembler.leaf_spans``),
@@ -212,7 +213,10 @@ class _Aborted(Exception):
 
 
 async def _cat_leaves(
-    node: KuboNode, assembler: FileAssembler, spans: list[LeafSpan], progress: Progress | None
+    node: SupportsCatInto,
+    assembler: FileAssembler,
+    spans: list[LeafSpan],
+    progress: Progress | None,
 ) -> np.ndarray:
     """Fill the leaves from ``cat`` into the assembler's buffer, hashing each span as it lands."""
     buf = assembler.buffer

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from typing import Any, Final, Protocol, runtime_checkable
+from typing import Any, Final
 
 import numpy as np
 
@@ -25,7 +25,7 @@ from ..dag.assemble import LeafSpan
 from ..dag.cid import RAW, verify_block
 from ..errors import DAGError
 from ..format import TensorInfo
-from ..node import Node
+from ..node import Node, SupportsCatInto
 
 #: Leaves fetched at once while reading one range.
 _CONCURRENT_LEAVES: Final = 4
@@ -95,7 +95,7 @@ class StoredDocument:
             await self.read_into(offset, out[:cut])
             await self.read_into(offset + cut, out[cut:])
             return
-        if last > first and isinstance(self.node, RangeReader) and self.node.bulk_reads:
+        if last > first and isinstance(self.node, SupportsCatInto) and self.node.bulk_reads:
             await self._cat_into(first, last, offset, out)
             return
         indexes = list(range(first, last + 1))
@@ -116,11 +116,11 @@ class StoredDocument:
     ) -> None:
         """Leaves ``first..last`` by one ranged ``cat`` into a scratch buffer, each leaf hashed
         there against its CID before its bytes are copied out."""
-        assert isinstance(self.node, RangeReader)
+        assert isinstance(self.node, SupportsCatInto)
         start = self.leaves[first].offset
         end = self.leaves[last].offset + self.leaves[last].size
         scratch = np.empty(end - start, dtype=np.uint8)
-        got = await self.node.cat_into(self.root, scratch, offset=start)
+        got = await self.node.cat_into(self.root, scratch.data, offset=start)
         if got != scratch.size:
             raise DAGError(f"file {self.root}: the node sent {got} of {scratch.size} bytes")
 
@@ -134,16 +134,6 @@ class StoredDocument:
         out[:] = scratch[offset - start : offset - start + length]
         tail = self.leaves[last]
         self._cached = (last, scratch[tail.offset - start :].tobytes())
-
-
-@runtime_checkable
-class RangeReader(Protocol):
-    """A node that reads a UnixFS file's byte range straight into a buffer (Kubo's ``cat``)."""
-
-    @property
-    def bulk_reads(self) -> bool: ...
-
-    async def cat_into(self, cid: CID, out: Any, *, offset: int = 0) -> int: ...
 
 
 class StoredGradient:

@@ -1,0 +1,49 @@
+"""Command handlers and argparse choices that import their module only when used.
+
+``gradstore --help`` and ``--version`` build every parser; with these, that
+imports neither NumPy nor httpx (nor the layers that need them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from collections.abc import Callable, Iterator, Sequence
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def lazy(module: str, name: str) -> Command:
+    """The command ``name`` of ``gradstore.cli.<module>``, imported when it runs."""
+
+    def run(args: argparse.Namespace) -> int:
+        command: Command = getattr(importlib.import_module(f"{__package__}.{module}"), name)
+        return command(args)
+
+    run.__name__ = run.__qualname__ = name
+    return run
+
+
+class LazyChoices(Sequence[str]):
+    """argparse ``choices`` loaded on first use (a check, an error or a help text)."""
+
+    def __init__(self, load: Callable[[], Sequence[str]]) -> None:
+        self._load = load
+        self._choices: Sequence[str] | None = None
+
+    def _get(self) -> Sequence[str]:
+        if self._choices is None:
+            self._choices = tuple(self._load())
+        return self._choices
+
+    def __contains__(self, value: object) -> bool:
+        return value in self._get()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._get())
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+    def __getitem__(self, index: int) -> str:  # type: ignore[override]
+        return self._get()[index]

@@ -1,0 +1,114 @@
+"""The parsers of the store subcommands; light to import (the commands are in ``_store_cmds``)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ._lazy import lazy
+from ._nodes import add_node_options
+
+MAX_BYTES_DEFAULT_TEXT = "1 GiB"
+"""What --help says about --max-bytes (``format.DEFAULT_LIMITS`` is not imported for --help)."""
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "encode", help="write the gradstore/1 document of an .npz or .safetensors file"
+    )
+    p.add_argument("input", help="gradient as .npz or .safetensors")
+    p.add_argument("-o", "--output", required=True, help="document file to write")
+    p.add_argument(
+        "--meta", action="append", default=[], metavar="K=V", help="meta entry (repeatable)"
+    )
+    p.set_defaults(run=lazy("_store_cmds", "cmd_encode"))
+
+    p = sub.add_parser(
+        "decode", help="turn a gradstore/1 document back into an .npz or .safetensors file"
+    )
+    p.add_argument("input", help="document file")
+    p.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        help="file to write: .safetensors by its extension, else .npz",
+    )
+    _add_max_bytes(p)
+    p.set_defaults(run=lazy("_store_cmds", "cmd_decode"))
+
+    p = sub.add_parser(
+        "cid", help="CID of a gradient's document (or of any file with --raw), no node needed"
+    )
+    p.add_argument("input", help="gradient as .npz or .safetensors (or any file with --raw)")
+    p.add_argument(
+        "--raw", action="store_true", help="CID of the file's bytes, as `ipfs add --only-hash`"
+    )
+    p.add_argument(
+        "--meta", action="append", default=[], metavar="K=V", help="meta entry (repeatable)"
+    )
+    p.set_defaults(run=lazy("_store_cmds", "cmd_cid"))
+
+    p = sub.add_parser(
+        "put", help="store an .npz or .safetensors gradient on the node, pinned; prints its CID"
+    )
+    p.add_argument("input", help="gradient as .npz or .safetensors")
+    p.add_argument(
+        "--meta", action="append", default=[], metavar="K=V", help="meta entry (repeatable)"
+    )
+    add_node_options(p)
+    _add_timeout(p)
+    p.set_defaults(run=lazy("_store_cmds", "cmd_put"))
+
+    p = sub.add_parser(
+        "get", help="fetch, verify and decode a gradient into an .npz or .safetensors file"
+    )
+    p.add_argument("cid")
+    p.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        help="file to write: .safetensors by its extension, else .npz",
+    )
+    add_node_options(p)
+    _add_timeout(p)
+    _add_max_bytes(p)
+    p.set_defaults(run=lazy("_store_cmds", "cmd_get"))
+
+    p = sub.add_parser(
+        "verify", help="check every block of a CID and that it is a canonical gradstore/1 document"
+    )
+    p.add_argument("cid")
+    add_node_options(p)
+    _add_timeout(p)
+    _add_max_bytes(p)
+    p.set_defaults(run=lazy("_store_cmds", "cmd_verify"))
+
+    p = sub.add_parser(
+        "inspect", help="names, dtypes, shapes, sizes and meta of a CID or document file"
+    )
+    p.add_argument("target", help="a CID or a document file")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_node_options(p)
+    _add_timeout(p)
+    _add_max_bytes(p)
+    p.set_defaults(run=lazy("_store_cmds", "cmd_inspect"))
+
+
+def _add_max_bytes(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--max-bytes",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"refuse documents larger than N bytes (default {MAX_BYTES_DEFAULT_TEXT})",
+    )
+
+
+def _add_timeout(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="give up after S seconds (Kubo waits for a missing block as long as it is asked to)",
+    )

@@ -1,0 +1,72 @@
+"""``gradstore --help`` and ``--version`` start fast: they import neither NumPy nor httpx.
+
+Run as the user runs them: a new process of the installed command, its imports
+listed by Python's own ``-X importtime`` (``PYTHONPROFILEIMPORTTIME``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gradstore import __version__
+
+HEAVY = {"numpy", "httpx", "numba"}
+
+
+def _command() -> list[str]:
+    script = Path(sys.executable).parent / "gradstore"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "gradstore"]
+
+
+def _imports(*args: str) -> tuple[str, set[str]]:
+    """The stdout of ``gradstore *args`` and every module the process imported."""
+    env = {**os.environ, "PYTHONPROFILEIMPORTTIME": "1"}
+    proc = subprocess.run(
+        [*_command(), *args], capture_output=True, text=True, env=env, timeout=60, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    modules = {
+        line.rsplit("|", 1)[-1].strip()
+        for line in proc.stderr.splitlines()
+        if line.startswith("import time:") and "|" in line
+    }
+    return proc.stdout, modules
+
+
+@pytest.mark.parametrize("flag", ["--help", "--version"])
+def test_help_and_version_import_neither_numpy_nor_httpx(flag: str) -> None:
+    out, modules = _imports(flag)
+    assert "gradstore.cli._main" in modules  # the listing works: it sees our own modules
+    assert (
+        out.startswith("usage: gradstore")
+        if flag == "--help"
+        else out == f"gradstore {__version__}\n"
+    )
+    heavy = sorted(m for m in modules if m.split(".")[0] in HEAVY)
+    assert not heavy, f"gradstore {flag} imported {heavy[:10]}"
+
+
+def test_the_help_still_lists_every_command_and_the_methods_load_when_asked() -> None:
+    out, _ = _imports("--help")
+    for command in ("put", "get", "cid", "verify", "inspect", "coordinator", "peer", "demo"):
+        assert f"    {command} " in out or f"    {command}\n" in out, command
+    out, modules = _imports("aggregate", "--help")
+    assert "one of: sum, mean, fedavg" in out
+    assert "numpy" in modules  # the method list comes from the aggregate layer, on demand
+
+
+def test_a_lazy_package_root_still_gives_every_public_name() -> None:
+    code = (
+        "import sys, gradstore\n"
+        "assert 'numpy' not in sys.modules\n"
+        "print(gradstore.Gradient.__module__, gradstore.KuboNode.__module__)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert proc.stdout.split() == ["gradstore.format._gradient", "gradstore.node.kubo"]
