@@ -220,3 +220,17 @@ def test_each_input_has_a_bounded_budget() -> None:
         retries.append(again - now)
     assert retries == [0.5, 1.0]  # 3 attempts in all, then it fails as unavailable
     assert plan.next(now) == (None, None)
+
+
+def test_progress_lines_say_what_the_round_waits_for() -> None:
+    from gradstore.coordinator import Progress
+
+    waiting = Progress(0, 3, 0, 0, 0, 2, None)
+    assert waiting.line() == (
+        "round 0: waiting for peers (0/3 verified, 0 received, quorum 2, "
+        "the deadline starts at the first announcement)"
+    )
+    assert Progress(1, 3, 2, 1, 1, 2, 41.4).line() == (
+        "round 1: waiting for peers (1/3 verified, 2 received, 1 refused, quorum 2, "
+        "deadline in 41 s)"
+    )

@@ -9,7 +9,7 @@ hear?) decide; ``service`` reads, calls them and acts; ``inputs`` verifies one i
 from .admission import Admission, AdmissionState, Verdict, admit
 from .journal import Journal
 from .rounds import PeerState, RoundBook, Slot
-from .service import Coordinator, RoundOutcome, format_outcome
+from .service import Coordinator, Progress, RoundOutcome, format_outcome
 
 __all__ = [
     "Admission",
@@ -17,6 +17,7 @@ __all__ = [
     "Coordinator",
     "Journal",
     "PeerState",
+    "Progress",
     "RoundBook",
     "RoundOutcome",
     "Slot",

@@ -87,6 +87,32 @@ class RoundOutcome:
     stats: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Progress:
+    """Where the open round stands: for "waiting for peers" lines (``Coordinator.progress``)."""
+
+    round: int
+    expected: int
+    received: int
+    verified: int
+    failed: int
+    quorum: int
+    deadline_in: float | None  # seconds; None until the first announcement starts the clock
+
+    def line(self) -> str:
+        """``round 0: waiting for peers (1/3 verified, 2 received, deadline in 41 s)``."""
+        clock = (
+            "the deadline starts at the first announcement"
+            if self.deadline_in is None
+            else f"deadline in {max(0.0, self.deadline_in):.0f} s"
+        )
+        failed = f", {self.failed} refused" if self.failed else ""
+        return (
+            f"round {self.round}: waiting for peers ({self.verified}/{self.expected} verified, "
+            f"{self.received} received{failed}, quorum {self.quorum}, {clock})"
+        )
+
+
 class Coordinator:
     """Runs the rounds of one job over one node."""
 
@@ -158,6 +184,23 @@ class Coordinator:
         self._prepared: asyncio.Task[None] | None = None
         self._bytes_fetched = 0
         self._fetch_seconds = 0.0
+
+    def progress(self) -> Progress | None:
+        """The open round's counts and time left (None when no round is open)."""
+        book = self._books.get(self.round)
+        if book is None or self._journal is None:
+            return None
+        counts = book.counts()
+        deadline = book.deadline(self.config.rounds.deadline_s)
+        return Progress(
+            round=book.round,
+            expected=counts["expected"],
+            received=counts["received"],
+            verified=counts["verified"],
+            failed=counts["failed"],
+            quorum=self.config.rounds.quorum,
+            deadline_in=None if deadline is None else deadline - self.clock(),
+        )
 
     @property
     def journal(self) -> Journal:
