@@ -1,4 +1,4 @@
-"""gradstore/1 bytes -> Gradient whose tensors are zero-copy views into the buffer."""
+"""Document bytes -> Gradient (gradstore/1) or CompressedGradient (gradstore/2), zero-copy."""
 
 from __future__ import annotations
 
@@ -6,18 +6,21 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import LimitExceededError
+from ..errors import InvalidDocumentError, LimitExceededError
+from ._compressed import CompressedGradient, CompressedTensor
 from ._dtypes import numpy_dtype
 from ._gradient import Gradient
-from ._header import BufferLike, byte_view, walk
+from ._header import BufferLike, DocumentHeader, byte_view, walk
 from ._limits import DEFAULT_LIMITS, Limits
 
 
 def decode(buf: BufferLike, limits: Limits = DEFAULT_LIMITS) -> Gradient:
-    """Validate ``buf`` strictly (see read_header) and return its gradient without copying data.
+    """Validate a gradstore/1 ``buf`` strictly (see read_header); its gradient without copying.
 
     bfloat16 and float8 tensors are ``ml_dtypes`` arrays; without that package their
-    documents still pass read_header, and decode raises MissingExtraError.
+    documents still pass read_header, and decode raises MissingExtraError. A compressed
+    document (gradstore/2) is refused with InvalidDocumentError at ``$.format``: use
+    :func:`decode_any`.
 
     Tensors are ``np.frombuffer`` views into ``buf`` (read-only when ``buf`` is),
     64-byte aligned relative to the document start; keep ``buf`` alive and
@@ -25,6 +28,39 @@ def decode(buf: BufferLike, limits: Limits = DEFAULT_LIMITS) -> Gradient:
     """
     mv = byte_view(buf)
     header = walk(mv, limits)
+    if header.codec is not None:
+        raise InvalidDocumentError(
+            f"a compressed document (gradstore/2, codec {header.codec}): decode it with "
+            "decode_any(), which returns a CompressedGradient",
+            "$.format",
+        )
+    return _dense(mv, header)
+
+
+def decode_any(buf: BufferLike, limits: Limits = DEFAULT_LIMITS) -> Gradient | CompressedGradient:
+    """:func:`decode` for either format: a ``Gradient``, or a ``CompressedGradient`` whose
+    tensors hold views of their payloads (nothing is decompressed until read)."""
+    mv = byte_view(buf)
+    header = walk(mv, limits)
+    if header.codec is None:
+        return _dense(mv, header)
+    return compressed_from(mv, header)
+
+
+def compressed_from(mv: memoryview, header: DocumentHeader) -> CompressedGradient:
+    """The compressed gradient of a validated gradstore/2 header over its buffer."""
+    codec = header.codec
+    assert codec is not None
+    tensors = {
+        t.name: CompressedTensor(
+            codec, t.dtype, t.shape, np.frombuffer(mv, np.uint8, t.nbytes, t.offset)
+        )
+        for t in header.tensors
+    }
+    return CompressedGradient(codec, tensors, header.meta)
+
+
+def _dense(mv: memoryview, header: DocumentHeader) -> Gradient:
     tensors: dict[str, np.ndarray[Any, Any]] = {}
     for t in header.tensors:
         dt = numpy_dtype(t.dtype)

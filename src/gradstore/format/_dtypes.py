@@ -27,6 +27,9 @@ DTYPES: Final[tuple[str, ...]] = (
     *EXTENDED,
 )  # fmt: skip
 
+#: The floating-point type strings: the dtypes a compressed tensor may stand for.
+FLOATS: Final[tuple[str, ...]] = ("<f2", "<f4", "<f8", *EXTENDED)
+
 _NUMPY: Final = {s: np.dtype(s) for s in DTYPES if s not in EXTENDED}
 
 #: Bytes per element of every allowed type string (known without importing ml_dtypes).

@@ -8,16 +8,22 @@ from typing import Any, BinaryIO, Final
 import numpy as np
 
 from ..errors import InvalidDocumentError
+from ._codec import Codec
+from ._compressed import CompressedGradient, CompressedTensor
 from ._dtypes import canonical_dtype, normalize_array
 from ._gradient import Gradient
 from ._pack import array_header, bin_header, pack_int, pack_meta, pack_str, str_header
 
 FORMAT_ID: Final = "gradstore/1"
+COMPRESSED_FORMAT_ID: Final = "gradstore/2"
 ALIGN: Final = 64  # data starts at a multiple of this from the document start
 
 # Fixed pieces, written once: fixmap(3) "format" "gradstore/1" "meta".
 PREFIX: Final = b"\x83" + pack_str("format") + pack_str(FORMAT_ID) + pack_str("meta")
 KEY_TENSORS: Final = pack_str("tensors")
+KEY_CODEC: Final = pack_str("codec")
+# fixmap(4) "format" "gradstore/2" "meta": a compressed document (then "codec" before "tensors")
+PREFIX2: Final = b"\x84" + pack_str("format") + pack_str(COMPRESSED_FORMAT_ID) + pack_str("meta")
 TENSOR_START: Final = b"\x85" + pack_str("name")  # fixmap(5), first key
 KEY_DTYPE: Final = pack_str("dtype")
 KEY_SHAPE: Final = pack_str("shape")
@@ -68,21 +74,64 @@ class EncodedDocument:
         return f"<EncodedDocument {FORMAT_ID} size={self.size} pieces={len(self._pieces)}>"
 
 
-def encode(g: Gradient) -> EncodedDocument:
-    """The canonical gradstore/1 document of ``g``, without copying tensor data.
+def encode(g: Gradient | CompressedGradient) -> EncodedDocument:
+    """The canonical document of ``g`` (gradstore/1, or gradstore/2 when it is compressed),
+    without copying tensor data.
 
-    Arrays are normalised (little-endian, C order; a copy only when needed).
-    Raises InvalidDocumentError (a ValueError) naming the tensor or meta path
-    for anything the format cannot hold.
+    Arrays are normalised (little-endian, C order; a copy only when needed); compressed
+    payloads are checked against their codec's rules. Raises InvalidDocumentError (a
+    ValueError) naming the tensor or meta path for anything the format cannot hold.
     """
+    if isinstance(g, CompressedGradient):
+        return _encode_compressed(g)
     if not isinstance(g, Gradient):
         raise TypeError(f"encode() takes a Gradient, got {type(g).__name__}")
-    if not isinstance(g.tensors, dict):
+    named = _sorted_names(g.tensors)
+    head = bytearray(PREFIX)
+    head += pack_meta(g.meta)
+    head += KEY_TENSORS + array_header(len(named))
+    items = []
+    for i, (raw, name, value) in enumerate(named):
+        arr = normalize_array(value, f"$.tensors[{i}]")
+        code = canonical_dtype(arr.dtype)
+        assert code is not None  # normalize_array refuses the rest
+        items.append((raw, name, code, arr.shape, arr))
+    return _with_tensors(head, items)
+
+
+def _encode_compressed(g: CompressedGradient) -> EncodedDocument:
+    if not isinstance(g.codec, Codec):
         raise InvalidDocumentError(
-            f"tensors must be a dict, got {type(g.tensors).__name__}", "$.tensors"
+            f"codec must be a Codec, got {type(g.codec).__name__}", "$.codec"
+        )
+    named = _sorted_names(g.tensors)
+    head = bytearray(PREFIX2)
+    head += pack_meta(g.meta)
+    head += KEY_CODEC + g.codec.pack() + KEY_TENSORS + array_header(len(named))
+    items = []
+    for i, (raw, name, t) in enumerate(named):
+        path = f"$.tensors[{i}]"
+        if not isinstance(t, CompressedTensor):
+            raise InvalidDocumentError(
+                f"a compressed gradient holds CompressedTensors, got {type(t).__name__}", path
+            )
+        if t.codec != g.codec:
+            raise InvalidDocumentError(
+                f"tensor {name!r} uses codec {t.codec}, the document {g.codec}", path
+            )
+        t.check(f"{path}.data")
+        items.append((raw, name, t.dtype_code, t.shape, t.payload))
+    return _with_tensors(head, items)
+
+
+def _sorted_names(tensors: object) -> list[tuple[bytes, str, Any]]:
+    """(UTF-8 name, name, value) of every tensor, sorted by the UTF-8 bytes."""
+    if not isinstance(tensors, dict):
+        raise InvalidDocumentError(
+            f"tensors must be a dict, got {type(tensors).__name__}", "$.tensors"
         )
     named = []
-    for name, value in g.tensors.items():
+    for name, value in tensors.items():
         if not isinstance(name, str) or not name:
             raise InvalidDocumentError(
                 f"tensor names must be non-empty str, got {name!r}", "$.tensors"
@@ -95,25 +144,27 @@ def encode(g: Gradient) -> EncodedDocument:
             ) from None
         named.append((raw, name, value))
     named.sort(key=lambda t: t[0])
+    return named
 
-    head = bytearray(PREFIX)
-    head += pack_meta(g.meta)
-    head += KEY_TENSORS + array_header(len(named))
+
+def _with_tensors(
+    head: bytearray,
+    items: list[tuple[bytes, str, str, tuple[int, ...], np.ndarray[Any, Any]]],
+) -> EncodedDocument:
+    """The document from its header so far and each tensor's (raw name, name, dtype code,
+    shape, data array): tensor maps, pads and zero-copy data views."""
     pieces: list[memoryview] = []
     pos = 0  # document offset where `head` starts
-    for i, (raw, name, value) in enumerate(named):
-        arr = normalize_array(value, f"$.tensors[{i}]")
+    for i, (raw, name, code, shape, arr) in enumerate(items):
         nbytes = arr.nbytes
         if nbytes > _MAX_BIN:
             raise InvalidDocumentError(
                 f"tensor {name!r} has {nbytes} bytes; one msgpack bin holds at most 2^32 - 1",
                 f"$.tensors[{i}].data",
             )
-        code = canonical_dtype(arr.dtype)
-        assert code is not None  # normalize_array refuses the rest
         head += TENSOR_START + _str_bytes(raw) + KEY_DTYPE + pack_str(code) + KEY_SHAPE
-        head += array_header(arr.ndim)
-        for dim in arr.shape:
+        head += array_header(len(shape))
+        for dim in shape:
             head += pack_int(dim)
         head += KEY_PAD
         data_header = bin_header(nbytes)

@@ -8,20 +8,25 @@ from typing import Any, Final, TypeAlias
 import numpy as np
 
 from ..errors import InvalidDocumentError, LimitExceededError, MalformedDocumentError
-from ._dtypes import DTYPES, ITEMSIZE, numpy_dtype
+from ._codec import PARAMS, Codec
+from ._dtypes import DTYPES, FLOATS, ITEMSIZE, numpy_dtype
 from ._encode import (
     ALIGN,
+    COMPRESSED_FORMAT_ID,
     FORMAT_ID,
+    KEY_CODEC,
     KEY_DATA,
     KEY_DTYPE,
     KEY_PAD,
     KEY_SHAPE,
     KEY_TENSORS,
     PREFIX,
+    PREFIX2,
 )
 from ._limits import DEFAULT_LIMITS, Limits
 from ._pack import pack_str
 from ._paths import PathError, render
+from ._payload import validate
 from ._unpack import ARRAY, BIN, INT, MAP, STR, Reader
 
 #: What decode/read_header take; any C-contiguous buffer (an mmap too) works at run time.
@@ -56,6 +61,12 @@ class DocumentHeader:
     meta: dict[str, Any]
     tensors: tuple[TensorInfo, ...]
     size: int
+    codec: Codec | None = None  # a compressed document's (gradstore/2); tensors' data are payloads
+
+    @property
+    def format(self) -> str:
+        """``gradstore/1`` (dense) or ``gradstore/2`` (compressed)."""
+        return FORMAT_ID if self.codec is None else COMPRESSED_FORMAT_ID
 
 
 def byte_view(buf: object) -> memoryview:
@@ -85,12 +96,27 @@ def walk(mv: memoryview, limits: Limits) -> DocumentHeader:
     if size > limits.max_bytes:
         raise LimitExceededError(f"document is {size} bytes, over max_bytes={limits.max_bytes}")
     r = Reader(mv, 0, size)
-    _expect(r, PREFIX[:1], "a map of exactly the keys format, meta, tensors", "$")
+    compressed = size > 0 and mv[0] == PREFIX2[0]
+    if compressed:
+        r.take(1)
+    else:
+        _expect(r, PREFIX[:1], _WANT_MAP, "$")
     _expect(r, PREFIX[1:8], "key 'format' first", "$")
-    _expect(r, PREFIX[8:20], f"format {FORMAT_ID!r}", "$.format")
+    if compressed:
+        if mv[r.pos : r.pos + 12] == PREFIX[8:20]:
+            raise InvalidDocumentError(f"expected {_WANT_MAP}, found map of 4", "$")
+        _expect(r, PREFIX2[8:20], f"format {COMPRESSED_FORMAT_ID!r}", "$.format")
+    else:
+        _expect(r, PREFIX[8:20], f"format {FORMAT_ID!r}", "$.format")
     _expect(r, PREFIX[20:], "key 'meta' second", "$")
     meta = _read_meta(r, limits)
-    _expect(r, KEY_TENSORS, "key 'tensors' third", "$")
+    codec = None
+    if compressed:
+        _expect(r, KEY_CODEC, "key 'codec' third", "$")
+        codec = _read_codec(r)
+        _expect(r, KEY_TENSORS, "key 'tensors' fourth", "$")
+    else:
+        _expect(r, KEY_TENSORS, "key 'tensors' third", "$")
 
     kind, count = r.head()
     if kind is not ARRAY:
@@ -102,13 +128,17 @@ def walk(mv: memoryview, limits: Limits) -> DocumentHeader:
     infos: list[TensorInfo] = []
     prev = b""
     elements = 0
+    dense = 0  # bytes of the dense tensors a compressed document stands for
     for i in range(count):
-        info, prev, n = _read_tensor(r, i, prev, limits, limits.max_elements - elements)
+        info, prev, n = _read_tensor(
+            r, i, prev, limits, limits.max_elements - elements, codec, limits.max_bytes - dense
+        )
         elements += n
+        dense += n * ITEMSIZE[info.dtype]
         infos.append(info)
     if r.pos != size:
         raise MalformedDocumentError(f"{size - r.pos} trailing bytes after the document", r.pos)
-    return DocumentHeader(meta, tuple(infos), size)
+    return DocumentHeader(meta, tuple(infos), size, codec)
 
 
 def _read_meta(r: Reader, limits: Limits) -> dict[str, Any]:
@@ -131,14 +161,68 @@ def _read_meta(r: Reader, limits: Limits) -> dict[str, Any]:
     return meta
 
 
+_WANT_MAP: Final = (
+    "a map of exactly the keys format, meta, tensors (or format, meta, codec, tensors)"
+)
+_MAX_CODEC_TEXT: Final = 8  # the longest codec name or value format
+
+
+def _read_codec(r: Reader) -> Codec:
+    """The codec map: ``name`` first, then that codec's parameters in their order."""
+    kind, count = r.head()
+    if kind is not MAP:
+        raise InvalidDocumentError(f"codec must be a map, found {kind}", "$.codec")
+    _expect(r, pack_str("name"), "key 'name' first", "$.codec")
+    name = _codec_text(r, "name")
+    params = PARAMS.get(name)
+    if params is None:
+        raise InvalidDocumentError(
+            f"unknown codec {name!r}; known: {', '.join(PARAMS)}", "$.codec.name"
+        )
+    if count != 1 + len(params):
+        raise InvalidDocumentError(
+            f"codec {name} is a map of the keys {', '.join(('name', *params))}, found {count} keys",
+            "$.codec",
+        )
+    values: dict[str, Any] = {}
+    for param in params:
+        _expect(r, pack_str(param), f"key {param!r} next", "$.codec")
+        if param == "values":
+            values[param] = _codec_text(r, param)
+            continue
+        kind, arg = r.head()
+        if kind is not INT:
+            raise InvalidDocumentError(f"{param} must be an int, found {kind}", f"$.codec.{param}")
+        values[param] = arg
+    return Codec(name, **values)  # range checks: InvalidDocumentError at $.codec.<param>
+
+
+def _codec_text(r: Reader, key: str) -> str:
+    kind, n = r.head()
+    if kind is not STR:
+        raise InvalidDocumentError(f"{key} must be a str, found {kind}", f"$.codec.{key}")
+    if n > _MAX_CODEC_TEXT:
+        raise InvalidDocumentError(f"unknown {key} (a {n}-byte str)", f"$.codec.{key}")
+    return r.text(n)
+
+
 _TENSOR_START: Final = b"\x85" + pack_str("name")
 _DTYPE_BY_RAW: Final = {s.encode(): s for s in DTYPES}
 
 
 def _read_tensor(
-    r: Reader, i: int, prev: bytes, limits: Limits, elements_left: int
+    r: Reader,
+    i: int,
+    prev: bytes,
+    limits: Limits,
+    elements_left: int,
+    codec: Codec | None = None,
+    dense_left: int = 0,
 ) -> tuple[TensorInfo, bytes, int]:
-    """One tensor map; returns its info, its raw name, and its element count."""
+    """One tensor map; returns its info, its raw name, and its element count.
+
+    With a ``codec`` (gradstore/2) the data is that codec's payload for the dtype and shape,
+    and the dense bytes they stand for must be within ``dense_left``."""
     _expect(r, _TENSOR_START[:1], "a map of keys name, dtype, shape, pad, data", tensor=i)
     _expect(r, _TENSOR_START[1:], "key 'name' first", tensor=i)
     kind, n = r.head()
@@ -168,6 +252,11 @@ def _read_tensor(
     if dtype is None:
         raise InvalidDocumentError(
             f"unknown dtype {dtype_text!r}; allowed: {' '.join(DTYPES)}", f"$.tensors[{i}].dtype"
+        )
+    if codec is not None and dtype not in FLOATS:
+        raise InvalidDocumentError(
+            f"dtype {dtype}: only float tensors are compressed ({' '.join(FLOATS)})",
+            f"$.tensors[{i}].dtype",
         )
 
     _expect(r, KEY_SHAPE, "key 'shape' third", tensor=i)
@@ -200,6 +289,11 @@ def _read_tensor(
             f"tensor {name!r} declares {count} elements; the document would pass "
             f"max_elements={limits.max_elements}"
         )
+    if codec is not None and count * ITEMSIZE[dtype] > dense_left:
+        raise LimitExceededError(
+            f"tensor {name!r} stands for {count * ITEMSIZE[dtype]} dense bytes; the document "
+            f"would stand for more than max_bytes={limits.max_bytes}"
+        )
 
     _expect(r, KEY_PAD, "key 'pad' fourth", tensor=i)
     kind, pad = r.head()
@@ -225,13 +319,20 @@ def _read_tensor(
             f"at a multiple of {ALIGN}",
             f"$.tensors[{i}].pad",
         )
-    itemsize = ITEMSIZE[dtype]
-    if nbytes != count * itemsize:
+    if codec is None:
+        want = count * ITEMSIZE[dtype]
+        what = f"shape {tuple(dims)} of {dtype}"
+    else:
+        want = codec.payload_nbytes(count)
+        what = f"{codec} of {count} elements"
+    if nbytes != want:
         raise InvalidDocumentError(
-            f"data is {nbytes} bytes; shape {tuple(dims)} of {dtype} needs {count * itemsize}",
-            f"$.tensors[{i}].data",
+            f"data is {nbytes} bytes; {what} needs {want}", f"$.tensors[{i}].data"
         )
     r.take(nbytes)
+    if codec is not None:
+        payload = np.frombuffer(r.buf, np.uint8, nbytes, offset)
+        validate(codec, payload, count, f"$.tensors[{i}].data")
     if dtype == "|b1" and nbytes and np.max(np.frombuffer(r.buf, np.uint8, nbytes, offset)) > 1:
         raise InvalidDocumentError("bool bytes must be 0 or 1", f"$.tensors[{i}].data")
     return TensorInfo(name, dtype, tuple(dims), offset, nbytes), raw, count
