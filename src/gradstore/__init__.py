@@ -18,10 +18,12 @@ from typing import TYPE_CHECKING
 from ._version import __version__
 
 if TYPE_CHECKING:
+    from .compress import ErrorFeedback
     from .dag import CID, file_cid
     from .errors import (
         AggregationError,
         CIDError,
+        CompressionError,
         CoordinatorError,
         DAGError,
         FormatError,
@@ -32,13 +34,14 @@ if TYPE_CHECKING:
         MissingExtraError,
         NodeError,
     )
-    from .format import Gradient, Limits, decode, encode
+    from .format import CompressedGradient, Gradient, Limits, decode, decode_any, encode
     from .node import KuboNode, LocalNode, Node
     from .store import GradientStore, SyncGradientStore
 
 _ERRORS = (
     "AggregationError",
     "CIDError",
+    "CompressionError",
     "CoordinatorError",
     "DAGError",
     "FormatError",
@@ -52,10 +55,13 @@ _ERRORS = (
 _HOMES: dict[str, str] = {
     "CID": "dag",
     "file_cid": "dag",
+    "ErrorFeedback": "compress",
     **dict.fromkeys(_ERRORS, "errors"),
+    "CompressedGradient": "format",
     "Gradient": "format",
     "Limits": "format",
     "decode": "format",
+    "decode_any": "format",
     "encode": "format",
     "KuboNode": "node",
     "LocalNode": "node",
@@ -83,8 +89,11 @@ __all__ = [
     "CID",
     "AggregationError",
     "CIDError",
+    "CompressedGradient",
+    "CompressionError",
     "CoordinatorError",
     "DAGError",
+    "ErrorFeedback",
     "FormatError",
     "Gradient",
     "GradientStore",
@@ -101,6 +110,7 @@ __all__ = [
     "SyncGradientStore",
     "__version__",
     "decode",
+    "decode_any",
     "encode",
     "file_cid",
 ]

@@ -1,10 +1,11 @@
 """Every exception gradstore raises, in one tree so callers can catch by layer.
 
 GradstoreError
-├── FormatError (ValueError)          bytes are not a valid gradstore/1 document
+├── FormatError (ValueError)          bytes are not a valid gradstore/1 or /2 document
 │   ├── MalformedDocumentError        not well formed; carries the byte ``offset``
 │   └── InvalidDocumentError          well formed but wrong; carries a ``path``
 ├── LimitExceededError (ValueError)   a declared size is over a caller-set limit
+├── CompressionError (ValueError)     a tensor or spec that cannot be compressed as asked
 ├── CIDError (ValueError)             a CID that cannot be parsed or is outside the profile
 ├── DAGError (ValueError)             a malformed dag-pb/UnixFS node or CAR stream
 ├── IntegrityError                    a block does not hash to its CID (names the CID)
@@ -30,7 +31,7 @@ class GradstoreError(Exception):
 
 
 class FormatError(GradstoreError, ValueError):
-    """The bytes are not a valid gradstore/1 document."""
+    """The bytes are not a valid gradstore/1 (or compressed gradstore/2) document."""
 
 
 class MalformedDocumentError(FormatError):
@@ -51,6 +52,11 @@ class InvalidDocumentError(FormatError):
 
 class LimitExceededError(GradstoreError, ValueError):
     """A declared size (bytes, tensors, rank, elements) is over the caller's limit."""
+
+
+class CompressionError(GradstoreError, ValueError):
+    """A gradient cannot be compressed as asked: a bad spec, a non-float or non-finite
+    tensor, a value out of the codec's range, or a residual that does not fit it."""
 
 
 class CIDError(GradstoreError, ValueError):

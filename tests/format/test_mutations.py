@@ -1,7 +1,9 @@
 """Mutated documents: only FormatError / LimitExceededError, and nothing non-canonical accepted.
 
 A decode that succeeds must return a gradient whose encoding is exactly the
-mutated bytes: any other outcome would mean two byte strings for one gradient.
+mutated bytes: any other outcome would mean two byte strings for one gradient. The seeds
+include compressed (gradstore/2) documents of every codec, so the codec map, the payload
+rules and range reads of what decodes are mutated too.
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gradstore.compress import compress
 from gradstore.errors import FormatError, LimitExceededError
-from gradstore.format import Gradient, Limits, decode, encode, read_header
+from gradstore.format import CompressedGradient, Gradient, Limits, decode_any, encode, read_header
 
 SEED = 1234
 SMALL = Limits(max_bytes=1 << 16, max_elements=1 << 12, max_meta_bytes=1 << 10)
@@ -47,13 +50,27 @@ def _seed_documents() -> list[bytes]:
     ]
 
 
-DOCS = _seed_documents()
+def _compressed_seeds() -> list[bytes]:
+    rng = np.random.default_rng(SEED + 1)
+    w = {"b": rng.standard_normal(5).astype("<f4"), "w": rng.standard_normal((3, 7)).astype("<f8")}
+    specs = [
+        "bf16",
+        "fp16",
+        "int8:8",
+        "topk:k=3,chunk=8,values=int8",
+        "topk:k=5,chunk=16,values=2bit,index=16",
+        "topk:k=4,chunk=8,values=bf16",
+    ]
+    return [encode(compress(Gradient(w, {"round": 3}), spec)).tobytes() for spec in specs]
+
+
+DOCS = _seed_documents() + _compressed_seeds()
 
 
 def _check(buf: bytes) -> None:
     for limits in (SMALL, Limits()):
         try:
-            g = decode(buf, limits)
+            g = decode_any(buf, limits)
         except (FormatError, LimitExceededError):
             with_header_too = True
             try:
@@ -63,6 +80,12 @@ def _check(buf: bytes) -> None:
             assert not with_header_too, "read_header accepted what decode refused"
             continue
         assert encode(g).tobytes() == buf, "a non-canonical document was accepted"
+        if isinstance(g, CompressedGradient):  # what decodes also decompresses, range by range
+            for t in g.tensors.values():
+                whole = t.decompress().reshape(-1)
+                assert whole.dtype == np.float64 and whole.size == t.size
+                if t.size > 2:
+                    assert t.read(1, t.size - 1).tobytes() == whole[1:-1].tobytes()
 
 
 def _flip(doc: bytes, flips: list[tuple[int, int]]) -> bytes:
@@ -116,4 +139,4 @@ def test_every_single_byte_flip_fails_cleanly() -> None:
 
 def test_seed_documents_decode() -> None:
     for doc in DOCS:
-        assert encode(decode(doc)).tobytes() == doc
+        assert encode(decode_any(doc)).tobytes() == doc

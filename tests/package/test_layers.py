@@ -17,6 +17,7 @@ RANK = {
     "_version": 0,
     "errors": 0,
     "format": 1,
+    "compress": 2,
     "dag": 2,
     "node": 3,
     "store": 4,
