@@ -15,6 +15,14 @@ select outside [1, n - f]; parameters that do not apply to the method.
 
 from ._checks import Layout, Tensors
 from ._clip import clip_inputs, clip_output, global_norm
+from ._compressed import (
+    CompressedInMemory,
+    Decompressing,
+    SparseInMemory,
+    SparseSource,
+    compressed_norm,
+    compressed_source,
+)
 from ._dispatch import AggregationInfo, aggregate, aggregate_with_info
 from ._fused import prepare
 from ._methods import fedavg, krum, mean, median, multikrum, sum_, trimmed_mean, weighted
@@ -25,15 +33,21 @@ __all__ = [
     "METHODS",
     "AggregationInfo",
     "AggregationParams",
+    "CompressedInMemory",
+    "Decompressing",
     "InMemory",
     "InputSource",
     "Layout",
+    "SparseInMemory",
+    "SparseSource",
     "Tensors",
     "aggregate",
     "aggregate_streamed",
     "aggregate_with_info",
     "clip_inputs",
     "clip_output",
+    "compressed_norm",
+    "compressed_source",
     "fedavg",
     "global_norm",
     "krum",

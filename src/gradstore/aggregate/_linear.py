@@ -52,6 +52,9 @@ def combine(
         name: np.array([flat[name].ctypes.data for flat in flats], np.intp)
         for name in layout.names
         if _fused.usable([flat[name] for flat in flats] + [out_flat[name]])
+        # the kernel reads every input as the output's dtype: decompressed (float64) inputs
+        # of a float32 layout take the NumPy path
+        and all(flat[name].dtype == out_flat[name].dtype for flat in flats)
     }
     factors = np.array([1.0] * len(flats) if coefs is None else coefs, np.float64)
     scale = 1.0 if divisor is None else float(divisor)  # x * 1.0 and x / 1.0 are exact

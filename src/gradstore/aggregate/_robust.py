@@ -52,8 +52,14 @@ def order_mean(
 
     def work(name: str, start: int, end: int) -> None:
         dtype = layout.dtypes[name]
-        if factors is not None or narrow_format(dtype) is not None:
-            dtype = _F64  # scaled inputs, and bfloat16/float8 (sorted and averaged exactly)
+        if (
+            factors is not None
+            or narrow_format(dtype) is not None
+            or any(flat[name].dtype != dtype for flat in flats)
+        ):
+            # scaled inputs, bfloat16/float8, and decompressed (float64) inputs are sorted
+            # and averaged in float64, exactly (a narrower copy would round them)
+            dtype = _F64
         buf = scratch.get("rows", (n + 1, size), dtype)
         finite_buf = scratch.get("finite", (n, size), np.dtype(np.bool_))
         acc_buf = scratch.get("acc", (size,), _F64)

@@ -13,6 +13,10 @@ same order, because each element sees the same IEEE operations in the same order
 - input clipping needs each input's global norm: the caller passes the norms it took
   when it verified the inputs (:func:`global_norm`), or a first pass takes them, block by
   block in the same order as :func:`global_norm`.
+
+Compressed inputs (``_compressed``) read as float64, decompressed range by range; with a
+sparse one among them, the linear methods take the one-input-at-a-time path, where a
+sparse input adds its kept entries only (docs/design.md, "Aggregating compressed inputs").
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from ._blocks import CHUNK, blocks, chunks, default_threads
 from ._checks import Layout, NonFiniteResult, dtype_name
 from ._clip import BLOCK as NORM_BLOCK
 from ._clip import clip_scale, global_norm, scale_into
+from ._compressed import Decompressing, SparseSource
 from ._dispatch import AggregationInfo
 from ._krum import chunk_gram, distances_from_gram, krum_scores, select_lowest
 from ._linear import combine
@@ -94,6 +99,8 @@ async def aggregate_streamed(
             )
     workers = default_threads() if threads is None else max(1, int(threads))
     itemsize = max((layout.dtypes[name].itemsize for name in layout.names), default=1)
+    if any(isinstance(source, Decompressing) for source in sources):
+        itemsize = max(itemsize, _F64.itemsize)  # their windows arrive as float64
     info: dict[str, Any] = {}
     scales: list[float] | None = None
     if params.clip_input_norm is not None:
@@ -214,8 +221,9 @@ async def _linear(
     one_by_one: bool,
 ) -> dict[str, np.ndarray[Any, Any]]:
     """sum/mean/fedavg/weighted: windowed over all inputs, or one input at a time into a
-    float64 accumulator when the windows of all inputs would not fit."""
-    if not one_by_one:
+    float64 accumulator when the windows of all inputs would not fit, or when a sparse
+    input can be added without being densified."""
+    if not one_by_one and not any(isinstance(source, SparseSource) for source in sources):
         return await _windowed(
             sources,
             layout,
@@ -233,27 +241,41 @@ async def _accumulated(
 ) -> dict[str, np.ndarray[Any, Any]]:
     """``(sum_i coefs[i] * x_i) / divisor`` with one input in memory at a time: O(model).
 
-    The same operations per element, in the same order, as ``_linear.combine``.
+    The same operations per element, in the same order, as ``_linear.combine``. A sparse
+    input adds only its kept entries: adding +0.0 elsewhere would change nothing unless the
+    accumulator holds -0.0 there, which ``negzero`` tracks per block (``_add_sparse``).
     """
     acc = {name: np.empty(layout.size(name), _F64) for name in layout.names}
+    negzero = {name: [True] * len(range(0, layout.size(name), CHUNK)) for name in layout.names}
     tmp = np.empty(CHUNK, _F64)
     for index, source in enumerate(sources):
         factor = None if coefs is None else np.float64(coefs[index])
+        sparse = isinstance(source, SparseSource)
         for name in layout.names:
-            for start, stop in blocks(0, layout.size(name), CHUNK):
-                x = await source.read(name, start, stop)
+            flags = negzero[name]
+            for block, (start, stop) in enumerate(blocks(0, layout.size(name), CHUNK)):
                 a = acc[name][start:stop]
+                if sparse and (index == 0 or not flags[block]):
+                    assert isinstance(source, SparseSource)
+                    positions, values = await source.read_sparse(name, start, stop)
+                    flags[block] = _add_sparse(a, positions, values, factor, index == 0)
+                    continue
+                x = await source.read(name, start, stop)
+                t = x
                 if index == 0:
                     if factor is None:
                         np.copyto(a, x)
                     else:
                         np.multiply(x, factor, a)
+                    t = a
                 elif factor is None:
                     np.add(a, x, a, dtype=_F64)
                 else:
                     t = tmp[: stop - start]
                     np.multiply(x, factor, t)
                     np.add(a, t, a)
+                if flags[block]:  # it stays possible only where this term is -0.0 too
+                    flags[block] = _has_negzero(t)
     out = layout.empty()
     for name in layout.names:
         dst = out[name].reshape(-1)
@@ -264,6 +286,34 @@ async def _accumulated(
                 raise NonFiniteResult(name)
         del acc[name]
     return out
+
+
+def _add_sparse(
+    a: np.ndarray[Any, Any],
+    positions: np.ndarray[Any, Any],
+    values: np.ndarray[Any, Any],
+    factor: np.float64 | None,
+    first: bool,
+) -> bool:
+    """Add a sparse input's block to ``a`` (the first input: set ``a`` to it); whether ``a``
+    may hold -0.0 afterwards.
+
+    Called only when ``a`` holds no -0.0 (or for the first input), so ``a + 0.0`` is ``a``
+    everywhere nothing is kept, and ``a + t`` can be -0.0 nowhere (that needs both -0.0).
+    """
+    terms = values if factor is None else np.multiply(values, factor)
+    if first:
+        a.fill(0.0)  # 0.0 * factor is +0.0: factors are never negative
+        a[positions] = terms
+        return _has_negzero(terms)  # a zero factor times a negative value
+    a[positions] += terms
+    return False
+
+
+def _has_negzero(x: np.ndarray[Any, Any]) -> bool:
+    """Whether ``x`` holds a -0.0 (or is not float64-compatible enough to tell cheaply)."""
+    zeros = x == 0
+    return bool(zeros.any() and np.signbit(x[zeros]).any())
 
 
 async def _gram(
