@@ -235,3 +235,67 @@ def test_oversized_record_is_refused(coord_key: SigningKey) -> None:
     with pytest.raises(MessageError) as info:
         decode_record(data, max_bytes=len(data) - 1)
     assert info.value.reason == "too-large"
+
+
+# --- gradstore/round/3: the codec of every input ----------------------------------------
+
+
+def _with_codecs(coord: SigningKey) -> RoundRecord:
+    from gradstore.format import Codec
+
+    rec = _record(coord)
+    topk = Codec("topk", chunk=4096, k=61, index=12, values="int8")
+    return replace(rec, inputs=(replace(rec.inputs[0], codec=topk), rec.inputs[1]))
+
+
+def test_a_round_with_a_compressed_input_is_round_3_naming_every_codec(
+    coord_key: SigningKey,
+) -> None:
+    rec = _with_codecs(coord_key)
+    cid, data = encode_record(rec, coord_key)
+    node = dag_cbor.decode(data)
+    assert node["type"] == "gradstore/round/3"
+    assert [i["codec"] for i in node["inputs"]] == [
+        {"name": "topk", "chunk": 4096, "k": 61, "index": 12, "values": "int8"},
+        None,
+    ]
+    back = decode_record(data, cid=cid)
+    assert back == rec and back.inputs[0].codec == rec.inputs[0].codec
+    assert back.inputs[1].codec is None
+    # a dense round keeps round/2 and its CID
+    cid2, _ = encode_record(_record(coord_key), coord_key)
+    assert str(cid2) == GOLDEN_CID
+
+
+def _resigned(coord: SigningKey, node: dict[str, Any]) -> bytes:
+    node.pop("sig", None)
+    node["sig"] = coord.sign(dag_cbor.encode(node))
+    return bytes(dag_cbor.encode(node))
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (lambda n: n.update(type="gradstore/round/2"), "keys"),  # round/2 has no codec
+        (lambda n: [i.update(codec=None) for i in n["inputs"]], "names no codec"),
+        (lambda n: n["inputs"][1].pop("codec"), "keys"),
+        (lambda n: n["inputs"][0].update(codec={"name": "topk", "k": 61}), "codec"),
+        (lambda n: n["inputs"][0]["codec"].update(k=0), "codec"),
+        (lambda n: n["inputs"][0]["codec"].update(k=True), "codec"),
+        (lambda n: n["inputs"][0]["codec"].update(values="int4"), "codec"),
+        (lambda n: n["inputs"][0].update(codec="topk"), "codec"),
+        (lambda n: n["inputs"][0]["codec"].update(extra=1), "codec"),
+    ],
+)
+def test_codec_entries_are_checked(coord_key: SigningKey, change: Any, match: str) -> None:
+    _, data = encode_record(_with_codecs(coord_key), coord_key)
+    node = dag_cbor.decode(data)
+    change(node)
+    with pytest.raises(MessageError, match=match):
+        decode_record(_resigned(coord_key, node))
+
+
+def test_a_codec_must_be_a_codec(coord_key: SigningKey) -> None:
+    with pytest.raises(MessageError, match="codec"):
+        RecordInput(peer=coord_key.did, gradient=raw_cid(b"x"), num_samples=1, weight=1.0,
+                    codec={"name": "bf16"})  # type: ignore[arg-type]  # fmt: skip

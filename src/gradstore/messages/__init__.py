@@ -21,6 +21,7 @@ from .lists import (
 from .record import (
     MAX_RECORD_BYTES,
     RECORD_TYPE,
+    RECORD_TYPE_CODECS,
     RecordExclusion,
     RecordInput,
     RoundRecord,
@@ -45,6 +46,7 @@ __all__ = [
     "MAX_REASON_BYTES",
     "MAX_RECORD_BYTES",
     "RECORD_TYPE",
+    "RECORD_TYPE_CODECS",
     "Announce",
     "KeyFileError",
     "Message",

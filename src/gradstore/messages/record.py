@@ -7,6 +7,11 @@ Node shape (DAG-CBOR sorts map keys by length, then bytes)::
      excluded: [{peer, cid?: "<CID text>", reason}],            sorted by (peer, cid, reason)
      output: <link>, prev: <link> | null, coordinator, sig}
 
+A round with a compressed input is ``gradstore/round/3``: the same node with a ``codec``
+in every input (the document's codec map, or null for a dense input), so an auditor can
+check what each input's codec was. A round/3 record whose codecs are all null is not
+canonical (it is written as round/2).
+
 An excluded input's CID is text, not a link: an input is often excluded because nobody
 serves it, and a link would make the record's DAG incomplete, so pinning the record (or
 fetching it whole) would wait on blocks that never come. Version 1 linked them.
@@ -28,12 +33,15 @@ import dag_cbor
 from multiformats import CID as _MFCID
 
 from ..dag.cid import CID, DAG_CBOR, verify_block
-from ..errors import CIDError, MessageError
+from ..errors import CIDError, FormatError, MessageError
+from ..format import Codec
 from .didkey import SIGNATURE_LEN, verify_signature
 from .keys import SigningKey
 from .schema import check_did, check_run, check_text, check_uint
 
 RECORD_TYPE: Final = "gradstore/round/2"
+#: The type of a record with at least one compressed input (``codec`` in every input).
+RECORD_TYPE_CODECS: Final = "gradstore/round/3"
 # A record costs ~200 bytes per input; 4 MiB is ~20k peers, far beyond any job.
 MAX_RECORD_BYTES: Final = 4 * 1024 * 1024
 _MAX_PARAMS_DEPTH: Final = 16
@@ -55,6 +63,7 @@ _RECORD_KEYS: Final = frozenset(
     }
 )
 _INPUT_KEYS: Final = frozenset({"peer", "gradient", "num_samples", "weight"})
+_INPUT_KEYS_CODECS: Final = _INPUT_KEYS | {"codec"}
 _EXCLUSION_KEYS: Final = frozenset({"peer", "cid", "reason"})
 
 
@@ -96,14 +105,18 @@ def _check_params(value: object, path: str = "params", depth: int = 0) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class RecordInput:
-    """One aggregated gradient: who sent it, its CID, its sample count and its weight."""
+    """One aggregated gradient: who sent it, its CID, its sample count, its weight, and its
+    document's codec (None for a dense gradstore/1 document)."""
 
     peer: str
     gradient: CID
     num_samples: int
     weight: float
+    codec: Codec | None = None
 
     def __post_init__(self) -> None:
+        if self.codec is not None and not isinstance(self.codec, Codec):
+            raise MessageError("malformed", "`inputs.codec` must be a Codec or None")
         check_did("inputs.peer", self.peer)
         _check_link("inputs.gradient", self.gradient)
         check_uint("inputs.num_samples", self.num_samples)
@@ -205,29 +218,44 @@ def _cid_text(name: str, value: object) -> CID:
         raise MessageError("malformed", f"`{name}`: {exc}") from None
 
 
+def _codec(name: str, value: object) -> Codec | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise MessageError("malformed", f"`{name}` must be a codec map or null")
+    try:
+        return Codec.from_fields(value)
+    except (FormatError, TypeError) as exc:
+        raise MessageError("malformed", f"`{name}`: {exc}") from None
+
+
 def _unsigned_node(rec: RoundRecord) -> dict[str, Any]:
+    codecs = any(i.codec is not None for i in rec.inputs)
     excluded = []
     for ex in rec.excluded:
         entry: dict[str, Any] = {"peer": ex.peer, "reason": ex.reason}
         if ex.cid is not None:
             entry["cid"] = str(ex.cid)
         excluded.append(entry)
+    inputs = []
+    for i in rec.inputs:
+        item: dict[str, Any] = {
+            "peer": i.peer,
+            "gradient": _to_mf(i.gradient),
+            "num_samples": i.num_samples,
+            "weight": i.weight,
+        }
+        if codecs:
+            item["codec"] = None if i.codec is None else i.codec.fields()
+        inputs.append(item)
     return {
-        "type": RECORD_TYPE,
+        "type": RECORD_TYPE_CODECS if codecs else RECORD_TYPE,
         "job": rec.job,
         "run": rec.run,
         "round": rec.round,
         "method": rec.method,
         "params": rec.params,
-        "inputs": [
-            {
-                "peer": i.peer,
-                "gradient": _to_mf(i.gradient),
-                "num_samples": i.num_samples,
-                "weight": i.weight,
-            }
-            for i in rec.inputs
-        ],
+        "inputs": inputs,
         "excluded": excluded,
         "output": _to_mf(rec.output),
         "prev": None if rec.prev is None else _to_mf(rec.prev),
@@ -295,8 +323,11 @@ def decode_record(
     except Exception as exc:  # DAGCBORDecodingError, OverflowError on absurd lengths, ...
         raise MessageError("malformed", f"not DAG-CBOR: {exc}") from None
     node = _exact_keys("record", node, _RECORD_KEYS)
-    if node["type"] != RECORD_TYPE:
-        raise MessageError("malformed", f"not a {RECORD_TYPE} node (type {node['type']!r:.40})")
+    if node["type"] not in (RECORD_TYPE, RECORD_TYPE_CODECS):
+        raise MessageError(
+            "malformed",
+            f"not a {RECORD_TYPE} or {RECORD_TYPE_CODECS} node (type {node['type']!r:.40})",
+        )
     sig = node.pop("sig")
     if not isinstance(sig, bytes) or len(sig) != SIGNATURE_LEN:
         raise MessageError("malformed", f"`sig` must be {SIGNATURE_LEN} bytes")
@@ -318,9 +349,10 @@ def _record_from_node(node: dict[str, Any]) -> RoundRecord:
     excluded_node = node["excluded"]
     if not isinstance(inputs_node, list) or not isinstance(excluded_node, list):
         raise MessageError("malformed", "`inputs` and `excluded` must be arrays")
+    codecs = node["type"] == RECORD_TYPE_CODECS
     inputs = []
     for i, item in enumerate(inputs_node):
-        entry = _exact_keys(f"inputs[{i}]", item, _INPUT_KEYS)
+        entry = _exact_keys(f"inputs[{i}]", item, _INPUT_KEYS_CODECS if codecs else _INPUT_KEYS)
         if not isinstance(entry["weight"], float):
             raise MessageError("malformed", f"`inputs[{i}].weight` must be a float")
         inputs.append(
@@ -329,7 +361,12 @@ def _record_from_node(node: dict[str, Any]) -> RoundRecord:
                 gradient=_from_mf(f"inputs[{i}].gradient", entry["gradient"]),
                 num_samples=entry["num_samples"],
                 weight=entry["weight"],
+                codec=_codec(f"inputs[{i}].codec", entry["codec"]) if codecs else None,
             )
+        )
+    if codecs and all(i.codec is None for i in inputs):
+        raise MessageError(
+            "malformed", f"a {RECORD_TYPE_CODECS} record names no codec (write {RECORD_TYPE})"
         )
     excluded = []
     for i, item in enumerate(excluded_node):
