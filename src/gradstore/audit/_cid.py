@@ -16,7 +16,15 @@ from ..errors import (
     LimitExceededError,
     NodeError,
 )
-from ..format import DocumentHeader, EncodedDocument, Gradient, decode, encode, read_header
+from ..format import (
+    CompressedGradient,
+    DocumentHeader,
+    EncodedDocument,
+    Gradient,
+    decode_any,
+    encode,
+    read_header,
+)
 from ..store import GradientStore
 
 
@@ -40,19 +48,22 @@ def parse_cid(text: str | CID, check: str = "cid") -> CID:
         raise AuditError(check, f"{text!r} is not a CID: {exc}") from None
 
 
-async def fetch_gradient(store: GradientStore, cid: CID, what: str, prefix: str = "") -> Gradient:
-    """Fetch (every block hash-checked) and strictly decode ``cid``; failures name the check."""
+async def fetch_gradient(
+    store: GradientStore, cid: CID, what: str, prefix: str = ""
+) -> Gradient | CompressedGradient:
+    """Fetch (every block hash-checked) and strictly decode ``cid`` (dense or compressed);
+    failures name the check."""
     return (await fetch_with_header(store, cid, what, prefix))[0]
 
 
 async def fetch_with_header(
     store: GradientStore, cid: CID, what: str, prefix: str = ""
-) -> tuple[Gradient, DocumentHeader]:
+) -> tuple[Gradient | CompressedGradient, DocumentHeader]:
     """:func:`fetch_gradient`, and where each tensor lives in the document.
 
     Checks: ``{prefix}fetch`` (the node cannot serve it), ``{prefix}blocks`` (a block does
     not hash to its CID or the DAG is malformed), ``{prefix}decode`` (not a valid gradstore/1
-    document within the store's limits).
+    or gradstore/2 document within the store's limits).
     """
     try:
         buf = await store.fetch_document(cid)
@@ -65,10 +76,10 @@ async def fetch_with_header(
     except NodeError as exc:
         raise AuditError(f"{prefix}fetch", f"cannot fetch {what} {cid}: {exc}") from exc
     try:
-        return decode(buf, store.limits), read_header(buf, store.limits)
+        return decode_any(buf, store.limits), read_header(buf, store.limits)
     except (FormatError, LimitExceededError) as exc:
         raise AuditError(
-            f"{prefix}decode", f"{what} {cid} is not a valid gradstore/1 document: {exc}"
+            f"{prefix}decode", f"{what} {cid} is not a valid gradstore document: {exc}"
         ) from exc
 
 

@@ -24,11 +24,11 @@ from ..errors import (
     MessageError,
     NodeError,
 )
-from ..format import Gradient, encode
+from ..format import CompressedGradient, Gradient, encode
 from ..messages import RoundRecord, decode_record
 from ..messages import aggregate_meta as _aggregate_meta
 from ..node import Node
-from ..store import GradientStore, StoredGradient
+from ..store import GradientStore, StoredCompressed, StoredGradient
 from ._cid import fetch_with_header, parse_cid
 
 
@@ -83,11 +83,15 @@ async def fetch_record(node: Node, cid: CID | str) -> tuple[CID, RoundRecord]:
 
 
 def recompute_output(record: RoundRecord, inputs: list[Gradient]) -> CID:
-    """The output CID ``record`` must carry, from its inputs (in record order); blocking.
+    """The output CID ``record`` must carry, from its dense inputs (in record order); blocking.
 
     Checks: ``params`` (recorded parameters unusable), ``aggregate`` (the recorded method
-    refuses these inputs).
+    refuses these inputs). Compressed inputs are recomputed by :func:`verify_record`.
     """
+    if any(isinstance(g, CompressedGradient) for g in inputs):
+        raise AuditError(
+            "aggregate", "recompute_output takes dense inputs; verify_record decompresses"
+        )
     try:
         params = AggregationParams.from_record(record.method, record.params)
     except (AggregationError, TypeError) as exc:
@@ -110,8 +114,11 @@ async def verify_record(store: GradientStore, rcid: CID, record: RoundRecord) ->
     decoded on its own, then read back from the node range by range (every leaf hashed
     again) while the aggregate is recomputed (``aggregate_streamed``: the same bits).
 
+    Compressed inputs are decompressed range by range as the coordinator does; the codec
+    the record names for each input must be its document's.
+
     Checks: ``inputs`` (a record with no input), ``input-fetch``, ``input-blocks``,
-    ``input-decode``, ``params``, ``aggregate``, ``output-cid``.
+    ``input-decode``, ``input-codec``, ``params``, ``aggregate``, ``output-cid``.
     """
     start = time.perf_counter()
     if not record.inputs:
@@ -120,24 +127,35 @@ async def verify_record(store: GradientStore, rcid: CID, record: RoundRecord) ->
         params = AggregationParams.from_record(record.method, record.params)
     except (AggregationError, TypeError) as exc:
         raise AuditError("params", f"round {record.round}: recorded parameters: {exc}") from exc
-    sources: list[StoredGradient] = []
+    sources: list[StoredGradient | StoredCompressed] = []
     layouts = []
     nbytes = 0
     for inp in record.inputs:
         what = f"input of {inp.peer}"
         gradient, header = await fetch_with_header(store, inp.gradient, what, prefix="input-")
-        nbytes += gradient.nbytes
-        layouts.append([(n, a.dtype, a.shape) for n, a in gradient.tensors.items()])
-        del gradient  # read back range by range below: one input in memory at a time
-        try:
-            sources.append(
-                await StoredGradient.open(
-                    store.node,
-                    inp.gradient,
-                    {t.name: t for t in header.tensors},
-                    store.limits.max_bytes,
-                )
+        if inp.codec != header.codec:
+            raise AuditError(
+                "input-codec",
+                f"round {record.round} record {rcid} says {what} {inp.gradient} is "
+                f"{_codec_text(inp.codec)}, but the document is {_codec_text(header.codec)}",
             )
+        nbytes += gradient.nbytes
+        layouts.append([(t.name, t.array_dtype, t.shape) for t in header.tensors])
+        del gradient  # read back range by range below: one input in memory at a time
+        infos = {t.name: t for t in header.tensors}
+        try:
+            if header.codec is not None:  # decompressed range by range, as the coordinator
+                sources.append(
+                    await StoredCompressed.open(
+                        store.node, inp.gradient, infos, header.codec, store.limits.max_bytes
+                    )
+                )
+            else:
+                sources.append(
+                    await StoredGradient.open(
+                        store.node, inp.gradient, infos, store.limits.max_bytes
+                    )
+                )
         except NodeError as exc:
             raise AuditError("input-fetch", f"cannot read {what} {inp.gradient}: {exc}") from exc
     if any(layout != layouts[0] for layout in layouts):
@@ -168,6 +186,10 @@ async def verify_record(store: GradientStore, rcid: CID, record: RoundRecord) ->
             f"{record.method} over its {len(sources)} inputs gives {expected}",
         )
     return RoundReport(rcid, record, len(sources), nbytes, time.perf_counter() - start)
+
+
+def _codec_text(codec: object) -> str:
+    return "dense (gradstore/1)" if codec is None else f"compressed with {codec}"
 
 
 async def verify_round(

@@ -16,11 +16,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
-from ..aggregate import InMemory, InputSource, Layout, aggregate_streamed
+from ..aggregate import InMemory, InputSource, Layout, aggregate_streamed, compressed_source
 from ..dag import CID
 from ..dag.cid import DAG_CBOR
 from ..errors import NodeError, NodeUnreachableError
-from ..format import Gradient
+from ..format import CompressedGradient, Gradient
 from ..job import JobConfig
 from ..messages import (
     RecordExclusion,
@@ -31,7 +31,7 @@ from ..messages import (
     encode_record,
 )
 from ..node import Node
-from ..store import GradientStore, StoredGradient
+from ..store import GradientStore, StoredCompressed, StoredGradient
 from .inputs import VerifiedInput
 
 log = logging.getLogger("gradstore.coordinator")
@@ -75,7 +75,9 @@ async def with_retries(
 
 
 def _opener(node: Node, item: VerifiedInput, max_bytes: int) -> Callable[[], Awaitable[Any]]:
-    async def open_() -> StoredGradient:
+    async def open_() -> StoredGradient | StoredCompressed:
+        if item.codec is not None:  # decompressed range by range
+            return await StoredCompressed.open(node, item.cid, item.tensors, item.codec, max_bytes)
         return await StoredGradient.open(node, item.cid, item.tensors, max_bytes)
 
     return open_
@@ -109,7 +111,9 @@ async def close_round(
     t0 = time.perf_counter()
     sources: list[InputSource] = []
     for item in verified:
-        if item.gradient is not None:
+        if isinstance(item.gradient, CompressedGradient):
+            sources.append(compressed_source(item.gradient))
+        elif item.gradient is not None:
             sources.append(InMemory(item.gradient.tensors))
         else:  # not kept in memory: read back from our node (pinned there), range by range
             sources.append(
@@ -141,7 +145,7 @@ async def close_round(
         method=config.method,
         params=params.to_record(),
         inputs=tuple(
-            RecordInput(i.peer, i.cid, i.num_samples, float(w))
+            RecordInput(i.peer, i.cid, i.num_samples, float(w), i.codec)
             for i, w in zip(verified, weights, strict=True)
         ),
         excluded=tuple(

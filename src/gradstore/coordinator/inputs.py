@@ -20,10 +20,19 @@ from typing import Any, Final
 
 import numpy as np
 
-from ..aggregate import global_norm
+from ..aggregate import compressed_norm, global_norm
 from ..dag import CID, RAW, Block, FileAssembler
 from ..errors import DAGError, FormatError, IntegrityError, LimitExceededError
-from ..format import Gradient, Limits, TensorInfo, decode, is_float, read_header
+from ..format import (
+    Codec,
+    CompressedGradient,
+    Gradient,
+    Limits,
+    TensorInfo,
+    decode_any,
+    is_float,
+    read_header,
+)
 from ..node import Node
 from ..store import GradientStore
 from .rounds import Schema, schema_of, schema_text
@@ -50,9 +59,10 @@ class VerifiedInput:
     nbytes: int  # the document's size
     schema: Schema
     norm: float | None  # its global L2 norm, when the job clips inputs
-    gradient: Gradient | None  # kept in memory when the budget allows; else read again
+    gradient: Gradient | CompressedGradient | None  # kept in memory if the budget allows
     tensors: dict[str, TensorInfo]  # where each tensor lives in the document, to read it again
     seconds: float
+    codec: Codec | None = None  # a compressed input's codec (the round record names it)
 
 
 class ByteBudget:
@@ -134,7 +144,7 @@ async def verify_input(
                 buf: Any = root
             else:
                 buf = await asyncio.wait_for(store.fetch_document(cid), timeout)
-            gradient = decode(buf, limits)
+            gradient = decode_any(buf, limits)
             header = read_header(buf, limits)
         except IntegrityError as exc:
             raise InputRefused(f"integrity: {exc}") from None
@@ -157,15 +167,19 @@ async def verify_input(
             gradient if kept else None,
             {t.name: t for t in header.tensors},
             time.perf_counter() - start,
+            header.codec,
         )
     finally:
         await budget.release(size)
 
 
 def _check(
-    gradient: Gradient, expected: Schema | None, clip: bool
+    gradient: Gradient | CompressedGradient, expected: Schema | None, clip: bool
 ) -> tuple[Schema, str | None, float | None]:
-    """Schema, the reason the gradient cannot enter the round (or None), and its norm."""
+    """Schema, the reason the gradient cannot enter the round (or None), and its norm.
+
+    A compressed input's schema is its dense tensors' (names, dtypes, shapes); its values
+    are checked, and its norm taken, after decompression."""
     schema = schema_of(gradient)
     if expected is not None and schema != expected:
         return (
@@ -173,6 +187,11 @@ def _check(
             f"schema-mismatch: expected {schema_text(expected)}, got {schema_text(schema)}",
             None,
         )
+    if isinstance(gradient, CompressedGradient):
+        for name, t in gradient.tensors.items():
+            if not t.is_finite():
+                return schema, f"non-finite: tensor {name!r} holds NaN or Inf", None
+        return schema, None, compressed_norm(gradient) if clip else None
     for name, arr in gradient.tensors.items():
         if is_float(arr.dtype) and not bool(np.isfinite(arr).all()):
             return schema, f"non-finite: tensor {name!r} holds NaN or Inf", None

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from ..format import Gradient, dtype_code
+from ..format import CompressedGradient, CompressedTensor, Gradient, dtype_code
 
 Schema = tuple[tuple[str, str, tuple[int, ...]], ...]
 
@@ -194,16 +194,24 @@ def judge(book: RoundBook, quorum: int) -> Judgement:
     return Judgement(verified, excluded, failure)
 
 
-def schema_of(gradient: Gradient) -> Schema:
+def schema_of(gradient: Gradient | CompressedGradient) -> Schema:
     """(name, dtype, shape) of every tensor, sorted by name: what every input of a job must share.
 
     Dtypes are the document's type strings (``"<f4"``, ``"bfloat16"``), as the job file's
-    ``[[schema]]`` names them; NumPy's own string for bfloat16 would be ``"<V2"``.
+    ``[[schema]]`` names them; NumPy's own string for bfloat16 would be ``"<V2"``. A
+    compressed tensor counts as the dense tensor it stands for.
     """
+    tensors: dict[str, Any] = dict(gradient.tensors)
     return tuple(
-        (name, dtype_code(arr.dtype) or str(arr.dtype), tuple(arr.shape))
-        for name, arr in sorted(gradient.tensors.items(), key=lambda kv: kv[0].encode())
+        (name, _dtype_text(arr), tuple(arr.shape))
+        for name, arr in sorted(tensors.items(), key=lambda kv: kv[0].encode())
     )
+
+
+def _dtype_text(arr: Any) -> str:
+    if isinstance(arr, CompressedTensor):
+        return arr.dtype_code
+    return dtype_code(arr.dtype) or str(arr.dtype)
 
 
 def schema_text(schema: Schema) -> str:

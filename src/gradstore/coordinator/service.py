@@ -624,7 +624,7 @@ class Coordinator:
             self.journal.set_input_state(r, peer, PeerState.VERIFIED)
             self._journal_wake.set()
             log.info("round %d: %s verified (%d bytes)", r, peer, got.nbytes)
-            if self._prepared is None and got.gradient is not None:
+            if self._prepared is None and isinstance(got.gradient, Gradient):
                 self._prepared = asyncio.create_task(_prepare(got.gradient))
         finally:
             self._fetch_seconds += time.perf_counter() - start

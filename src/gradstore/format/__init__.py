@@ -17,6 +17,7 @@ from ._encode import COMPRESSED_FORMAT_ID, FORMAT_ID, EncodedDocument, encode
 from ._gradient import Gradient
 from ._header import DocumentHeader, TensorInfo, read_header
 from ._limits import DEFAULT_LIMITS, Limits
+from ._payload import read_range, sparse_range
 
 __all__ = [
     "CODECS",
@@ -43,4 +44,6 @@ __all__ = [
     "is_float",
     "numpy_dtype",
     "read_header",
+    "read_range",
+    "sparse_range",
 ]

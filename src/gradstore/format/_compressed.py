@@ -87,6 +87,20 @@ class CompressedTensor:
         first, lo, hi = self.codec.span(self.size, start, stop)
         return sparse_range(self.codec, self.payload[lo:hi], self.size, first, start, stop)
 
+    def is_finite(self) -> bool:
+        """Whether every value decompresses to a finite number (no NaN or infinity).
+
+        Scales and levels are finite by the decoder's rules, so only bfloat16 and float16
+        values are looked at, by their exponent bits.
+        """
+        if self.codec.name in ("bf16", "fp16"):
+            exponent = 0x7F80 if self.codec.name == "bf16" else 0x7C00
+            bits = self.payload.view("<u2")
+            return not bool(((bits & exponent) == exponent).any())
+        if self.codec.name == "topk" and self.codec.values == "bf16":
+            return bool(np.isfinite(self.sparse(0, self.size)[1]).all())
+        return True
+
     def decompress(self) -> Array:
         """The whole tensor, float64, in its shape."""
         return self.read(0, self.size).reshape(self.shape)

@@ -10,11 +10,12 @@ earlier run of the same job is trusted or answered.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, overload
 
 import numpy as np
 
@@ -26,7 +27,7 @@ from ..errors import (
     RefusedError,
     RoundFailedError,
 )
-from ..format import Gradient
+from ..format import CompressedGradient, Gradient
 from ..job import JobConfig
 from ..messages import (
     Announce,
@@ -244,7 +245,7 @@ class Peer:
     # -- publishing ----------------------------------------------------------------------
     async def publish(
         self,
-        gradient: Gradient,
+        gradient: Gradient | CompressedGradient,
         round_: int,
         num_samples: int,
         *,
@@ -253,6 +254,9 @@ class Peer:
     ) -> CID:
         """Store ``gradient`` (pinned on our node) and announce it until the coordinator has it.
 
+        A ``CompressedGradient`` (``gradstore.compress``) is stored as a gradstore/2 document;
+        the coordinator decompresses it when it aggregates.
+
         With ``wait`` (the default) it returns once the coordinator verified the input, and
         raises ``RefusedError`` with the coordinator's reason as soon as it refuses or
         excludes it. Without ``wait`` it returns after the first announcement.
@@ -260,7 +264,15 @@ class Peer:
         cid = await self.store.put(self.prepare(gradient, round_, num_samples))
         return await self.announce(cid, round_, num_samples, wait=wait, timeout=timeout)
 
-    def prepare(self, gradient: Gradient, round_: int, num_samples: int) -> Gradient:
+    @overload
+    def prepare(self, gradient: Gradient, round_: int, num_samples: int) -> Gradient: ...
+    @overload
+    def prepare(
+        self, gradient: CompressedGradient, round_: int, num_samples: int
+    ) -> CompressedGradient: ...
+    def prepare(
+        self, gradient: Gradient | CompressedGradient, round_: int, num_samples: int
+    ) -> Gradient | CompressedGradient:
         """``gradient`` with the meta ``publish`` stores it with (round, peer, job, ...)."""
         key = self._signer()
         meta = dict(gradient.meta)
@@ -273,7 +285,7 @@ class Peer:
                 "job": self.config.job,
             }
         )
-        return Gradient(gradient.tensors, meta)
+        return dataclasses.replace(gradient, meta=meta)
 
     def _signer(self) -> SigningKey:
         if self._reader is None:

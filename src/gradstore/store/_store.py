@@ -29,7 +29,16 @@ from ..dag import (
 from ..dag.assemble import LeafSpan
 from ..dag.cid import RAW
 from ..errors import DAGError, IntegrityError
-from ..format import DEFAULT_LIMITS, EncodedDocument, Gradient, Limits, decode, encode
+from ..format import (
+    DEFAULT_LIMITS,
+    CompressedGradient,
+    EncodedDocument,
+    Gradient,
+    Limits,
+    decode,
+    decode_any,
+    encode,
+)
 from ..node import Node, SupportsCatInto
 from ._put import PROGRESS_BYTES, Progress, put_document
 
@@ -56,9 +65,14 @@ class GradientStore:
 
     # -- put ---------------------------------------------------------------
     async def put(
-        self, gradient: Gradient, *, pin: bool = True, progress: Progress | None = None
+        self,
+        gradient: Gradient | CompressedGradient,
+        *,
+        pin: bool = True,
+        progress: Progress | None = None,
     ) -> CID:
-        """Store ``gradient`` on the node (pinned by default) and return its CID."""
+        """Store ``gradient`` (dense, or compressed: gradstore/2) on the node, pinned by
+        default, and return its CID."""
         return await self.put_document(encode(gradient), pin=pin, progress=progress)
 
     async def put_document(
@@ -139,11 +153,11 @@ class GradientStore:
         start = time.perf_counter()
         root = CID.parse(cid)
         buf = await self.fetch_document(root)
-        gradient = decode(buf, self.limits)
+        gradient = decode_any(buf, self.limits)
         again, blocks = await asyncio.to_thread(_root_and_count, encode(gradient))
         if again != root.to_v1():
             raise IntegrityError(
-                root, f"re-encoding {root} gives {again}: not a canonical gradstore/1 document"
+                root, f"re-encoding {root} gives {again}: not a canonical document"
             )
         return VerifyReport(
             root, int(buf.size), blocks, len(gradient.tensors), time.perf_counter() - start

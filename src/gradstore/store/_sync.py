@@ -8,7 +8,7 @@ from types import TracebackType
 import numpy as np
 
 from ..dag import CID
-from ..format import Gradient, Limits
+from ..format import CompressedGradient, Gradient, Limits
 from ..node import Node
 from ._put import Progress
 from ._store import GradientStore, VerifyReport
@@ -21,7 +21,13 @@ class SyncGradientStore:
         self._runner = asyncio.Runner()
         self.store = GradientStore(node) if limits is None else GradientStore(node, limits=limits)
 
-    def put(self, gradient: Gradient, *, pin: bool = True, progress: Progress | None = None) -> CID:
+    def put(
+        self,
+        gradient: Gradient | CompressedGradient,
+        *,
+        pin: bool = True,
+        progress: Progress | None = None,
+    ) -> CID:
         return self._runner.run(self.store.put(gradient, pin=pin, progress=progress))
 
     def get(
