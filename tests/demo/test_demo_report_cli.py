@@ -27,7 +27,10 @@ REC = CID.hash(DAG_CBOR, b"record")
 
 
 def _result(rounds=2):
-    rows = [RoundRow(r, 1.5 - r / 10, 0.8 + r / 100, AGG, REC, 73_344, 0.25) for r in range(rounds)]
+    rows = [
+        RoundRow(r, 1.5 - r / 10, 0.8 + r / 100, AGG, REC, 73_344, 0.25, 20_000)
+        for r in range(rounds)
+    ]
     return DemoResult(
         DemoConfig(rounds=max(rounds, 1)), "local node in /x", "digits-1", "did:key:z6Mk", rows
     )
@@ -57,6 +60,8 @@ def test_summary_json_has_the_promised_keys(tmp_path):
         "rounds": 2,
         "accuracy": 0.81,
         "loss": 1.4,
+        "bytes_moved": 40_000,  # the documents the peers stored over the run
+        "compress": None,
         "head_record": str(REC),
         "node": "local node in /x",
     }

@@ -67,6 +67,12 @@ def register(sub: Any) -> None:
         help="numpy: softmax (default) or mlp; torch: cnn (default)",
     )
     p.add_argument(
+        "--hidden",
+        type=_positive_int,
+        default=None,
+        help="mlp: hidden units (default 32)",
+    )
+    p.add_argument(
         "--seed", type=int, default=0, help="data shuffle, initialisation and local SGD (default 0)"
     )
     p.add_argument(
@@ -80,6 +86,13 @@ def register(sub: Any) -> None:
         type=_positive_int,
         default=2,
         help="federated: local epochs per round (default 2)",
+    )
+    p.add_argument(
+        "--compress",
+        metavar="SPEC",
+        default=None,
+        help="peers send compressed updates with error feedback: federated peers their model "
+        "delta, data-parallel peers their gradient (e.g. topk:0.015,values=int8, int8, bf16)",
     )
     add_node_options(p, api_help="Kubo RPC endpoint to use if it answers")
     out = p.add_argument_group("output")
@@ -103,6 +116,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
             seed=args.seed,
             lr=args.lr,
             local_epochs=args.local_epochs,
+            compress=args.compress,
+            hidden=args.hidden,
         )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -131,7 +146,8 @@ async def _demo(args: argparse.Namespace, config: Any) -> int:
         shard = len(data.shards[0])
         print(
             f"job: {config.mode} {config.model}, {config.peers} peers x {shard} samples, "
-            f"{len(data.y_test)} held out, {config.rounds} rounds, lr {config.learning_rate}",
+            f"{len(data.y_test)} held out, {config.rounds} rounds, lr {config.learning_rate}"
+            + (f", compressed with {config.compress}" if config.compress else ""),
             flush=True,
         )
         progress = Progress(config.rounds, enabled=not quiet)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ._compress_args import add_compress_options
 from ._lazy import LazyChoices, lazy
 from ._nodes import add_node_options
 
@@ -47,6 +48,7 @@ def register(sub: Any) -> None:
     p.add_argument("--no-wait", action="store_true", help="return after the first announcement")
     p.add_argument("--timeout", type=float, default=None, help="give up after S seconds")
     add_node_options(p)
+    add_compress_options(p, peer=True)
     p.set_defaults(run=lazy("_job_cmds", "cmd_peer_publish"))
 
     p = psub.add_parser("await", help="wait for a round's result, verify and save the aggregate")

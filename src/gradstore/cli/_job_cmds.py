@@ -82,16 +82,22 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
 
 
 def cmd_peer_publish(args: argparse.Namespace) -> int:
+    from ._compress_cmd import compressed_update, residual_next_to_key
+
     config = load_job(args.config)
     key = SigningKey.load(args.key)
     gradient = load_gradient(args.gradient)
+    # --compress: the residual is replaced once the coordinator verified the input
+    document, taken = compressed_update(
+        args, gradient, default_residual=residual_next_to_key(args.key, config.job)
+    )
 
     async def run() -> CID:
         node = node_from_args(args)
         try:
             async with Peer(config, node, key) as peer:
                 return await peer.publish(
-                    gradient,
+                    document,
                     args.round,
                     args.num_samples,
                     wait=not args.no_wait,
@@ -100,7 +106,9 @@ def cmd_peer_publish(args: argparse.Namespace) -> int:
         finally:
             await node.aclose()
 
-    print(asyncio.run(run()))
+    cid = asyncio.run(run())
+    taken()
+    print(cid)
     return _exit.SUCCESS
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ._compress_args import add_compress_options
 from ._lazy import lazy
 from ._nodes import add_node_options
 
@@ -57,6 +58,7 @@ def register(sub: Any) -> None:
     )
     add_node_options(p)
     _add_timeout(p)
+    add_compress_options(p, peer=False)
     p.set_defaults(run=lazy("_store_cmds", "cmd_put"))
 
     p = sub.add_parser(

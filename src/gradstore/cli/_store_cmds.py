@@ -125,12 +125,16 @@ def cmd_cid(args: argparse.Namespace) -> int:
 
 
 def cmd_put(args: argparse.Namespace) -> int:
+    from ._compress_cmd import compressed_update
+
     gradient = load_gradient(args.input, parse_meta(args.meta))
+    document, stored = compressed_update(args, gradient)  # --compress, --residual
     bar = ProgressBar("put")
     try:
-        cid = _with_store(args, "put", lambda s: s.put(gradient, progress=bar))
+        cid = _with_store(args, "put", lambda s: s.put(document, progress=bar))
     finally:
         bar.close()
+    stored()
     print(cid)
     return _exit.SUCCESS
 
@@ -181,6 +185,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def _header_json(source: str, header: DocumentHeader) -> dict[str, Any]:
     return {
         "source": source,
+        "format": header.format,
+        "codec": None if header.codec is None else header.codec.fields(),
         "size": header.size,
         "meta": header.meta,
         "tensors": [
@@ -204,7 +210,10 @@ def _json_default(value: object) -> object:
 
 def _print_header(source: str, header: DocumentHeader) -> None:
     out = sys.stdout
-    out.write(f"{source}: gradstore/1, {header.size} bytes, {len(header.tensors)} tensors\n")
+    codec = "" if header.codec is None else f" ({header.codec})"
+    out.write(
+        f"{source}: {header.format}{codec}, {header.size} bytes, {len(header.tensors)} tensors\n"
+    )
     if header.meta:
         out.write("meta:\n")
         for key, value in header.meta.items():

@@ -141,15 +141,18 @@ MODELS = ("softmax", "mlp")
 FRAMEWORK_MODELS = {"numpy": MODELS, "torch": ("cnn",)}
 
 
-def make_model(name: str, n_features: int, n_classes: int) -> Model:
+def make_model(name: str, n_features: int, n_classes: int, hidden: int | None = None) -> Model:
     """The model called ``name`` (one in ``FRAMEWORK_MODELS``) for this data's shape.
 
-    "cnn" is a PyTorch network and needs the ``torch`` extra.
+    ``hidden``: the MLP's hidden units (default 32). "cnn" is a PyTorch network and needs
+    the ``torch`` extra.
     """
+    if hidden is not None and name != "mlp":
+        raise ValueError(f"hidden units are an mlp setting, not {name}'s")
     if name == "softmax":
         return SoftmaxRegression(n_features, n_classes)
     if name == "mlp":
-        return MLP(n_features, n_classes)
+        return MLP(n_features, n_classes) if hidden is None else MLP(n_features, n_classes, hidden)
     if name == "cnn":
         from ._torch_model import DigitsCNN  # imports torch: only when asked for
 

@@ -14,6 +14,11 @@ through the node.
 - ``federated``: peers run local mini-batch SGD from the global model and publish
   their model state (meta kind "state"); the fedavg of the states is the next
   global model (FedAvg, McMahan et al. 2017).
+
+With ``compress`` (a spec such as ``topk:0.015,values=int8``) every peer compresses its
+update with error feedback (its residual kept in memory across rounds): data-parallel
+peers their gradient, federated peers their model delta (state minus the global model,
+meta kind "delta"), and the peers add the fedavg of the deltas to the global model.
 """
 
 from __future__ import annotations
@@ -30,10 +35,11 @@ from typing import Any
 
 import numpy as np
 
+from ..compress import parse_spec, with_feedback
 from ..coordinator import Coordinator, RoundOutcome
 from ..dag import CID
 from ..errors import CoordinatorError
-from ..format import Gradient, encode
+from ..format import CompressedGradient, Gradient, encode
 from ..job import JobConfig, parse_job
 from ..messages import SigningKey
 from ..node import Node
@@ -60,8 +66,12 @@ class DemoConfig:
     local_epochs: int = 2
     batch_size: int = 32
     deadline_s: float = 120.0
+    compress: str | None = None  # a compression spec: peers send compressed updates
+    hidden: int | None = None  # the mlp's hidden units (default 32)
 
     def __post_init__(self) -> None:
+        if self.compress is not None:
+            parse_spec(self.compress)  # CompressionError (a ValueError) for a bad spec
         if self.mode not in MODES:
             raise ValueError(f"unknown mode {self.mode!r}; expected one of {', '.join(MODES)}")
         models = FRAMEWORK_MODELS.get(self.framework)
@@ -75,6 +85,10 @@ class DemoConfig:
                 f"model {self.model!r} is not a {self.framework} model; "
                 f"expected one of {', '.join(models)}"
             )
+        if self.hidden is not None and self.model != "mlp":
+            raise ValueError(f"--hidden is an mlp setting, not {self.model}'s")
+        if self.hidden is not None and self.hidden < 1:
+            raise ValueError(f"hidden must be >= 1, got {self.hidden}")
         for name in ("peers", "rounds", "local_epochs", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -90,9 +104,10 @@ class DemoConfig:
 class RoundRow:
     """One finished round: the global model's training loss and held-out accuracy after it.
 
-    ``bytes_moved`` counts gradstore/1 document bytes through the node: every
-    input put by its peer and fetched by the coordinator, the aggregate put by
-    the coordinator and fetched by every peer.
+    ``bytes_moved`` counts document bytes through the node: every input put by its
+    peer and fetched by the coordinator, the aggregate put by the coordinator and
+    fetched by every peer. ``bytes_stored`` counts only the input documents the peers
+    stored (what compression shrinks; the aggregate is dense).
     """
 
     round: int
@@ -102,6 +117,7 @@ class RoundRow:
     record: CID
     bytes_moved: int
     seconds: float
+    bytes_stored: int = 0
 
 
 @dataclass
@@ -128,6 +144,7 @@ class _Party:
         self.key = key
         self.shard = shard
         self.params = params
+        self.residual: dict[str, np.ndarray] | None = None  # error feedback, when compressing
 
 
 def job_config(
@@ -174,7 +191,7 @@ async def run_demo(
     """
     if len(data.shards) != config.peers:
         raise ValueError(f"{len(data.shards)} shards for {config.peers} peers")
-    model = make_model(config.model, data.n_features, data.n_classes)
+    model = make_model(config.model, data.n_features, data.n_classes, config.hidden)
     ckey = coordinator_key or SigningKey.generate()
     keys = [SigningKey.generate() for _ in range(config.peers)]
     initial = model.init(np.random.default_rng(config.seed))
@@ -265,6 +282,7 @@ async def _train(
                         bytes_moved=sum(2 * m.input_bytes + m.aggregate_bytes for m in moved)
                         + first.aggregate_bytes,
                         seconds=time.perf_counter() - start,
+                        bytes_stored=sum(m.input_bytes for m in moved),
                     )
                 )
                 if on_round is not None:
@@ -340,6 +358,10 @@ async def _step(
             rng=rng,
         )
         kind = "state"
+    if config.compress is not None and config.mode == "federated":
+        # the model delta: what this round changed, small and mostly near zero
+        tensors = {n: tensors[n] - party.params[n] for n in tensors}
+        kind = "delta"
     # The exact meta Peer.publish writes, so the document size below is the stored one.
     meta = {
         "kind": kind,
@@ -349,11 +371,20 @@ async def _step(
         "num_samples": len(shard),
         "job": job,
     }
-    gradient = Gradient(tensors, meta)
-    await peer.publish(gradient, round_, len(shard), timeout=config.deadline_s)
+    update: Gradient | CompressedGradient = Gradient(tensors, meta)
+    if config.compress is not None:
+        update, party.residual = with_feedback(
+            Gradient(tensors, meta), config.compress, party.residual
+        )
+    await peer.publish(update, round_, len(shard), timeout=config.deadline_s)
     got = await peer.await_result(round_, timeout=config.deadline_s + 30.0)
     if config.mode == "data-parallel":
         party.params = apply(party.params, got.gradient, lr)
+    elif config.compress is not None:  # the global model plus the fedavg of the deltas
+        party.params = {
+            n: party.params[n] + np.asarray(a, dtype=np.float64)
+            for n, a in got.gradient.tensors.items()
+        }
     else:
         party.params = {n: np.array(a, dtype=np.float64) for n, a in got.gradient.tensors.items()}
-    return _Moved(encode(gradient).size, encode(got.gradient).size, got.cid, got.record)
+    return _Moved(encode(update).size, encode(got.gradient).size, got.cid, got.record)

@@ -1,0 +1,29 @@
+"""``--compress SPEC`` and ``--residual PATH`` for put and peer publish (parsers only: light)."""
+
+from __future__ import annotations
+
+import argparse
+
+SPEC_HELP = (
+    "store a compressed document (gradstore/2): bf16, fp16, int8[:BLOCK], or "
+    "topk:RATIO[,values=bf16|int8|2bit][,chunk=N][,index=12|16], e.g. topk:0.015,values=int8"
+)
+
+
+def add_compress_options(parser: argparse.ArgumentParser, *, peer: bool) -> None:
+    """Add ``--compress`` and ``--residual`` to ``parser``.
+
+    A peer keeps an error-feedback residual by default (next to its key); ``put`` keeps one
+    only when ``--residual`` names a file.
+    """
+    group = parser.add_argument_group("compression")
+    group.add_argument("--compress", metavar="SPEC", default=None, help=SPEC_HELP)
+    where = "default: KEY.residual-JOB next to the key" if peer else "default: none"
+    group.add_argument(
+        "--residual",
+        metavar="PATH",
+        default=None,
+        help="error feedback: what compression left out is kept in PATH and added to the "
+        f"next update; replaced once the update is stored{' and verified' if peer else ''} "
+        f"({where})",
+    )

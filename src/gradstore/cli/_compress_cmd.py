@@ -1,0 +1,45 @@
+"""Compressing a loaded gradient for put and peer publish, with an error-feedback residual file.
+
+The residual is saved (atomically) only once the caller says the update was taken: a
+failed put or publish leaves it as it was, so retrying the same gradient stores the same
+document (docs/design.md, "Error feedback").
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+from ..compress import compress, load_residual, parse_spec, save_residual, with_feedback
+from ..errors import CompressionError
+from ..format import CompressedGradient, Gradient
+
+
+def residual_next_to_key(key: str | Path, job: str) -> Path:
+    """``KEY.residual-JOB`` in the key's folder (the job name made safe for a file name)."""
+    path = Path(key)
+    return path.with_name(f"{path.name}.residual-{re.sub(r'[^A-Za-z0-9._-]', '_', job)}")
+
+
+def compressed_update(
+    args: argparse.Namespace, gradient: Gradient, *, default_residual: Path | None = None
+) -> tuple[Gradient | CompressedGradient, Callable[[], None]]:
+    """What to store for ``gradient`` under ``--compress``/``--residual``, and the call that
+    saves the new residual once the update has been taken (a no-op without one)."""
+    spec = args.compress
+    if spec is None:
+        if args.residual is not None:
+            raise CompressionError("--residual keeps what compression leaves out: add --compress")
+        return gradient, lambda: None
+    codec = parse_spec(spec)
+    path = Path(args.residual) if args.residual is not None else default_residual
+    if path is None:
+        return compress(gradient, codec), lambda: None
+    document, left = with_feedback(gradient, codec, load_residual(path))
+
+    def save() -> None:
+        save_residual(path, left, codec)
+
+    return document, save

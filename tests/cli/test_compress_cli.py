@@ -1,0 +1,118 @@
+"""--compress and --residual on put and peer publish: compressed documents, residual files."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gradstore.audit import verify_round_main
+from gradstore.compress import compress, load_residual, with_feedback
+from gradstore.dag import file_cid
+from gradstore.format import Gradient, encode
+from gradstore.node import KuboDaemon
+
+from .conftest import Cli
+from .helpers import SEED, write_npz
+from .test_job_kubo import _finish, _kill, _start_coordinator
+
+SPEC = "topk:0.25,values=int8"
+
+
+def _floats(seed: int = SEED) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {
+        "w": rng.standard_normal((40, 30)).astype(np.float32),
+        "b": rng.standard_normal(30),
+    }
+
+
+def test_put_compressed_stores_the_compressed_document(cli: Cli, tmp_path: Path) -> None:
+    arrays = _floats()
+    src = write_npz(tmp_path / "g.npz", **arrays)
+    node = tmp_path / "node"
+    r = cli("put", src, "--compress", SPEC, "--meta", "round=2", "--local", node)
+    assert r.code == 0, r.err
+    want = file_cid(encode(compress(Gradient(arrays, {"round": 2}), SPEC)))
+    assert r.line == str(want)
+    r = cli("inspect", r.line, "--local", node)
+    assert r.code == 0, r.err
+    first = r.out.splitlines()[0]
+    assert "gradstore/2 (topk:chunk=4096,k=1024,index=12,values=int8)" in first
+    assert cli("verify", str(want), "--local", node).code == 0
+
+
+def test_put_with_a_residual_file_feeds_back_what_was_left_out(cli: Cli, tmp_path: Path) -> None:
+    node, residual = tmp_path / "node", tmp_path / "me.residual"
+    first, second = _floats(1), _floats(2)
+    cids = []
+    for i, arrays in enumerate((first, second)):
+        src = write_npz(tmp_path / f"g{i}.npz", **arrays)
+        r = cli("put", src, "--compress", SPEC, "--residual", residual, "--local", node)
+        assert r.code == 0, r.err
+        cids.append(r.line)
+    # the same two steps through the Python API give the same documents
+    c1, left = with_feedback(Gradient(first), SPEC, None)
+    c2, left = with_feedback(Gradient(second), SPEC, left)
+    assert cids == [str(file_cid(encode(c1))), str(file_cid(encode(c2)))]
+    saved = load_residual(residual)
+    assert saved is not None and saved.keys() == left.keys()
+    for name in left:
+        assert saved[name].tobytes() == left[name].tobytes()
+
+
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [
+        (["--compress", "zstd"], "unknown codec"),
+        (["--residual", "r.npz"], "add --compress"),
+        (["--compress", "topk:2"], "ratio"),
+    ],
+)
+def test_bad_compression_options_are_one_error_line(
+    cli: Cli, tmp_path: Path, argv: list[str], match: str
+) -> None:
+    src = write_npz(tmp_path / "g.npz", **_floats())
+    line = cli("put", src, *argv, "--local", tmp_path / "node").one_error_line()
+    assert match in line
+
+
+def test_integer_tensors_cannot_be_compressed(cli: Cli, tmp_path: Path) -> None:
+    src = write_npz(tmp_path / "g.npz", w=np.ones(3), steps=np.array(7))
+    line = cli("put", src, "--compress", "int8", "--local", tmp_path / "n").one_error_line()
+    assert "'steps'" in line and "only float" in line
+
+
+def test_peer_publish_compressed_keeps_the_residual_next_to_its_key(
+    cli: Cli, kubo: KuboDaemon, tmp_path: Path
+) -> None:
+    api = kubo.api_url
+    keys = {name: tmp_path / f"{name}.key" for name in ("coord", "alice")}
+    dids = {name: cli("keygen", "--out", path).line for name, path in keys.items()}
+    job_name = f"cli-compress-{os.getpid()}"
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'job = "{job_name}"\ncoordinator = "{dids["coord"]}"\npeers = ["{dids["alice"]}"]\n'
+        '[aggregation]\nmethod = "mean"\n[rounds]\ncount = 1\nquorum = 1\ndeadline_s = 60\n'
+    )
+    src = write_npz(tmp_path / "g.npz", **_floats())
+    coord = _start_coordinator(tmp_path, kubo, job, keys["coord"], job_name)
+    try:
+        r = cli(
+            "peer", "publish", "--config", job, "--key", keys["alice"], "--round", 0,
+            "--timeout", 60, "--api", api, "--compress", SPEC, src,
+        )  # fmt: skip
+        assert r.code == 0, r.err
+        coord_out = _finish(tmp_path, "coord", coord)
+    finally:
+        _kill(coord)
+    residual = tmp_path / f"alice.key.residual-{job_name}"
+    saved = load_residual(residual)
+    _, left = with_feedback(Gradient(_floats()), SPEC, None)
+    assert saved is not None and all(saved[n].tobytes() == left[n].tobytes() for n in left)
+    record = re.search(r"record (baf[a-z2-7]+)", coord_out)
+    assert record, coord_out
+    assert verify_round_main([record.group(1), "--api", api]) == 0
