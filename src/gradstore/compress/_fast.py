@@ -14,6 +14,7 @@ from typing import Any, Final
 
 import numpy as np
 
+from ..errors import CompressionError
 from ._reference import int8_quantize, select
 
 log = logging.getLogger(__name__)
@@ -36,11 +37,10 @@ def _kernels() -> Any:
     try:
         from . import _kernels as kernels
 
-        x = np.ones(8, np.float32)
-        kernels.int8_blocks(x, 4, np.empty(2, np.float32), np.empty(8, np.int8))
-        kernels.topk_select(x, 4, 1, np.empty((2, 1), np.int64))
-        kernels.int8_blocks(x.astype(np.float64), 4, np.empty(2, np.float32), np.empty(8, np.int8))
-        kernels.topk_select(x.astype(np.float64), 4, 1, np.empty((2, 1), np.int64))
+        for x in (np.ones(8, np.float32), np.ones(8, np.float64)):
+            kernels.int8_records(x, 4, np.empty(16, np.uint8))
+            kernels.topk_select(x, 4, 1, np.empty((2, 1), np.int64))
+        kernels.topk_select32(np.ones(8, np.float32), 4, 1, np.empty((2, 1), np.int64))
     except Exception as exc:  # ImportError, numba refusing this NumPy, no compiler
         log.info("numba unavailable (%s): compression uses the NumPy path", exc)
         return None
@@ -54,21 +54,19 @@ def kernels_for(size: int) -> Any:
     return _kernels()
 
 
-def int8_full_blocks(x: Array, block: int, what: str) -> tuple[Array, Array]:
-    """Scales (n,) float32 and int8 values (n, block) of the ``n`` full blocks of ``x``
+def int8_full_records(x: Array, block: int, records: Array, what: str) -> None:
+    """Fill ``records`` (n, block + 4) with the records of the ``n`` full blocks of ``x``
     (float32 or float64, 1-D)."""
-    n = x.size // block
+    n = records.shape[0]
     kernels = kernels_for(x.size)
     if kernels is None:
-        return int8_quantize(x[: n * block].reshape(n, block).astype(np.float64), what)
-    scales = np.empty(n, np.float32)
-    q = np.empty(n * block, np.int8)
-    worst = kernels.int8_blocks(x, block, scales, q)
+        scales, q = int8_quantize(x[: n * block].reshape(n, block).astype(np.float64), what)
+        records[:, :4] = scales.astype("<f4").view(np.uint8).reshape(n, 4)
+        records[:, 4:] = q.view(np.uint8)
+        return
+    worst = kernels.int8_records(x, block, records.reshape(-1))
     if worst > float(np.finfo(np.float32).max):
-        from ..errors import CompressionError
-
         raise CompressionError(f"{what}: a value is too large for an int8 scale (float32)")
-    return scales, q.reshape(n, block)
 
 
 def topk_full_chunks(x: Array, chunk: int, kept: int) -> Array:
@@ -78,5 +76,8 @@ def topk_full_chunks(x: Array, chunk: int, kept: int) -> Array:
     if kernels is None:
         return select(x[: n * chunk].reshape(n, chunk).astype(np.float64), kept)
     out = np.empty((n, kept), np.int64)
-    kernels.topk_select(x, chunk, kept, out)
+    if x.dtype == np.float32:
+        kernels.topk_select32(x, chunk, kept, out)
+    else:
+        kernels.topk_select(x, chunk, kept, out)
     return out

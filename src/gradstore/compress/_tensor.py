@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
 from ..errors import CompressionError
 from ..format import FLOATS, Codec, CompressedTensor, dtype_code
-from ._fast import int8_full_blocks, topk_full_chunks
+from ._fast import int8_full_records, topk_full_chunks
 from ._reference import int8_quantize, select, topk_records
 from ._round import bf16_bits, fp16_values
 
 Array = np.ndarray[Any, Any]
+
+_CHECK_BLOCK: Final = 1 << 20
 
 
 def compress_array(
@@ -38,8 +40,9 @@ def compress_array(
     flat = np.ravel(values)
     # native float64, or float32 (exact for every narrower float), whatever the byte order
     flat = flat.astype(np.float64 if flat.dtype.itemsize == 8 else np.float32, copy=False)
-    if flat.size and not np.isfinite(flat).all():
-        raise CompressionError(f"{what} holds NaN or infinity")
+    for lo in range(0, flat.size, _CHECK_BLOCK):  # by blocks: no bool array of the tensor's size
+        if not np.isfinite(flat[lo : lo + _CHECK_BLOCK]).all():
+            raise CompressionError(f"{what} holds NaN or infinity")
     return CompressedTensor(codec, code, values.shape, _payload(flat, codec, what))
 
 
@@ -55,9 +58,7 @@ def _payload(x: Array, codec: Codec, what: str) -> Array:
     records = out[: full * size].reshape(full, size)
     tail = x[full * g :].astype(np.float64).reshape(1, -1)
     if codec.name == "int8":
-        scales, q = int8_full_blocks(x, g, what)
-        records[:, :4] = scales.astype("<f4").view(np.uint8).reshape(full, 4)
-        records[:, 4:] = q.view(np.uint8)
+        int8_full_records(x, g, records, what)
         if tail.size:
             s, qt = int8_quantize(tail, what)
             out[full * size : full * size + 4] = s.astype("<f4").view(np.uint8)
