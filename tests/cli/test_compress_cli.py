@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gradstore.audit import verify_round_main
+from gradstore.audit import verify_cid_main, verify_round_main
 from gradstore.compress import compress, load_residual, with_feedback
 from gradstore.dag import file_cid
 from gradstore.format import Gradient, encode
@@ -30,7 +30,9 @@ def _floats(seed: int = SEED) -> dict[str, np.ndarray]:
     }
 
 
-def test_put_compressed_stores_the_compressed_document(cli: Cli, tmp_path: Path) -> None:
+def test_put_compressed_stores_the_compressed_document(
+    cli: Cli, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     arrays = _floats()
     src = write_npz(tmp_path / "g.npz", **arrays)
     node = tmp_path / "node"
@@ -43,6 +45,12 @@ def test_put_compressed_stores_the_compressed_document(cli: Cli, tmp_path: Path)
     first = r.out.splitlines()[0]
     assert "gradstore/2 (topk:chunk=4096,k=1024,index=12,values=int8)" in first
     assert cli("verify", str(want), "--local", node).code == 0
+    # the audit script checks the compressed document's blocks, decoding and canonical form
+    assert verify_cid_main([str(want), "--local", str(node)]) == 0
+    assert "canonical gradstore/2, CID re-derived" in capsys.readouterr().out
+    # get writes dense files only: a compressed document is refused, saying what it is
+    line = cli("get", str(want), "-o", tmp_path / "x.npz", "--local", node).one_error_line()
+    assert "compressed document" in line
 
 
 def test_put_with_a_residual_file_feeds_back_what_was_left_out(cli: Cli, tmp_path: Path) -> None:

@@ -17,6 +17,8 @@ from ..errors import (
     NodeError,
 )
 from ..format import (
+    COMPRESSED_FORMAT_ID,
+    FORMAT_ID,
     CompressedGradient,
     DocumentHeader,
     EncodedDocument,
@@ -38,6 +40,7 @@ class CidReport:
     tensors: int
     kind: str | None
     seconds: float
+    format: str = "gradstore/1"  # or gradstore/2, a compressed document
 
 
 def parse_cid(text: str | CID, check: str = "cid") -> CID:
@@ -105,6 +108,7 @@ async def verify_cid(store: GradientStore, cid: CID | str) -> CidReport:
         len(gradient.tensors),
         kind if isinstance(kind, str) else None,
         time.perf_counter() - start,
+        COMPRESSED_FORMAT_ID if isinstance(gradient, CompressedGradient) else FORMAT_ID,
     )
 
 

@@ -94,7 +94,7 @@ def verify_cid_main(argv: Sequence[str] | None = None) -> int:
         r = await verify_cid(store, args.cid)
         print(
             f"ok {r.cid}: {r.size} bytes in {r.blocks} block(s), {r.tensors} tensor(s)"
-            f"{f', kind {r.kind}' if r.kind else ''}; canonical gradstore/1, CID re-derived"
+            f"{f', kind {r.kind}' if r.kind else ''}; canonical {r.format}, CID re-derived"
         )
 
     return _run(prog, args, work)
