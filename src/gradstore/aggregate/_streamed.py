@@ -311,7 +311,7 @@ def _add_sparse(
 
 
 def _has_negzero(x: np.ndarray[Any, Any]) -> bool:
-    """Whether ``x`` holds a -0.0 (or is not float64-compatible enough to tell cheaply)."""
+    """Whether ``x`` holds a -0.0."""
     zeros = x == 0
     return bool(zeros.any() and np.signbit(x[zeros]).any())
 

@@ -24,6 +24,7 @@ def add_compress_options(parser: argparse.ArgumentParser, *, peer: bool) -> None
         metavar="PATH",
         default=None,
         help="error feedback: what compression left out is kept in PATH and added to the "
-        f"next update; replaced once the update is stored{' and verified' if peer else ''} "
-        f"({where})",
+        "next update; replaced once the update is "
+        + ("verified by the coordinator (with --no-wait: announced)" if peer else "stored")
+        + f" ({where})",
     )
