@@ -14,6 +14,7 @@ from ._encode import FORMAT_ID, EncodedDocument, encode
 from ._gradient import Gradient
 from ._header import DocumentHeader, TensorInfo, read_header
 from ._limits import DEFAULT_LIMITS, Limits
+from ._names import name_problem
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -30,6 +31,7 @@ __all__ = [
     "dtype_code",
     "encode",
     "is_float",
+    "name_problem",
     "numpy_dtype",
     "read_header",
 ]

@@ -10,6 +10,7 @@ import numpy as np
 from ..errors import InvalidDocumentError
 from ._dtypes import canonical_dtype, normalize_array
 from ._gradient import Gradient
+from ._names import name_problem
 from ._pack import array_header, bin_header, pack_int, pack_meta, pack_str, str_header
 
 FORMAT_ID: Final = "gradstore/1"
@@ -93,6 +94,9 @@ def encode(g: Gradient) -> EncodedDocument:
             raise InvalidDocumentError(
                 f"tensor name {name!r} is not valid UTF-8", "$.tensors"
             ) from None
+        problem = name_problem(name)
+        if problem is not None:
+            raise InvalidDocumentError(f"tensor name {name!r} {problem}", "$.tensors")
         named.append((raw, name, value))
     named.sort(key=lambda t: t[0])
 
