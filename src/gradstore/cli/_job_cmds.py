@@ -25,6 +25,7 @@ from ..messages import SigningKey, decode_record
 from ..peer import Peer
 from . import _exit
 from ._nodes import node_from_args
+from ._output import announce_written, check_target
 from ._tensor_files import load_gradient, save_gradient
 
 T = TypeVar("T")
@@ -106,6 +107,7 @@ def cmd_peer_publish(args: argparse.Namespace) -> int:
 
 def cmd_peer_await(args: argparse.Namespace) -> int:
     config = load_job(args.config)
+    check_target(args.output)  # before waiting for the round, not after
 
     async def run() -> Any:
         node = node_from_args(args)
@@ -118,7 +120,7 @@ def cmd_peer_await(args: argparse.Namespace) -> int:
 
     result = asyncio.run(run())
     save_gradient(args.output, result.gradient)
-    print(f"{result.cid} {result.record}")
+    announce_written(args.output, f"{result.cid} {result.record}")
     return _exit.SUCCESS
 
 
@@ -140,6 +142,7 @@ def _leading_numbers(
 
 
 def cmd_aggregate(args: argparse.Namespace) -> int:
+    check_target(args.output)
     num_samples, rest_n = _leading_numbers(args.num_samples, int, "--num-samples")
     weights, rest_w = _leading_numbers(args.weights, float, "--weights")
     if rest_n and rest_w:  # their order on the command line is lost; the input order matters
@@ -159,7 +162,7 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
     )
     result = aggregate([g.tensors for g in gradients], params, num_samples)
     save_gradient(args.output, Gradient(result))
-    print(args.output)
+    announce_written(args.output)
     return _exit.SUCCESS
 
 

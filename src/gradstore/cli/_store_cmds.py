@@ -18,8 +18,10 @@ from ..format import DEFAULT_LIMITS, DocumentHeader, Limits, decode, encode, rea
 from ..store import GradientStore
 from . import _exit
 from ._nodes import node_from_args
+from ._output import announce_written, check_target, open_output
 from ._progress import ProgressBar
 from ._tensor_files import load_gradient, save_gradient
+from ._text import printable
 
 T = TypeVar("T")
 _FILE_CHUNK = 16 << 20
@@ -103,16 +105,16 @@ def _with_store(
 
 def cmd_encode(args: argparse.Namespace) -> int:
     doc = encode(load_gradient(args.input, parse_meta(args.meta)))
-    with open(args.output, "wb") as f:
-        doc.write_to(f)
-    print(args.output)
+    with open_output(args.output) as out:
+        doc.write_to(out.stream)
+    announce_written(args.output)
     return _exit.SUCCESS
 
 
 def cmd_decode(args: argparse.Namespace) -> int:
     limits = _limits(args)
     save_gradient(args.output, _read_document(args.input, lambda buf: decode(buf, limits)))
-    print(args.output)
+    announce_written(args.output)
     return _exit.SUCCESS
 
 
@@ -137,13 +139,14 @@ def cmd_put(args: argparse.Namespace) -> int:
 
 def cmd_get(args: argparse.Namespace) -> int:
     cid = CID.parse(args.cid)
+    check_target(args.output)  # before fetching: a directory or a terminal cannot take it
     bar = ProgressBar("get")
     try:
         gradient = _with_store(args, f"get {cid}", lambda s: s.get(cid, progress=bar))
     finally:
         bar.close()
     save_gradient(args.output, gradient)
-    print(args.output)
+    announce_written(args.output)
     return _exit.SUCCESS
 
 
@@ -203,15 +206,19 @@ def _json_default(value: object) -> object:
 
 
 def _print_header(source: str, header: DocumentHeader) -> None:
+    """The text listing; meta keys come from the network unchecked, so they are escaped."""
     out = sys.stdout
-    out.write(f"{source}: gradstore/1, {header.size} bytes, {len(header.tensors)} tensors\n")
+    out.write(
+        f"{printable(source)}: gradstore/1, {header.size} bytes, {len(header.tensors)} tensors\n"
+    )
     if header.meta:
         out.write("meta:\n")
         for key, value in header.meta.items():
-            out.write(f"  {key} = {value!r}\n")
-    width = max([len("name"), *(len(t.name) for t in header.tensors)])
+            out.write(f"  {printable(key)} = {printable(repr(value))}\n")
+    names = [printable(t.name) for t in header.tensors]  # the format refuses controls already
+    width = max([len("name"), *map(len, names)])
     dwidth = max([len("dtype"), *(len(t.dtype) for t in header.tensors)])  # "float8_e4m3fn"
     out.write(f"  {'name':<{width}}  {'dtype':<{dwidth}}  {'shape':<20}  bytes\n")
-    for t in header.tensors:
+    for name, t in zip(names, header.tensors, strict=True):
         shape = "(" + ", ".join(map(str, t.shape)) + ("," if len(t.shape) == 1 else "") + ")"
-        out.write(f"  {t.name:<{width}}  {t.dtype:<{dwidth}}  {shape:<20}  {t.nbytes}\n")
+        out.write(f"  {name:<{width}}  {t.dtype:<{dwidth}}  {shape:<20}  {t.nbytes}\n")
