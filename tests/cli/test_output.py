@@ -168,5 +168,5 @@ def test_inspect_escapes_meta_keys_from_the_network(cli: Cli, tmp_path: Path) ->
 def test_error_lines_escape_control_characters(cli: Cli, tmp_path: Path) -> None:
     npz = write_npz(tmp_path / "g.npz", **sample_arrays())
     key = "\x1b]0;owned\x07"
-    line = cli("cid", npz, "--meta", f"{key}=1", "--meta", f"{key}=2").one_error_line()
+    line = cli("cid", npz, "--meta", f"{key}=1", "--meta", f"{key}=2").one_error_line(2)
     assert "\x1b" not in line and "\\x1b]0;owned\\x07" in line

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ._lazy import LazyChoices, lazy
-from ._nodes import add_node_options
+from ._nodes import add_node_options, add_timeout_option
 
 
 def _methods() -> Sequence[str]:
@@ -100,4 +100,5 @@ def register(sub: Any) -> None:
         help="the coordinator's journal folder: adds the round's stats (seconds per stage, bytes)",
     )
     add_node_options(p)
+    add_timeout_option(p)
     p.set_defaults(run=lazy("_job_cmds", "cmd_round_show"))

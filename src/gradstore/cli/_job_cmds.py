@@ -18,14 +18,16 @@ from typing import Any, TypeVar
 from ..aggregate import AggregationParams, aggregate
 from ..coordinator import Coordinator, Journal, RoundOutcome, format_outcome
 from ..dag import CID
-from ..errors import AggregationError, CoordinatorError
+from ..errors import CoordinatorError
 from ..format import Gradient
 from ..job import load_job
-from ..messages import SigningKey, decode_record
+from ..messages import RECORD_TYPE, SigningKey, decode_record
 from ..peer import Peer
 from . import _exit
+from ._exit import UsageError
 from ._nodes import node_from_args
 from ._output import announce_written, check_target
+from ._patience import Patience
 from ._tensor_files import load_gradient, save_gradient
 
 T = TypeVar("T")
@@ -136,7 +138,7 @@ def _leading_numbers(
             numbers.append(kind(token))
         except ValueError:
             if not numbers:
-                raise AggregationError(f"{option} expects numbers, got {token!r}") from None
+                raise UsageError(f"{option} expects numbers, got {token!r}") from None
             return numbers, tokens[i:]
     return numbers, []
 
@@ -146,10 +148,10 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
     num_samples, rest_n = _leading_numbers(args.num_samples, int, "--num-samples")
     weights, rest_w = _leading_numbers(args.weights, float, "--weights")
     if rest_n and rest_w:  # their order on the command line is lost; the input order matters
-        raise AggregationError("give the input files before --num-samples and --weights")
+        raise UsageError("give the input files before --num-samples and --weights")
     inputs = [*args.inputs, *rest_n, *rest_w]
     if not inputs:
-        raise AggregationError("no input files given")
+        raise UsageError("no input files given")
     gradients = [load_gradient(path) for path in inputs]
     params = AggregationParams(
         method=args.method,
@@ -184,17 +186,19 @@ def cmd_round_show(args: argparse.Namespace) -> int:
     cid = CID.parse(args.record)
 
     async def run() -> bytes:
-        node = node_from_args(args)
+        node = node_from_args(args, wait_s=args.timeout)
         try:
-            return await node.get_block(cid)
+            patience = Patience(f"round record {cid} from {node.name}", args.timeout)
+            return await patience.run(node.get_block(cid))
         finally:
             await node.aclose()
 
     record = decode_record(asyncio.run(run()), cid=cid)
     doc = {
         "record": str(cid),
-        "type": "gradstore/round/1",
+        "type": RECORD_TYPE,
         "job": record.job,
+        "run": record.run,
         "round": record.round,
         "method": record.method,
         "params": record.params,

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from ._lazy import lazy
-from ._nodes import add_node_options
+from ._nodes import add_node_options, add_timeout_option
 
 MAX_BYTES_DEFAULT_TEXT = "1 GiB"
 """What --help says about --max-bytes (``format.DEFAULT_LIMITS`` is not imported for --help)."""
@@ -56,7 +56,8 @@ def register(sub: Any) -> None:
         "--meta", action="append", default=[], metavar="K=V", help="meta entry (repeatable)"
     )
     add_node_options(p)
-    _add_timeout(p)
+    add_timeout_option(p)
+    _add_max_bytes(p)
     p.set_defaults(run=lazy("_store_cmds", "cmd_put"))
 
     p = sub.add_parser(
@@ -70,7 +71,7 @@ def register(sub: Any) -> None:
         help="file to write: .safetensors by its extension, else .npz",
     )
     add_node_options(p)
-    _add_timeout(p)
+    add_timeout_option(p)
     _add_max_bytes(p)
     p.set_defaults(run=lazy("_store_cmds", "cmd_get"))
 
@@ -79,7 +80,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument("cid")
     add_node_options(p)
-    _add_timeout(p)
+    add_timeout_option(p)
     _add_max_bytes(p)
     p.set_defaults(run=lazy("_store_cmds", "cmd_verify"))
 
@@ -89,7 +90,7 @@ def register(sub: Any) -> None:
     p.add_argument("target", help="a CID or a document file")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     add_node_options(p)
-    _add_timeout(p)
+    add_timeout_option(p)
     _add_max_bytes(p)
     p.set_defaults(run=lazy("_store_cmds", "cmd_inspect"))
 
@@ -97,18 +98,25 @@ def register(sub: Any) -> None:
 def _add_max_bytes(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-bytes",
-        type=int,
+        type=byte_count,
         default=None,
         metavar="N",
-        help=f"refuse documents larger than N bytes (default {MAX_BYTES_DEFAULT_TEXT})",
+        help=f"refuse documents larger than N bytes (default {MAX_BYTES_DEFAULT_TEXT}); "
+        "N may end in KiB, MiB, GiB or TiB",
     )
 
 
-def _add_timeout(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--timeout",
-        type=float,
-        default=None,
-        metavar="S",
-        help="give up after S seconds (Kubo waits for a missing block as long as it is asked to)",
-    )
+_UNITS = {"": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+
+
+def byte_count(text: str) -> int:
+    """``1073741824``, ``1GiB``, ``512MiB``: a positive number of bytes (argparse type)."""
+    digits = text.strip()
+    unit = digits.lstrip("0123456789")
+    number = digits[: len(digits) - len(unit)]
+    scale = _UNITS.get(unit.strip().lower())
+    if not number or scale is None or int(number) * scale <= 0:
+        raise argparse.ArgumentTypeError(
+            f"expected a positive number of bytes (optionally KiB, MiB, GiB, TiB), got {text!r}"
+        )
+    return int(number) * scale

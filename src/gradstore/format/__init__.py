@@ -11,6 +11,7 @@ from ._decode import decode
 from ._dtypes import DTYPES, EXTENDED, ITEMSIZE, is_float, numpy_dtype
 from ._dtypes import canonical_dtype as dtype_code
 from ._encode import FORMAT_ID, EncodedDocument, encode
+from ._fits import check_fits
 from ._gradient import Gradient
 from ._header import DocumentHeader, TensorInfo, read_header
 from ._limits import DEFAULT_LIMITS, Limits
@@ -27,6 +28,7 @@ __all__ = [
     "Gradient",
     "Limits",
     "TensorInfo",
+    "check_fits",
     "decode",
     "dtype_code",
     "encode",
