@@ -32,7 +32,7 @@ def register(sub: Any) -> None:
         "-v", "--verbose", action="count", default=0, help="log announcements (-vv: debug)"
     )
     add_node_options(p)
-    p.set_defaults(run=lazy("_job_cmds", "cmd_coordinator"))
+    p.set_defaults(run=lazy("_coordinator_cmd", "cmd_coordinator"))
 
     peer = sub.add_parser("peer", help="act as one of a job's peers")
     psub = peer.add_subparsers(dest="peer_command", metavar="ACTION", required=True)

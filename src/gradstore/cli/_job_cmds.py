@@ -1,4 +1,4 @@
-"""Job subcommands: keygen, coordinator, peer publish/await, aggregate (offline), round show.
+"""Job subcommands: keygen, peer publish/await, aggregate (offline), round show.
 
 Their parsers are in ``_job_args``.
 """
@@ -8,15 +8,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
-import signal
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 from ..aggregate import AggregationParams, aggregate
-from ..coordinator import Coordinator, Journal, RoundOutcome, format_outcome
+from ..coordinator import Journal
 from ..dag import CID
 from ..errors import CoordinatorError
 from ..format import Gradient
@@ -37,50 +34,6 @@ def cmd_keygen(args: argparse.Namespace) -> int:
     key = SigningKey.generate()
     key.save(args.out)
     print(key.did)
-    return _exit.SUCCESS
-
-
-def cmd_coordinator(args: argparse.Namespace) -> int:
-    config = load_job(args.config)
-    key = SigningKey.load(args.key)
-    level = (
-        logging.WARNING
-        if args.verbose == 0
-        else logging.INFO
-        if args.verbose == 1
-        else logging.DEBUG
-    )
-    logging.basicConfig(
-        level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    state = Path(args.state) if args.state else Path("gradstore-state") / config.job
-
-    def report(outcome: RoundOutcome) -> None:
-        print(format_outcome(outcome), flush=True)
-
-    async def run() -> bool:
-        """True once every round of the job is done (now or in an earlier run)."""
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        node = node_from_args(args)
-        try:
-            ident = await node.identity()
-            print(
-                f"coordinator {key.did} for job {config.job} on {node.name} ({ident.peer_id})",
-                file=sys.stderr,
-                flush=True,
-            )
-            coordinator = Coordinator(config, key, node, state, on_round=report)
-            await coordinator.run(stop)
-            return config.rounds.count > 0 and coordinator.round >= config.rounds.count
-        finally:
-            await node.aclose()
-
-    if not asyncio.run(run()):
-        # stopped by a signal: the journal keeps the open round for a restart
-        return _exit.INTERRUPTED
     return _exit.SUCCESS
 
 
