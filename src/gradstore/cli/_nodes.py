@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import NodeUnreachableError
+from ._argtypes import seconds
 from ._exit import UsageError
 
 if TYPE_CHECKING:
@@ -49,22 +50,12 @@ def add_timeout_option(parser: argparse.ArgumentParser) -> None:
     """``--timeout S``: give up after S seconds without progress (0: never)."""
     parser.add_argument(
         "--timeout",
-        type=_seconds,
+        type=seconds,
         default=DEFAULT_TIMEOUT_S,
         metavar="S",
         help=f"give up after S seconds in which nothing arrives (default {DEFAULT_TIMEOUT_S:g}; "
         "0 waits for ever); a line on stderr says what is awaited after a few seconds",
     )
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {text!r}")
-    return value
 
 
 def api_address(args: argparse.Namespace) -> str:

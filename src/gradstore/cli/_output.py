@@ -42,10 +42,11 @@ def is_stdout(target: str | Path) -> bool:
     return str(target) == STDOUT
 
 
-def check_target(target: str | Path) -> None:
-    """Refuse, before any work, an output that cannot be written (a directory, a terminal)."""
+def check_target(target: str | Path, *, terminal: bool = False) -> None:
+    """Refuse, before any work, an output that cannot be written (a directory; a terminal,
+    unless ``terminal``: the output is text)."""
     if is_stdout(target):
-        if sys.stdout.isatty():
+        if not terminal and sys.stdout.isatty():
             raise UsageError(
                 "-o - would write binary data to the terminal: redirect stdout (> FILE, | ...)"
             )
@@ -67,9 +68,12 @@ def announce_written(target: str | Path, line: str | None = None) -> None:
 
 
 @contextlib.contextmanager
-def open_output(target: str | Path) -> Iterator[Output]:
-    """Open ``target`` as the module docstring says; the data counts once the block exits."""
-    check_target(target)
+def open_output(target: str | Path, *, terminal: bool = False) -> Iterator[Output]:
+    """Open ``target`` as the module docstring says; the data counts once the block exits.
+
+    ``terminal``: the bytes are text, fit for a terminal when ``-`` is one.
+    """
+    check_target(target, terminal=terminal)
     if is_stdout(target):
         sys.stdout.flush()
         yield Output(cast(BinaryIO, _Sequential(sys.stdout.buffer)), None)

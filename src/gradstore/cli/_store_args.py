@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ._argtypes import byte_count
 from ._lazy import lazy
 from ._nodes import add_node_options, add_timeout_option
 
@@ -104,19 +105,3 @@ def _add_max_bytes(parser: argparse.ArgumentParser) -> None:
         help=f"refuse documents larger than N bytes (default {MAX_BYTES_DEFAULT_TEXT}); "
         "N may end in KiB, MiB, GiB or TiB",
     )
-
-
-_UNITS = {"": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
-
-
-def byte_count(text: str) -> int:
-    """``1073741824``, ``1GiB``, ``512MiB``: a positive number of bytes (argparse type)."""
-    digits = text.strip()
-    unit = digits.lstrip("0123456789")
-    number = digits[: len(digits) - len(unit)]
-    scale = _UNITS.get(unit.strip().lower())
-    if not number or scale is None or int(number) * scale <= 0:
-        raise argparse.ArgumentTypeError(
-            f"expected a positive number of bytes (optionally KiB, MiB, GiB, TiB), got {text!r}"
-        )
-    return int(number) * scale
