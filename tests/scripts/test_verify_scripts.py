@@ -1,4 +1,5 @@
-"""scripts/verify_{cid,round,history}.py on real demo output, and on forged records."""
+"""``gradstore audit cid|round|history`` (and the scripts/verify_*.py wrappers) on real demo
+output, and on forged records."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import dag_cbor
 import pytest
 
-from gradstore.audit import verify_cid_main, verify_history_main, verify_round_main
+from gradstore.cli import main as gradstore_main
 from gradstore.dag import CID, DAG_CBOR
 from gradstore.demo import DemoConfig, digits_split, run_demo
 from gradstore.messages import SigningKey, decode_record, encode_record
@@ -62,6 +63,14 @@ def demo(tmp_path_factory):
     return Demo(path, key, _run_demo(LocalNode(path), key))
 
 
+def _audit(kind):
+    """``gradstore audit KIND`` as a function of argv, in-process."""
+    return lambda argv: gradstore_main(["audit", kind, *map(str, argv)])
+
+
+verify_cid_main, verify_round_main, verify_history_main = map(_audit, ("cid", "round", "history"))
+
+
 def _check(main, argv, capsys):
     code = main(argv)
     out, err = capsys.readouterr()
@@ -92,7 +101,7 @@ def test_a_record_whose_output_was_swapped_fails_output_cid(demo, capsys):
     forged = demo.put_record(dataclasses.replace(honest, output=other))  # validly re-signed
     code, out, err = _check(verify_round_main, [str(forged), *demo.args], capsys)
     assert code == 1 and out == ""
-    assert err.startswith("verify_round: check output-cid failed: round 2 record")
+    assert err.startswith("error: check output-cid failed: round 2 record")
     code, _, err = _check(verify_history_main, [str(forged), *demo.args], capsys)
     assert code == 1 and "check output-cid failed" in err
 
@@ -110,7 +119,7 @@ def test_a_record_not_signed_by_its_coordinator_fails_record_signature(demo, cap
     node["sig"] = bytes(64)
     forged = demo.put_raw(dag_cbor.encode(node))
     code, _, err = _check(verify_round_main, [str(forged), *demo.args], capsys)
-    assert code == 1 and err.startswith("verify_round: check record-signature failed")
+    assert code == 1 and err.startswith("error: check record-signature failed")
 
 
 def test_a_record_whose_input_is_missing_fails_input_fetch(demo, capsys):
@@ -141,6 +150,43 @@ def test_history_refuses_a_chain_that_changes_coordinator(demo, capsys):
     assert code == 0, err  # on its own, a correct round signed by whoever claims it
     code, _, err = _check(verify_history_main, [str(foreign), *demo.args], capsys)
     assert code == 1 and "check coordinator failed" in err and intruder.did in err
+
+
+def test_a_pinned_coordinator_refuses_a_record_signed_by_another_key(demo, capsys, tmp_path):
+    intruder = SigningKey.generate()
+    honest = demo.record(1)
+    # a correct round, re-signed by a key that names itself: signature and output both hold
+    foreign = demo.put_record(dataclasses.replace(honest, coordinator=intruder.did), intruder)
+    pin = ["--coordinator", demo.key.did]
+    code, out, err = _check(verify_round_main, [str(foreign), *demo.args], capsys)
+    assert code == 0 and "not pinned" in out, err
+    code, out, err = _check(verify_round_main, [str(foreign), *demo.args, *pin], capsys)
+    assert code == 1 and out == ""
+    assert err.startswith("error: check expected-coordinator failed: round record ")
+    assert f"is signed by {intruder.did}, not by the expected coordinator {demo.key.did}" in err
+    code, _, err = _check(verify_history_main, [str(foreign), *demo.args, *pin], capsys)
+    assert code == 1 and "check expected-coordinator failed" in err
+    # the honest record passes the same pin
+    code, out, err = _check(verify_round_main, [str(demo.rows[1].record), *demo.args, *pin], capsys)
+    assert code == 0 and "signed by the expected coordinator" in out, err
+    # --config pins the job file's coordinator, and its job name
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'job = "{honest.job}"\ncoordinator = "{demo.key.did}"\npeers = ["{intruder.did}"]\n'
+    )
+    code, _, err = _check(verify_round_main, [str(foreign), *demo.args, "--config", job], capsys)
+    assert code == 1 and "check expected-coordinator failed" in err
+    renamed = demo.put_record(dataclasses.replace(honest, job="another-job"))
+    code, _, err = _check(verify_round_main, [str(renamed), *demo.args, "--config", job], capsys)
+    assert code == 1 and "check expected-job failed" in err and "'another-job'" in err
+    code, _, err = _check(
+        verify_history_main, [str(demo.rows[-1].record), *demo.args, "--config", job], capsys
+    )
+    assert code == 0, err
+    code, _, err = _check(
+        verify_round_main, [str(foreign), *demo.args, "--coordinator", "x"], capsys
+    )
+    assert code == 2 and "--coordinator" in err
 
 
 def test_history_refuses_a_chain_that_changes_job(demo, capsys):

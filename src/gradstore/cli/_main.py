@@ -9,11 +9,16 @@ from collections.abc import Callable, Sequence
 
 from .._version import __version__
 from ..errors import GradstoreError
-from . import _demo_cmd, _exit, _job_args, _store_args
+from . import _audit_args, _demo_cmd, _exit, _job_args, _store_args
 from ._text import printable
 
 Command = Callable[[argparse.Namespace], int]
-_REGISTRARS = (_store_args.register, _job_args.register, _demo_cmd.register)
+_REGISTRARS = (
+    _store_args.register,
+    _job_args.register,
+    _audit_args.register,
+    _demo_cmd.register,
+)
 
 
 class _Parser(argparse.ArgumentParser):
