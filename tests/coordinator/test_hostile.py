@@ -386,8 +386,8 @@ class _Outage(httpx.AsyncBaseTransport):
         self.refused = 0
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        path = request.url.path
-        if self.until is None and path.endswith(("/dag/import", "/block/put", "/add")):
+        command = request.url.path.rsplit("/api/v0/", 1)[-1]
+        if self.until is None and command in ("dag/import", "block/put", "add", "dag/put"):
             self.until = time.monotonic() + self.seconds
         if self.until is not None and time.monotonic() < self.until:
             self.refused += 1
