@@ -8,7 +8,6 @@ in a float64 accumulator.
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
@@ -115,23 +114,6 @@ def dtype_name(dtype: np.dtype[Any]) -> str:
 def flatten(inputs: Sequence[Tensors], layout: Layout) -> list[Flat]:
     """1-D views of every tensor (a copy only for a non-contiguous array)."""
     return [{name: np.ravel(tensors[name]) for name in layout.names} for tensors in inputs]
-
-
-def check_num_samples(num_samples: Sequence[int] | None, n_inputs: int) -> tuple[int, ...]:
-    """FedAvg's sample counts: one positive integer per input."""
-    if num_samples is None:
-        raise AggregationError("fedavg: num_samples are required (one per input)")
-    counts = tuple(num_samples)
-    if len(counts) != n_inputs:
-        raise AggregationError(f"fedavg: {len(counts)} num_samples for {n_inputs} inputs")
-    for index, count in enumerate(counts):
-        if isinstance(count, bool) or not isinstance(count, numbers.Integral):
-            raise AggregationError(
-                f"fedavg: num_samples[{index}] must be an integer, got {type(count).__name__}"
-            )
-        if count <= 0:
-            raise AggregationError(f"fedavg: num_samples[{index}] must be > 0, got {count}")
-    return tuple(int(count) for count in counts)
 
 
 def non_finite_error(

@@ -15,19 +15,19 @@ from typing import Any
 import numpy as np
 
 from ..errors import AggregationError
+from . import methods
 from ._blocks import default_threads
 from ._checks import (
     NonFiniteResult,
     Tensors,
     check_inputs,
-    check_num_samples,
     flatten,
     non_finite_error,
 )
 from ._clip import clip_scale, global_norm, input_norms, scale_into
 from ._krum import krum_scores, select_lowest, squared_distances
 from ._linear import combine
-from ._params import AggregationParams, trimmed_per_side
+from ._params import AggregationParams
 from ._robust import order_mean
 
 
@@ -87,9 +87,11 @@ def aggregate_with_info(
     threads: int | None = None,
 ) -> tuple[dict[str, np.ndarray[Any, Any]], AggregationInfo]:
     """:func:`aggregate`, plus an :class:`AggregationInfo` (weights, Krum selection, norms)."""
-    n, method = len(inputs), params.method
+    n, method, strategy = len(inputs), params.method, params.strategy
     params.validate(n)
-    counts = check_num_samples(num_samples, n) if method == "fedavg" else None
+    linear = (
+        strategy.terms(n, num_samples) if isinstance(strategy, methods.Linear) else None
+    )  # fedavg's sample counts are checked here, before any arithmetic
     layout = check_inputs(inputs, method)
     workers = default_threads() if threads is None else max(1, int(threads))
     info: dict[str, Any] = {}
@@ -102,25 +104,20 @@ def aggregate_with_info(
 
     flats = flatten(inputs, layout)
     try:
-        if method in ("sum", "mean", "fedavg", "weighted"):
-            coefs, divisor = _linear_terms(method, n, params, counts)
+        if linear is not None:
+            coefs, divisor = linear
             info["weights"] = tuple(c / (divisor or 1.0) for c in coefs or [1.0] * n)
             if scales is not None:
                 coefs = [s if coefs is None else coefs[i] * s for i, s in enumerate(scales)]
             result = combine(flats, layout, coefs, divisor, workers)
-        elif method in ("median", "trimmed_mean"):
-            if method == "median":
-                first, stop = (n - 1) // 2, n // 2 + 1
-            else:
-                assert params.trim_ratio is not None
-                k = trimmed_per_side(n, params.trim_ratio)
-                first, stop = k, n - k
+        elif isinstance(strategy, methods.OrderStatistic):
+            first, stop = strategy.rows(n)
             result = order_mean(flats, layout, first, stop, scales, workers)
         else:
-            assert params.byzantine is not None
+            assert isinstance(strategy, methods.Selection)
             dist = squared_distances(flats, layout, scales, workers)
-            scores = krum_scores(dist, params.byzantine)
-            m = 1 if method == "krum" else (params.select or n - params.byzantine)
+            scores = krum_scores(dist, strategy.f)
+            m = strategy.chosen(n)
             selected = select_lowest(scores, m)
             chosen = [flats[i] for i in selected]
             coefs = None if scales is None else [scales[i] for i in selected]
@@ -139,16 +136,3 @@ def aggregate_with_info(
             scale_into(result, scale, result)
         info["output_norm"], info["output_scale"] = norm, scale
     return result, AggregationInfo(method, n, **info)
-
-
-def _linear_terms(
-    method: str, n: int, params: AggregationParams, counts: tuple[int, ...] | None
-) -> tuple[list[float] | None, float | None]:
-    """Coefficients (None: all ones) and divisor (None: none) of a linear method."""
-    if method == "fedavg":
-        assert counts is not None
-        return [float(c) for c in counts], float(sum(counts))
-    if method == "weighted":
-        assert params.weights is not None
-        return list(params.weights), math.fsum(params.weights)
-    return None, (float(n) if method == "mean" else None)

@@ -26,14 +26,15 @@ import numpy as np
 
 from ..errors import AggregationError
 from ..format import is_float
+from . import methods
 from ._blocks import CHUNK, blocks, chunks, default_threads
-from ._checks import Layout, NonFiniteResult, check_num_samples, dtype_name
+from ._checks import Layout, NonFiniteResult, dtype_name
 from ._clip import BLOCK as NORM_BLOCK
 from ._clip import clip_scale, global_norm, scale_into
-from ._dispatch import AggregationInfo, _linear_terms
+from ._dispatch import AggregationInfo
 from ._krum import chunk_gram, distances_from_gram, krum_scores, select_lowest
 from ._linear import combine
-from ._params import AggregationParams, trimmed_per_side
+from ._params import AggregationParams
 from ._robust import order_mean
 from ._rounding import round_into
 
@@ -82,9 +83,9 @@ async def aggregate_streamed(
     ``norms``: each input's :func:`global_norm`, when ``clip_input_norm`` is set (else they
     are computed here, in one more pass over the inputs).
     """
-    n, method = len(sources), params.method
+    n, method, strategy = len(sources), params.method, params.strategy
     params.validate(n)
-    counts = check_num_samples(num_samples, n) if method == "fedavg" else None
+    linear = strategy.terms(n, num_samples) if isinstance(strategy, methods.Linear) else None
     for name in layout.names:
         if not is_float(layout.dtypes[name]):
             raise AggregationError(
@@ -108,19 +109,14 @@ async def aggregate_streamed(
     # one input at a time (O(model)) when even the smallest windows of all inputs are too many
     one_by_one = n * MIN_WINDOW * itemsize > window_bytes
     try:
-        if method in ("sum", "mean", "fedavg", "weighted"):
-            coefs, divisor = _linear_terms(method, n, params, counts)
+        if linear is not None:
+            coefs, divisor = linear
             info["weights"] = tuple(c / (divisor or 1.0) for c in coefs or [1.0] * n)
             if scales is not None:
                 coefs = [s if coefs is None else coefs[i] * s for i, s in enumerate(scales)]
             result = await _linear(sources, layout, coefs, divisor, window, workers, one_by_one)
-        elif method in ("median", "trimmed_mean"):
-            if method == "median":
-                first, stop = (n - 1) // 2, n // 2 + 1
-            else:
-                assert params.trim_ratio is not None
-                k = trimmed_per_side(n, params.trim_ratio)
-                first, stop = k, n - k
+        elif isinstance(strategy, methods.OrderStatistic):
+            first, stop = strategy.rows(n)
             result = await _windowed(
                 sources,
                 layout,
@@ -128,10 +124,10 @@ async def aggregate_streamed(
                 lambda flats, sub: order_mean(flats, sub, first, stop, scales, workers),
             )
         else:
-            assert params.byzantine is not None
+            assert isinstance(strategy, methods.Selection)
             gram = await _gram(sources, layout, scales)
-            scores = krum_scores(distances_from_gram(gram), params.byzantine)
-            m = 1 if method == "krum" else (params.select or n - params.byzantine)
+            scores = krum_scores(distances_from_gram(gram), strategy.f)
+            m = strategy.chosen(n)
             selected = select_lowest(scores, m)
             chosen = [sources[i] for i in selected]
             coefs = None if scales is None else [scales[i] for i in selected]

@@ -20,9 +20,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ..aggregate import METHODS, AggregationParams
+from ..aggregate.methods import MethodName
 from ..errors import AggregationError, CoordinatorError
 from ..format import DTYPES, Limits
 from ..messages import Roster, public_key_from_did
@@ -66,7 +67,7 @@ class JobConfig:
     job: str
     coordinator: str
     peers: tuple[str, ...]
-    method: str = "fedavg"
+    method: MethodName = "fedavg"
     weights: Mapping[str, float] = field(default_factory=dict)
     trim_ratio: float | None = None
     byzantine: int | None = None
@@ -252,7 +253,7 @@ def parse_job(raw: Mapping[str, Any], source: str = "job") -> JobConfig:
         job=job,
         coordinator=coordinator,
         peers=peers,
-        method=method,
+        method=cast(MethodName, method),
         weights=weights,
         trim_ratio=_opt(agg, "trim_ratio", where),
         byzantine=_opt_int(agg, "byzantine", where),

@@ -1,0 +1,59 @@
+"""The aggregation methods, one small class per method (see ``base``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+from ...errors import AggregationError
+from .base import Linear, Method, MethodName, OrderStatistic, Selection
+from .fedavg import FedAvg, check_num_samples
+from .krum import Krum
+from .mean import Mean
+from .median import MEDIAN_MIN_INPUTS, Median
+from .multikrum import MultiKrum
+from .sum import Sum
+from .trimmed_mean import TrimmedMean, trimmed_per_side
+from .weighted import Weighted
+
+#: Every method, by the name job files and round records use.
+REGISTRY: Final[dict[str, type[Method]]] = {
+    cls.name: cls for cls in (Sum, Mean, FedAvg, Weighted, Median, TrimmedMean, Krum, MultiKrum)
+}
+
+
+def method_of(name: str, params: Mapping[str, Any]) -> Method:
+    """The method called ``name`` with ``params``; AggregationError for an unknown name or a
+    parameter the method does not take."""
+    cls = REGISTRY.get(name)
+    if cls is None:
+        raise AggregationError(
+            f"unknown aggregation method {name!r}; expected one of {', '.join(REGISTRY)}"
+        )
+    accepted = {f for f in cls.__dataclass_fields__}
+    for key, value in params.items():
+        if value is not None and key not in accepted:
+            raise AggregationError(f"{key} does not apply to method {name!r}")
+    return cls(**{k: v for k, v in params.items() if k in accepted})
+
+
+__all__ = [
+    "MEDIAN_MIN_INPUTS",
+    "REGISTRY",
+    "FedAvg",
+    "Krum",
+    "Linear",
+    "Mean",
+    "Median",
+    "Method",
+    "MethodName",
+    "MultiKrum",
+    "OrderStatistic",
+    "Selection",
+    "Sum",
+    "TrimmedMean",
+    "Weighted",
+    "check_num_samples",
+    "method_of",
+    "trimmed_per_side",
+]

@@ -1,0 +1,119 @@
+"""What every aggregation method is: a name, its parameters, and the checks it makes.
+
+A method is one small frozen class (one per file, as Flower keeps one strategy per file)
+holding its own parameters and refusing what it cannot honestly do, before any array is
+touched. The engines (``aggregate`` in memory, ``aggregate_streamed`` from a node) never
+branch on a method's name; they ask what kind of method it is:
+
+- ``Linear``: each output element is ``sum_i c_i * x_i / divisor`` (sum, mean, fedavg,
+  weighted);
+- ``OrderStatistic``: the mean of the sorted values at rows ``first .. stop - 1`` of every
+  coordinate (median, trimmed_mean);
+- ``Selection``: Krum's scores choose inputs, which are then averaged (krum, multikrum).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, Literal
+
+from ...errors import AggregationError
+
+MethodName = Literal[
+    "sum", "mean", "fedavg", "weighted", "median", "trimmed_mean", "krum", "multikrum"
+]
+
+
+@dataclass(frozen=True)
+class Method(ABC):
+    """An aggregation method with its parameters (none, for most)."""
+
+    name: ClassVar[MethodName]
+
+    def validate(self, n: int) -> None:
+        """Refuse (AggregationError) unless the method can honestly combine ``n`` inputs."""
+        if n < 1:
+            raise AggregationError(f"{self.name}: no inputs to aggregate")
+
+    def params(self) -> dict[str, Any]:
+        """The parameters a round record stores (field order, tuples as lists)."""
+        out: dict[str, Any] = {}
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if value is not None:
+                out[field.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+
+@dataclass(frozen=True)
+class Linear(Method):
+    """``(sum_i coefs[i] * x_i) / divisor``, accumulated in float64 in input order."""
+
+    @abstractmethod
+    def terms(
+        self, n: int, num_samples: Sequence[int] | None
+    ) -> tuple[list[float] | None, float | None]:
+        """Coefficients (None: all ones) and divisor (None: none) for ``n`` inputs."""
+
+
+@dataclass(frozen=True)
+class OrderStatistic(Method):
+    """Per coordinate, the float64 mean of the sorted values at rows ``first .. stop - 1``."""
+
+    @abstractmethod
+    def rows(self, n: int) -> tuple[int, int]:
+        """``(first, stop)`` for ``n`` inputs."""
+
+
+@dataclass(frozen=True)
+class Selection(Method):
+    """Krum's scores select ``chosen(n)`` inputs, which are then averaged in input order."""
+
+    byzantine: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.byzantine is not None:
+            f = integer("byzantine", self.byzantine)
+            if f < 0:
+                raise AggregationError(f"byzantine must be >= 0, got {f}")
+            object.__setattr__(self, "byzantine", f)
+
+    @property
+    def f(self) -> int:
+        if self.byzantine is None:
+            raise AggregationError(f"{self.name}: byzantine (f) is required")
+        return self.byzantine
+
+    def validate(self, n: int) -> None:
+        super().validate(n)
+        f = self.f
+        if n < 2 * f + 3:
+            raise AggregationError(
+                f"{self.name}: {n} inputs tolerate no {f} Byzantine ones; "
+                f"Krum needs n >= 2f + 3 = {2 * f + 3}"
+            )
+
+    @abstractmethod
+    def chosen(self, n: int) -> int:
+        """How many inputs are selected out of ``n``."""
+
+
+def number(name: str, value: object) -> float:
+    """``value`` as a finite float, or AggregationError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise AggregationError(f"{name} must be a number, got {type(value).__name__}")
+    out = float(value)
+    if not math.isfinite(out):
+        raise AggregationError(f"{name} must be finite, got {out}")
+    return out
+
+
+def integer(name: str, value: object) -> int:
+    """``value`` as an int (bools refused), or AggregationError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise AggregationError(f"{name} must be an integer, got {type(value).__name__}")
+    return int(value)
