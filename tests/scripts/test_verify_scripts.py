@@ -189,6 +189,26 @@ def test_a_pinned_coordinator_refuses_a_record_signed_by_another_key(demo, capsy
     assert code == 2 and "--coordinator" in err
 
 
+def test_a_job_name_with_terminal_escapes_is_printed_escaped(demo, capsys):
+    """A signer may name any job; a round it made consistently passes, and prints safely."""
+    from gradstore.audit import recompute_output
+    from gradstore.store import GradientStore
+
+    honest = demo.record(0)
+    hostile = dataclasses.replace(honest, job="\x1b]0;owned\x07\x1b[2J")
+
+    async def inputs():
+        store = GradientStore(demo.node())
+        return [await store.get(i.gradient) for i in honest.inputs]
+
+    output = recompute_output(hostile, asyncio.run(inputs()))
+    forged = demo.put_record(dataclasses.replace(hostile, output=output))
+    code, out, err = _check(verify_round_main, [str(forged), *demo.args], capsys)
+    assert code == 0, err
+    assert "\x1b" not in out and "\x07" not in out
+    assert "of job \\x1b]0;owned\\x07\\x1b[2J:" in out
+
+
 def test_history_refuses_a_chain_that_changes_job(demo, capsys):
     round0 = demo.record(0)
     other_job = demo.put_record(dataclasses.replace(round0, job="another-job"))

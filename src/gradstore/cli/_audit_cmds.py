@@ -21,6 +21,7 @@ from . import _exit
 from ._exit import UsageError
 from ._nodes import node_from_args
 from ._patience import Patience
+from ._text import printable
 
 T = TypeVar("T")
 Work = Callable[[Node, GradientStore, Callable[[int, int], None]], Awaitable[T]]
@@ -64,8 +65,9 @@ def _signed(coordinator: str | None) -> str:
 
 
 def _round_line(r: RoundReport, coordinator: str | None) -> str:
+    """One verified round; a record's job name is any text its signer chose: escaped."""
     rec = r.record
-    return (
+    return printable(
         f"ok round {rec.round} of job {rec.job}: record {r.record_cid} {_signed(coordinator)}, "
         f"{r.inputs} inputs re-fetched and verified ({r.input_bytes} tensor bytes), "
         f"{rec.method} recomputed, output {rec.output} matches"
@@ -116,7 +118,9 @@ def cmd_audit_history(args: argparse.Namespace) -> int:
     )
     top, bottom = reports[0].record, reports[-1].record
     print(
-        f"ok history of job {top.job}: {len(reports)} round(s), {top.round} down to "
-        f"{bottom.round}, all by coordinator {top.coordinator}"
+        printable(
+            f"ok history of job {top.job}: {len(reports)} round(s), {top.round} down to "
+            f"{bottom.round}, all by coordinator {top.coordinator}"
+        )
     )
     return _exit.SUCCESS
