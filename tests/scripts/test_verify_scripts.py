@@ -189,24 +189,20 @@ def test_a_pinned_coordinator_refuses_a_record_signed_by_another_key(demo, capsy
     assert code == 2 and "--coordinator" in err
 
 
-def test_a_job_name_with_terminal_escapes_is_printed_escaped(demo, capsys):
-    """A signer may name any job; a round it made consistently passes, and prints safely."""
-    from gradstore.audit import recompute_output
-    from gradstore.store import GradientStore
+def test_a_job_name_with_terminal_escapes_is_refused_and_never_printed(demo, capsys):
+    """A signer may write any bytes: a record whose job name holds terminal escapes is not a
+    valid record (job names are those a job file allows), and nothing echoes it raw."""
+    import dag_cbor
 
-    honest = demo.record(0)
-    hostile = dataclasses.replace(honest, job="\x1b]0;owned\x07\x1b[2J")
-
-    async def inputs():
-        store = GradientStore(demo.node())
-        return [await store.get(i.gradient) for i in honest.inputs]
-
-    output = recompute_output(hostile, asyncio.run(inputs()))
-    forged = demo.put_record(dataclasses.replace(hostile, output=output))
+    _cid, data = encode_record(demo.record(0), demo.key)
+    node = dag_cbor.decode(data)
+    del node["sig"]
+    node["job"] = "\x1b]0;owned\x07\x1b[2J"
+    node["sig"] = demo.key.sign(dag_cbor.encode(node))
+    forged = demo.put_raw(dag_cbor.encode(node))
     code, out, err = _check(verify_round_main, [str(forged), *demo.args], capsys)
-    assert code == 0, err
-    assert "\x1b" not in out and "\x07" not in out
-    assert "of job \\x1b]0;owned\\x07\\x1b[2J:" in out
+    assert code == 1 and "check record-format failed" in err
+    assert "\x1b" not in out + err and "\x07" not in out + err
 
 
 def test_history_refuses_a_chain_that_changes_job(demo, capsys):

@@ -31,7 +31,7 @@ from ..dag.cid import CID, DAG_CBOR, verify_block
 from ..errors import CIDError, MessageError
 from .didkey import SIGNATURE_LEN, verify_signature
 from .keys import SigningKey
-from .schema import check_did, check_run, check_text, check_uint
+from .schema import check_did, check_job, check_run, check_text, check_uint
 
 RECORD_TYPE: Final = "gradstore/round/2"
 # A record costs ~200 bytes per input; 4 MiB is ~20k peers, far beyond any job.
@@ -148,7 +148,7 @@ class RoundRecord:
     coordinator: str
 
     def __post_init__(self) -> None:
-        check_text("job", self.job)
+        check_job("job", self.job)
         check_run("run", self.run)
         check_uint("round", self.round)
         check_text("method", self.method)

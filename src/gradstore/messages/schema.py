@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from enum import StrEnum
@@ -135,6 +136,20 @@ def check_dids(name: str, value: object) -> tuple[str, ...]:
 
 _RUN_CHARS: Final = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
 
+#: A job name: it is part of pubsub topics and reaches file names and terminals.
+JOB_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def check_job(name: str, value: object) -> str:
+    """A job name: 1-64 of ``A-Z a-z 0-9 . _ -``, starting with a letter or digit."""
+    if not isinstance(value, str) or not JOB_NAME.fullmatch(value):
+        raise MessageError(
+            "malformed",
+            f"`{name}` must be 1-64 of A-Z a-z 0-9 . _ - (starting with a letter or digit), "
+            f"got {value!r:.70}",
+        )
+    return value
+
 
 def check_run(name: str, value: object) -> str:
     """A run id: 8-64 characters of ``a-z 0-9`` (the coordinator draws 26 base32 characters)."""
@@ -188,7 +203,7 @@ class Announce:
     kind: ClassVar[MessageKind] = MessageKind.ANNOUNCE
 
     def __post_init__(self) -> None:
-        check_text("job", self.job)
+        check_job("job", self.job)
         check_run("run", self.run)
         check_uint("round", self.round)
         check_did("peer", self.peer)
@@ -218,7 +233,7 @@ class Result:
     kind: ClassVar[MessageKind] = MessageKind.RESULT
 
     def __post_init__(self) -> None:
-        check_text("job", self.job)
+        check_job("job", self.job)
         check_run("run", self.run)
         check_uint("round", self.round)
         _set(self, "cid", check_cid("cid", self.cid))
@@ -257,7 +272,7 @@ class Status:
     kind: ClassVar[MessageKind] = MessageKind.STATUS
 
     def __post_init__(self) -> None:
-        check_text("job", self.job)
+        check_job("job", self.job)
         check_run("run", self.run)
         check_uint("round", self.round)
         check_bitmap("received", self.received)
