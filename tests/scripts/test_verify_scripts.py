@@ -302,3 +302,14 @@ def test_scripts_verify_a_demo_run_on_kubo(kubo):
         assert done.returncode == 0, (name, done.stderr)
     done = _script("verify_history", str(forged), env=env)  # the API from the environment
     assert done.returncode == 1 and "check output-cid failed" in done.stderr
+
+
+def test_history_refuses_a_chain_stitched_from_two_runs(demo, capsys):
+    # the same job and coordinator, restarted on a new state folder: a new run, which
+    # starts its own chain; linking it under the old one is refused
+    round0 = demo.record(0)
+    other_run = demo.put_record(dataclasses.replace(round0, run="another0run000000000000000"))
+    round1 = demo.record(1)
+    stitched = demo.put_record(dataclasses.replace(round1, prev=other_run))
+    code, _, err = _check(verify_history_main, [str(stitched), *demo.args], capsys)
+    assert code == 1 and "check run failed" in err

@@ -25,7 +25,8 @@ async def verify_history(
 ) -> list[RoundReport]:
     """Verify ``head`` and every record reachable through ``prev``, newest first.
 
-    Besides each round's checks: ``job`` and ``coordinator`` must agree along the chain and
+    Besides each round's checks: ``job``, ``run`` and ``coordinator`` must agree along the
+    chain and
     each ``prev`` must be the round just before (check ``round-sequence``). A coordinator
     writes no record for a failed round, so such a job's chain skips that round number:
     ``allow_gaps`` accepts any strictly decreasing sequence instead. ``coordinator`` and
@@ -45,6 +46,12 @@ async def verify_history(
                     "job",
                     f"record {rcid} (round {record.round}) is of job {record.job!r}, "
                     f"but its successor {newer.record_cid} is of job {top.job!r}",
+                )
+            if record.run != top.run:
+                raise AuditError(
+                    "run",
+                    f"record {rcid} (round {record.round}) is of run {record.run}, "
+                    f"but its successor {newer.record_cid} is of run {top.run}",
                 )
             if record.coordinator != top.coordinator:
                 raise AuditError(
