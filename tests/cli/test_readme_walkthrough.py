@@ -28,8 +28,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gradstore.node import find_kubo_binary
-
 pytestmark = [pytest.mark.kubo, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,7 +55,12 @@ def _script(commands: list[str]) -> str:
                 "ipfs config Routing.Type none",
             ]
         if line.startswith("ipfs daemon"):
-            out.append("for _ in $(seq 120); do ipfs id >/dev/null 2>&1 && break; sleep 0.5; done")
+            # wait for the daemon's api file first: `ipfs id` without it runs offline and
+            # takes the repo lock, which makes a daemon still starting fail
+            out.append(
+                'for _ in $(seq 300); do [ -e "${IPFS_PATH:-$HOME/.ipfs}/api" ] '
+                "&& ipfs id >/dev/null 2>&1 && break; sleep 0.2; done"
+            )
     out.append("ipfs shutdown 2>/dev/null || true")
     return "\n".join(out) + "\n"
 
@@ -72,10 +75,8 @@ def _cids(text: str) -> list[str]:
     return [line for line in text.splitlines() if CID.fullmatch(line.strip())]
 
 
-def test_the_readme_walkthrough_runs_as_typed(tmp_path: Path) -> None:
-    binary = find_kubo_binary()
-    if binary is None:
-        pytest.skip("no Kubo binary (see tests/conftest.py)")
+def test_the_readme_walkthrough_runs_as_typed(tmp_path: Path, kubo_binary: Path) -> None:
+    binary = kubo_binary  # the fixture skips without Kubo, and fails under CI
     commands = walkthrough_commands((ROOT / "README.md").read_text())
     assert any(c.startswith("gradstore coordinator") for c in commands), "no walkthrough found"
     home, work = tmp_path / "home", tmp_path / "work"
