@@ -25,7 +25,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from gradstore.errors import NodeError
@@ -36,7 +36,8 @@ HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent  # flower-superlink, flower-supernode and flwr live here
 DEFAULT_API = "http://127.0.0.1:5001"
 ROUND_MARK = "gradstore round "
-OTHER_MARKS = ("gradstore refused", "gradstore run ")
+DONE_MARK = "gradstore run "
+OTHER_MARKS = ("gradstore refused", DONE_MARK)
 
 
 def free_port() -> int:
@@ -129,6 +130,114 @@ def toml_string(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+class Federation:
+    """A SuperLink and SuperNodes on loopback, with a Flower config naming the SuperLink.
+
+    ``work`` holds the Flower home, the keys and ``logs/``. ``node_configs`` are the
+    SuperNodes' ``--node-config`` strings; use as a context manager (stops everything).
+    """
+
+    def __init__(self, work: Path, node_configs: list[str]) -> None:
+        self.work = work
+        self.logs = work / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.env = dict(os.environ)
+        self.env.update(
+            FLWR_HOME=str(work / "flwr"),
+            FLWR_TELEMETRY_ENABLED="0",  # loopback only
+            PATH=f"{BIN}{os.pathsep}{self.env.get('PATH', '')}",
+            PYTHONUNBUFFERED="1",
+        )
+        self.node_configs = node_configs
+        self.procs = Processes(self.logs, self.env)
+        self.port = 0
+
+    def __enter__(self) -> Federation:
+        try:
+            self.port = free_port()
+            superlink = self.procs.start(
+                "superlink",
+                "flower-superlink",
+                "--insecure",
+                "--disable-runtime-dependency-installation",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+            )
+            wait_for_port(self.port, superlink, "flower-superlink", 60)
+            for i, node_config in enumerate(self.node_configs):
+                self.procs.start(
+                    f"supernode{i}",
+                    "flower-supernode",
+                    "--insecure",
+                    "--superlink",
+                    f"127.0.0.1:{self.port}",
+                    "--port",
+                    str(free_port()),
+                    "--node-config",
+                    node_config,
+                )
+            (self.work / "flwr").mkdir(exist_ok=True)
+            (self.work / "flwr" / "config.toml").write_text(
+                '[superlink]\ndefault = "loopback"\n\n[superlink.loopback]\n'
+                f'address = "127.0.0.1:{self.port}"\ninsecure = true\n'
+            )
+        except BaseException:
+            self.procs.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.procs.stop()
+
+    def run(
+        self, app: Path, run_config: str, timeout: float, until: Callable[[str], bool]
+    ) -> Iterator[str]:
+        """``flwr run APP --stream``: yield its output lines until ``until(line)`` is true."""
+        log = open(self.logs / "flwr-run.log", "w")  # noqa: SIM115  (closed below)
+        proc = subprocess.Popen(
+            [
+                str(BIN / "flwr"),
+                "run",
+                str(app),
+                "loopback",
+                "--stream",
+                "--run-config",
+                run_config,
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            cwd=self.work,
+            text=True,
+            start_new_session=True,
+        )
+
+        def too_long() -> None:
+            print(f"error: the run took more than {timeout:.0f} s", file=sys.stderr)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+
+        watchdog = threading.Timer(timeout, too_long)
+        watchdog.start()
+        assert proc.stdout is not None
+        try:
+            for line in proc.stdout:
+                log.write(line)
+                text = line.strip()
+                yield text
+                if until(text):
+                    break  # the ServerApp is done; `flwr run --stream` may linger on the logs
+        finally:
+            watchdog.cancel()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait()
+            log.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -137,150 +246,78 @@ def main(argv: list[str] | None = None) -> int:
         "--send", choices=("cid", "arrays"), default="cid", help="what clients reply with"
     )
     parser.add_argument(
+        "--model-via",
+        choices=("ipfs", "flower"),
+        default="ipfs",
+        help="how the global model reaches the clients (by CID, or in Flower's message)",
+    )
+    parser.add_argument(
         "--liar",
         action="store_true",
         help="add a SuperNode whose client signs one CID and sends other arrays (it is refused)",
     )
     parser.add_argument("--api", help=f"Kubo RPC URL (default $GRADSTORE_API or {DEFAULT_API})")
-    parser.add_argument("--app", type=Path, default=HERE, help="the Flower App to run")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds for the whole run")
     args = parser.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="gradstore-flower-"))
-    logs = work / "logs"
-    logs.mkdir()
-    env = dict(os.environ)
-    env.update(
-        FLWR_HOME=str(work / "flwr"),
-        FLWR_TELEMETRY_ENABLED="0",  # the example talks to loopback only
-        PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
-        PYTHONUNBUFFERED="1",
-    )
-    procs = Processes(logs, env)
     ok = False
     try:
         with kubo(args.api) as (api, description):
             print(f"node: {description}", flush=True)
             coordinator = work / "coordinator.pem"
             SigningKey.generate().save(coordinator)
-            link = free_port()
-            superlink = procs.start(
-                "superlink",
-                "flower-superlink",
-                "--insecure",
-                "--disable-runtime-dependency-installation",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(link),
-            )
-            wait_for_port(link, superlink, "flower-superlink", 60)
             nodes = args.clients + (1 if args.liar else 0)
+            configs = []
             for i in range(nodes):
                 key = work / f"client{i}.pem"
                 SigningKey.generate().save(key)
                 liar = i == args.clients
-                node_config = " ".join(
-                    (
-                        f"partition-id={i % args.clients}",
-                        f"num-partitions={args.clients}",
-                        f"gradstore-key={toml_string(str(key))}",
-                        f"gradstore-api={toml_string(api)}",
-                        f"gradstore-send={toml_string('arrays' if liar else args.send)}",
-                        *(["gradstore-lie=true"] if liar else []),
+                configs.append(
+                    " ".join(
+                        (
+                            f"partition-id={i % args.clients}",
+                            f"num-partitions={args.clients}",
+                            f"gradstore-key={toml_string(str(key))}",
+                            f"gradstore-api={toml_string(api)}",
+                            f"gradstore-send={toml_string('arrays' if liar else args.send)}",
+                            *(["gradstore-lie=true"] if liar else []),
+                        )
                     )
                 )
-                procs.start(
-                    f"supernode{i}",
-                    "flower-supernode",
-                    "--insecure",
-                    "--superlink",
-                    f"127.0.0.1:{link}",
-                    "--port",
-                    str(free_port()),
-                    "--node-config",
-                    node_config,
-                )
-            (work / "flwr").mkdir(exist_ok=True)
-            (work / "flwr" / "config.toml").write_text(
-                '[superlink]\ndefault = "loopback"\n\n[superlink.loopback]\n'
-                f'address = "127.0.0.1:{link}"\ninsecure = true\n'
-            )
             run_config = " ".join(
                 (
                     f"num-server-rounds={args.rounds}",
                     f"min-nodes={nodes}",
+                    f"gradstore-model={toml_string(args.model_via)}",
                     f"gradstore-api={toml_string(api)}",
                     f"gradstore-coordinator-key={toml_string(str(coordinator))}",
                 )
             )
-            print(
-                f"flower: SuperLink on 127.0.0.1:{link}, {nodes} SuperNodes, clients send "
-                f"{args.send}{' (and a liar)' if args.liar else ''}; {args.rounds} rounds",
-                flush=True,
-            )
-            rounds = _run(args, env, work, run_config)
+            with Federation(work, configs) as federation:
+                print(
+                    f"flower: SuperLink on 127.0.0.1:{federation.port}, {nodes} SuperNodes, "
+                    f"model via {args.model_via}, clients send {args.send}"
+                    f"{' (and a liar)' if args.liar else ''}; {args.rounds} rounds",
+                    flush=True,
+                )
+                rounds = 0
+                for text in federation.run(
+                    HERE, run_config, args.timeout, lambda line: line.startswith(DONE_MARK)
+                ):
+                    if text.startswith(ROUND_MARK):
+                        rounds += 1
+                    if text.startswith((ROUND_MARK, *OTHER_MARKS)):
+                        print(text, flush=True)
             ok = rounds == args.rounds
             if not ok:
                 print(f"error: {rounds} of {args.rounds} rounds reported", file=sys.stderr)
     finally:
-        procs.stop()
         if ok:
             shutil.rmtree(work, ignore_errors=True)
         else:
-            print(f"Flower's logs: {logs}", file=sys.stderr)
+            print(f"Flower's logs: {work / 'logs'}", file=sys.stderr)
     return 0 if ok else 1
-
-
-def _run(args: argparse.Namespace, env: dict[str, str], work: Path, run_config: str) -> int:
-    """``flwr run --stream``: print our lines as they come; the number of round lines."""
-    flwr_log = open(work / "logs" / "flwr-run.log", "w")  # noqa: SIM115
-    proc = subprocess.Popen(
-        [
-            str(BIN / "flwr"),
-            "run",
-            str(args.app),
-            "loopback",
-            "--stream",
-            "--run-config",
-            run_config,
-        ],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env=env,
-        cwd=work,
-        text=True,
-        start_new_session=True,
-    )
-    rounds = 0
-
-    def too_long() -> None:
-        print(f"error: the run took more than {args.timeout:.0f} s", file=sys.stderr)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-
-    watchdog = threading.Timer(args.timeout, too_long)
-    watchdog.start()
-    assert proc.stdout is not None
-    try:
-        for line in proc.stdout:
-            flwr_log.write(line)
-            text = line.strip()
-            if text.startswith(ROUND_MARK):
-                rounds += 1
-                print(text, flush=True)
-            elif text.startswith(OTHER_MARKS):
-                print(text, flush=True)
-            if rounds >= args.rounds and text.startswith("gradstore run "):
-                break  # the ServerApp is done; `flwr run --stream` may linger on the log stream
-    finally:
-        watchdog.cancel()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait()
-        flwr_log.close()
-    return rounds
 
 
 if __name__ == "__main__":

@@ -63,7 +63,7 @@ def test_the_readme_command_runs_three_audited_rounds(kubo: KuboDaemon) -> None:
     assert [int(r[0]) for r in rounds] == [1, 2, 3], out
     assert all(r[1:3] == ("2", "0") for r in rounds), out
     records = [r[3] for r in rounds]
-    assert "0 B of arrays over Flower" in out  # CID mode: the arrays went over IPFS
+    assert "0 B of client arrays over Flower" in out  # CID mode: the arrays went over IPFS
     for i, record in enumerate(records):
         _verify(kubo, record)  # scripts/verify_round.py re-derives each aggregate
         assert _prev(kubo, record) == (None if i == 0 else CID.parse(records[i - 1]))

@@ -278,3 +278,31 @@ def test_a_round_where_every_reply_is_refused_returns_no_arrays(api: str) -> Non
     assert metrics["gradstore.inputs"] == 0 and "gradstore.record" not in metrics
     assert all(r.startswith("too-large: ") for _, r in strategy.history[1].excluded)
     assert strategy.records == {}
+
+
+def _payload(obj: Any) -> int:
+    """Bytes of a Flower object as its transport serializes it (the object and its children)."""
+    return len(obj.deflate()) + sum(_payload(c) for c in (obj.children or {}).values())
+
+
+def test_the_model_can_travel_by_cid_too(api: str, keys: list[SigningKey]) -> None:
+    with GradstoreStrategy(node=api, model_via="ipfs") as strategy:
+        msgs = _instructions(strategy, 2)
+        assert all(not m.content.array_records for m in msgs)
+        with GradstoreClient(keys[0], node=api) as a, GradstoreClient(keys[1], node=api) as b:
+            got = a.model(msgs[0])  # fetched by CID, every block verified
+            assert {k: v.tobytes() for k, v in got.items()} == {
+                k: v.tobytes() for k, v in model(0).items()
+            }
+            replies = [
+                client.reply(msg, {k: v + i for k, v in client.model(msg).items()}, 5)
+                for i, (client, msg) in enumerate(((a, msgs[0]), (b, msgs[1])))
+            ]
+        carried = sum(_payload(m) for m in [*msgs, *replies])
+        arrays, metrics = strategy.aggregate_train(1, replies)
+    assert carried < 4096  # both ways, two clients: no arrays crossed Flower
+    assert arrays is not None and metrics is not None
+    assert _verify(api, record_cid(metrics)).inputs
+    expected = {k: (v + v + 1) / 2 for k, v in model(0).items()}
+    for name, array in arrays.items():
+        np.testing.assert_allclose(array.numpy(), expected[name], rtol=1e-6)

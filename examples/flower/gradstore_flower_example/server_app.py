@@ -30,7 +30,11 @@ def main(grid: Grid, context: Context) -> None:
     nodes = int(config["min-nodes"])
     inner = FedAvg(fraction_evaluate=0.0, min_train_nodes=nodes, min_available_nodes=nodes)
 
-    with GradstoreStrategy(inner, node=api, key=key, job="flower-digits") as strategy:
+    model_via = str(config["gradstore-model"])
+    assert model_via in ("ipfs", "flower"), model_via
+    with GradstoreStrategy(
+        inner, node=api, key=key, job="flower-digits", model_via=model_via
+    ) as strategy:
 
         def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
             acc = accuracy(arrays_to_tensors(arrays, DEFAULT_LIMITS), x_test, y_test)
@@ -39,7 +43,7 @@ def main(grid: Grid, context: Context) -> None:
                 print(
                     f"{MARK} {server_round}: {len(done.inputs)} inputs, "
                     f"{len(done.excluded)} refused, held-out accuracy {acc:.2%}, "
-                    f"{done.flower_bytes} B of arrays over Flower, "
+                    f"{done.flower_bytes} B of client arrays over Flower, "
                     f"aggregate {done.output}, record {done.record}",
                     flush=True,
                 )

@@ -5,7 +5,9 @@ gradstore/1 document and its Flower reply carries only a signed announcement of 
 document's CID (a few hundred bytes); the strategy fetches the document over IPFS and
 verifies every block. In arrays mode the reply carries the arrays as plain Flower does,
 plus the signed CID, which the strategy recomputes from the arrays. An instruction from a
-strategy that is not gradstore's gets a plain Flower reply.
+strategy that is not gradstore's gets a plain Flower reply. ``model(msg)`` reads the
+global model of an instruction, fetched by CID (every block verified) when the strategy
+sends it over IPFS.
 """
 
 from __future__ import annotations
@@ -96,6 +98,26 @@ class GradstoreClient:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+    def model(self, msg: Message, key: str = "arrays") -> dict[str, np.ndarray[Any, Any]]:
+        """The global model an instruction carries: fetched by its CID, every block verified,
+        when the strategy sends it over IPFS; else read from its ArrayRecord ``key``."""
+        ins = instruction_of(msg)
+        if ins is not None and ins.model is not None:
+            if self._io is None:
+                raise GradstoreError(
+                    f"the model comes by CID ({ins.model}): this client needs a node (api)"
+                )
+            cid = ins.model
+            gradient = self._io.run(lambda store: store.get(cid))
+            return dict(gradient.tensors)
+        records = msg.content.array_records
+        if key not in records:
+            raise GradstoreError(f"the instruction carries no model (no ArrayRecord {key!r})")
+        try:
+            return arrays_to_tensors(records[key], self.limits)
+        except ArraysRefused as exc:
+            raise GradstoreError(f"the instruction's model: {exc.reason}") from None
 
     def reply(
         self,

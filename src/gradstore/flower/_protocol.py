@@ -1,7 +1,8 @@
 """What the strategy and its clients put into Flower's messages, and how peers are named.
 
 The strategy adds one ConfigRecord under ``"gradstore"`` to every train instruction:
-``job``, ``run``, ``round``, ``coordinator``. A gradstore client answers with a
+``job``, ``run``, ``round``, ``coordinator``, and ``model`` (the global model's CID) when
+the model travels over IPFS instead of in the instruction's ArrayRecord. A gradstore client answers with a
 ConfigRecord under the same key holding ``announce``: a signed gradstore announcement
 (``messages.Announce``: job, run, round, its did, the CID of its document, its sample
 count), next to the ArrayRecord (arrays mode) or instead of it (CID mode).
@@ -39,29 +40,34 @@ class Instruction:
     run: str
     round: int
     coordinator: str
+    model: str | None = None  # the global model's CID, when it travels over IPFS
 
     def to_config(self) -> dict[str, Any]:
-        return {
+        config: dict[str, Any] = {
             "job": self.job,
             "run": self.run,
             "round": self.round,
             "coordinator": self.coordinator,
         }
+        if self.model is not None:
+            config["model"] = self.model
+        return config
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> Instruction | None:
         """The instruction in ``config``, or None when it is not a gradstore instruction."""
-        job, run, round_, coordinator = (
-            config.get(k) for k in ("job", "run", "round", "coordinator")
+        job, run, round_, coordinator, model = (
+            config.get(k) for k in ("job", "run", "round", "coordinator", "model")
         )
         if not (
             isinstance(job, str)
             and isinstance(run, str)
             and type(round_) is int
             and isinstance(coordinator, str)
+            and (model is None or isinstance(model, str))
         ):
             return None
-        return cls(job, run, round_, coordinator)
+        return cls(job, run, round_, coordinator, model)
 
 
 def reply_meta(job: str, run: str, round_: int, peer: str, num_samples: int) -> dict[str, Any]:
@@ -74,6 +80,11 @@ def reply_meta(job: str, run: str, round_: int, peer: str, num_samples: int) -> 
         "peer": peer,
         "num_samples": num_samples,
     }
+
+
+def model_meta(job: str, run: str, round_: int) -> dict[str, Any]:
+    """The meta of the global model the strategy sends by CID for ``round_``."""
+    return {"kind": "model", "job": job, "run": run, "round": round_}
 
 
 def custodial_did(secret: bytes, node_id: int) -> str:

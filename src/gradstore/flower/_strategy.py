@@ -20,7 +20,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from logging import INFO, WARNING
 from types import TracebackType
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
@@ -49,7 +49,7 @@ from ..job import JobConfig
 from ..messages import SigningKey
 from ..messages.schema import check_text
 from ..store import GradientStore
-from ._arrays import tensors_to_arrays
+from ._arrays import arrays_to_tensors, tensors_to_arrays
 from ._loop import NodeLoop, NodeSource
 from ._protocol import (
     CONFIG_KEY,
@@ -59,6 +59,7 @@ from ._protocol import (
     Instruction,
     cid_metric,
     custodial_did,
+    model_meta,
     reply_meta,
 )
 from ._replies import Candidate, Refused, ReplyRules, read_reply
@@ -90,6 +91,8 @@ class GradstoreStrategy(Strategy):
     when None; its did signs every record). ``peers``: the dids allowed to contribute
     (None: any signed client, plus unsigned ones when ``allow_unsigned``). ``method`` and
     the parameters after it are gradstore's aggregation (``gradstore.aggregate``).
+    ``model_via="ipfs"`` sends the global model by CID too (clients read it with
+    ``GradstoreClient.model``), so Flower's messages carry no arrays either way.
     """
 
     def __init__(
@@ -108,6 +111,7 @@ class GradstoreStrategy(Strategy):
         clip_output_norm: float | None = None,
         peers: Collection[str] | None = None,
         allow_unsigned: bool = True,
+        model_via: Literal["flower", "ipfs"] = "flower",
         limits: Limits = DEFAULT_LIMITS,
         resolve_timeout_s: float = 10.0,
         fetch_attempts: int = 3,
@@ -120,6 +124,9 @@ class GradstoreStrategy(Strategy):
         self.run_id = new_run_id()
         self.peers = None if peers is None else frozenset(peers)
         self.allow_unsigned = allow_unsigned
+        if model_via not in ("flower", "ipfs"):
+            raise ValueError(f"model_via must be 'flower' or 'ipfs', got {model_via!r}")
+        self.model_via = model_via
         self.limits = limits
         self.resolve_timeout_s = resolve_timeout_s
         self.fetch_attempts = max(1, fetch_attempts)
@@ -190,17 +197,38 @@ class GradstoreStrategy(Strategy):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         self._expect(arrays)
-        instruction = Instruction(self.job, self.run_id, server_round, self.key.did)
-        self._instructions[server_round] = instruction
         messages = list(self.inner.configure_train(server_round, arrays, config, grid))
-        for msg in messages:
-            msg.content[CONFIG_KEY] = ConfigRecord(instruction.to_config())
+        instruction = self._instruct(messages, server_round, arrays)
+        self._instructions[server_round] = instruction
         return messages
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        return self.inner.configure_evaluate(server_round, arrays, config, grid)
+        messages = list(self.inner.configure_evaluate(server_round, arrays, config, grid))
+        if self.model_via == "ipfs":
+            self._instruct(messages, server_round, arrays)
+        return messages
+
+    def _instruct(
+        self, messages: list[Message], server_round: int, arrays: ArrayRecord
+    ) -> Instruction:
+        """Add gradstore's ConfigRecord to ``messages``; with ``model_via="ipfs"``, the model
+        goes into the store and each message names its CID instead of carrying its arrays."""
+        model = None
+        if self.model_via == "ipfs" and messages:
+            tensors = arrays_to_tensors(arrays, self.limits)  # the server's own model
+            gradient = Gradient(tensors, model_meta(self.job, self.run_id, server_round))
+            model = str(self._io.run(lambda store: store.put(gradient)))
+            for msg in messages:
+                for name in list(msg.content.array_records):
+                    del msg.content[
+                        name
+                    ]  # a plain client fails loudly instead of training on nothing
+        instruction = Instruction(self.job, self.run_id, server_round, self.key.did, model)
+        for msg in messages:
+            msg.content[CONFIG_KEY] = ConfigRecord(instruction.to_config())
+        return instruction
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
