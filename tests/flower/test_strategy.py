@@ -306,3 +306,23 @@ def test_the_model_can_travel_by_cid_too(api: str, keys: list[SigningKey]) -> No
     expected = {k: (v + v + 1) / 2 for k, v in model(0).items()}
     for name, array in arrays.items():
         np.testing.assert_allclose(array.numpy(), expected[name], rtol=1e-6)
+
+
+def test_inputs_beyond_the_memory_budget_are_read_back_with_the_same_bits(
+    api: str, keys: list[SigningKey]
+) -> None:
+    results = []
+    for keep in (1 << 30, 1):  # all in memory; none (read back from the node range by range)
+        with GradstoreStrategy(node=api, keep_bytes=keep) as strategy:
+            msgs = _instructions(strategy, 3)
+            with GradstoreClient(keys[0], node=api) as a, GradstoreClient(keys[1], node=api) as b:
+                replies = [
+                    a.reply(msgs[0], model(1), 7),
+                    b.reply(msgs[1], model(2), 9),
+                    GradstoreClient(keys[2], send="arrays").reply(msgs[2], model(3), 11),
+                ]
+            arrays, metrics = strategy.aggregate_train(1, replies)
+        assert arrays is not None and metrics is not None
+        _verify(api, record_cid(metrics))
+        results.append({k: v.numpy().tobytes() for k, v in arrays.items()})
+    assert results[0] == results[1]

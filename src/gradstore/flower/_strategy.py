@@ -68,6 +68,9 @@ from ._replies import Candidate, Refused, ReplyRules, read_reply
 MAX_REASON_CHARS: Final = 300
 #: CID-mode inputs fetched at once.
 FETCH_CONCURRENCY: Final = 4
+#: Verified documents kept in memory for the aggregation (Flower's own FedAvg holds every
+#: reply); inputs beyond it are read back from the node range by range, in O(model) memory.
+DEFAULT_KEEP_BYTES: Final = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,7 @@ class FlowerRound:
     excluded: tuple[tuple[str, str], ...]  # (peer did, reason)
     flower_bytes: int  # bytes of arrays the replies carried through Flower's transport
     seconds: float
+    stages: dict[str, float]  # verify_s, aggregate_s, store_s, read_back_s
 
 
 class GradstoreStrategy(Strategy):
@@ -93,6 +97,8 @@ class GradstoreStrategy(Strategy):
     the parameters after it are gradstore's aggregation (``gradstore.aggregate``).
     ``model_via="ipfs"`` sends the global model by CID too (clients read it with
     ``GradstoreClient.model``), so Flower's messages carry no arrays either way.
+    ``memory_bytes`` bounds the documents being verified at once and ``keep_bytes`` those
+    kept in memory until the aggregation; the others are read back from the node.
     """
 
     def __init__(
@@ -115,8 +121,8 @@ class GradstoreStrategy(Strategy):
         limits: Limits = DEFAULT_LIMITS,
         resolve_timeout_s: float = 10.0,
         fetch_attempts: int = 3,
-        memory_bytes: int = 256 * 1024 * 1024,
-        keep_bytes: int = 128 * 1024 * 1024,
+        memory_bytes: int = DEFAULT_KEEP_BYTES,
+        keep_bytes: int = DEFAULT_KEEP_BYTES,
     ) -> None:
         self.inner: Strategy = inner if inner is not None else FedAvg()
         self.key = key if key is not None else SigningKey.generate()
@@ -263,11 +269,15 @@ class GradstoreStrategy(Strategy):
             candidates.append(candidate)
             contents[candidate.peer] = msg.content
 
+        stages: dict[str, float] = {}
+
         async def step(store: GradientStore) -> tuple[list[VerifiedInput], Any, Any]:
+            t0 = time.perf_counter()
             verified = await self._verify_all(store, instruction, candidates, refused)
+            stages["verify_s"] = round(time.perf_counter() - t0, 3)
             if not verified:
                 return verified, None, None
-            return verified, *await self._close(store, server_round, verified, refused)
+            return verified, *await self._close(store, server_round, verified, refused, stages)
 
         verified, closed, tensors = self._io.run(step)
         excluded = tuple(dict.fromkeys((self._name(r), _reason(r.reason)) for r in refused))
@@ -282,6 +292,7 @@ class GradstoreStrategy(Strategy):
             excluded,
             sum(c.flower_bytes for c in candidates),
             time.perf_counter() - start,
+            stages,
         )
         metrics = self._metrics([contents[p] for p, _ in inputs if p in contents])
         metrics[INPUTS_METRIC] = len(inputs) if closed is not None else 0
@@ -442,6 +453,7 @@ class GradstoreStrategy(Strategy):
         round_: int,
         verified: list[VerifiedInput],
         refused: list[Refused],
+        stages: dict[str, float],
     ) -> tuple[Any, dict[str, np.ndarray[Any, Any]] | None]:
         config = replace(self._job, peers=tuple(sorted({v.peer for v in verified})))
         excluded = list(
@@ -467,7 +479,10 @@ class GradstoreStrategy(Strategy):
                 WARNING, "gradstore round %s: %s refuses the inputs: %s", round_, config.method, exc
             )
             return None, None
+        stages.update(closed.stats)
+        t0 = time.perf_counter()
         aggregate = await store.get(closed.output)  # what the record names, verified again
+        stages["read_back_s"] = round(time.perf_counter() - t0, 3)
         return closed, dict(aggregate.tensors)
 
     def _metrics(self, contents: list[RecordDict]) -> MetricRecord:
