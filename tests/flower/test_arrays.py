@@ -69,6 +69,37 @@ def test_hostile_arrays_are_refused_with_a_reason(array: Array, code: str) -> No
     assert info.value.reason.startswith(code + ": "), info.value.reason
 
 
+def _header_only(shape: tuple[int, ...], payload: bytes) -> bytes:
+    buf = io.BytesIO()
+    header = {"descr": "<f4", "fortran_order": False, "shape": shape}
+    np.lib.format.write_array_header_1_0(buf, header)
+    return buf.getvalue() + payload
+
+
+@pytest.mark.parametrize(
+    ("shape", "code"),
+    [((2**40,), "too-large"), ((1000,), "malformed"), ((1,), "malformed")],
+)
+def test_a_npy_header_that_lies_about_its_size_allocates_nothing(
+    shape: tuple[int, ...], code: str
+) -> None:
+    lying = Array("float32", shape, "numpy.ndarray", _header_only(shape, b"\0" * 16))
+    with pytest.raises(ArraysRefused) as info:
+        arrays_to_tensors(ArrayRecord({"w": lying}), DEFAULT_LIMITS)
+    assert info.value.reason.startswith(code + ": "), info.value.reason
+
+
+def test_fortran_order_and_big_endian_arrays_keep_their_values() -> None:
+    value = np.arange(12, dtype=np.float32).reshape(3, 4)
+    fortran = np.asfortranarray(value)
+    big = value.astype(">f4")
+    record = ArrayRecord({"f": Array(fortran), "b": Array(big)})
+    got = arrays_to_tensors(record, DEFAULT_LIMITS)
+    assert got["f"].flags.c_contiguous and np.array_equal(got["f"], value)
+    assert np.array_equal(got["b"], value)
+    encode(Gradient(got, {}))  # both are storable
+
+
 def test_tensor_infos_say_what_read_header_says() -> None:
     rng = np.random.default_rng(1)
     tensors = {

@@ -1,8 +1,10 @@
 """Flower's ArrayRecord <-> gradstore tensors, refusing what a hostile client could send.
 
-Flower serializes each array as a ``.npy`` byte string; it is read here with
-``allow_pickle=False`` only after its size is checked against the caller's limit, and
-the array must be what its own ``dtype`` and ``shape`` fields say. Key order matters to
+Flower serializes each array as a ``.npy`` byte string. It is read here without
+``np.load``: the header is parsed (NumPy's own parser), its dtype must be one gradstore/1
+holds and its shape must account for exactly the bytes that follow, within the caller's
+limits, and the array must be what its own ``dtype`` and ``shape`` fields say; then the
+data is a view of the received bytes. Nothing is allocated from a declared size. Key order matters to
 Flower users (``to_numpy_ndarrays`` returns a list), so the way back keeps an order given
 by the caller (the global model's) instead of gradstore's name order.
 """
@@ -10,11 +12,13 @@ by the caller (the global model's) instead of gradstore's name order.
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord
+from numpy.lib import format as npy_format
 
 from ..format import Limits, dtype_code
 
@@ -54,22 +58,47 @@ def _one(name: str, array: Array, limits: Limits) -> np.ndarray[Any, Any]:
         raise ArraysRefused(
             f"malformed: array {name!r} is serialized as {array.stype!r:.40}, not {NUMPY_STYPE}"
         )
-    try:
-        value = np.load(io.BytesIO(array.data), allow_pickle=False)
-    except Exception as exc:  # ValueError, EOFError, OSError: whatever np.load makes of bad bytes
-        raise ArraysRefused(f"malformed: array {name!r} is not a .npy array: {exc}") from None
-    if not isinstance(value, np.ndarray):
-        raise ArraysRefused(f"malformed: array {name!r} is not a .npy array")
-    if tuple(value.shape) != tuple(array.shape) or str(value.dtype) != array.dtype:
+    dtype, shape, fortran, offset = _npy_header(name, array.data)
+    if dtype_code(dtype) is None:
         raise ArraysRefused(
-            f"malformed: array {name!r} holds {value.dtype}{list(value.shape)} but says "
+            f"malformed: array {name!r} has dtype {dtype}, which gradstore/1 cannot hold"
+        )
+    count = math.prod(shape)
+    if len(shape) > limits.max_rank or count > limits.max_elements:
+        raise ArraysRefused(f"too-large: array {name!r} declares shape {list(shape)}")
+    if len(array.data) - offset != count * dtype.itemsize:
+        raise ArraysRefused(
+            f"malformed: array {name!r} declares {dtype}{list(shape)} "
+            f"({count * dtype.itemsize} bytes) but carries {len(array.data) - offset}"
+        )
+    if shape != tuple(array.shape) or str(dtype) != array.dtype:
+        raise ArraysRefused(
+            f"malformed: array {name!r} holds {dtype}{list(shape)} but says "
             f"{array.dtype!r:.40}{list(array.shape)}"
         )
-    if dtype_code(value.dtype) is None:
-        raise ArraysRefused(
-            f"malformed: array {name!r} has dtype {value.dtype}, which gradstore/1 cannot hold"
-        )
+    # a view of the bytes Flower received (no np.load: nothing is allocated from the header)
+    value = np.frombuffer(array.data, dtype, count, offset).reshape(
+        shape, order="F" if fortran else "C"
+    )
     return np.ascontiguousarray(value)
+
+
+def _npy_header(name: str, data: bytes) -> tuple[np.dtype[Any], tuple[int, ...], bool, int]:
+    """(dtype, shape, Fortran order, data offset) of a ``.npy`` byte string, or ArraysRefused."""
+    stream = io.BytesIO(data)
+    try:
+        version = npy_format.read_magic(stream)
+        if version == (1, 0):
+            shape, fortran, dtype = npy_format.read_array_header_1_0(stream)
+        elif version in ((2, 0), (3, 0)):
+            shape, fortran, dtype = npy_format.read_array_header_2_0(stream)
+        else:
+            raise ValueError(f"unsupported .npy version {version}")
+    except Exception as exc:  # ValueError, EOFError, SyntaxError: whatever a bad header makes
+        raise ArraysRefused(f"malformed: array {name!r} is not a .npy array: {exc}") from None
+    if dtype.hasobject:
+        raise ArraysRefused(f"malformed: array {name!r} holds Python objects")
+    return dtype, tuple(int(d) for d in shape), bool(fortran), stream.tell()
 
 
 def tensors_to_arrays(
