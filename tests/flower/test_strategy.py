@@ -194,7 +194,7 @@ def test_hostile_replies_are_refused_with_their_reasons_and_the_round_goes_on(
     def node() -> KuboNode:
         return KuboNode(api, transport=_FlipBlock(flipped[0]))
 
-    with GradstoreStrategy(node=node, resolve_timeout_s=1.0, fetch_attempts=1) as strategy:
+    with GradstoreStrategy(node=node, resolve_timeout_s=1.0, fetch_attempts=2) as strategy:
         msgs = _instructions(strategy, 12)
         run = strategy.run_id
         bad_block = asyncio.run(put(doc(model(6), other[0], run, 5)))
@@ -239,6 +239,7 @@ def test_hostile_replies_are_refused_with_their_reasons_and_the_round_goes_on(
     assert codes[other[1].did] == "non-finite"
     assert codes[other[2].did] == "schema-mismatch"
     assert codes[other[3].did] == "unavailable"
+    assert "after 2 attempts" in reasons[other[3].did]
     assert codes[other[5].did] == "wrong-run"
     assert codes[other[6].did] == "wrong-round"
     assert codes[strategy._custodial(msgs[8].metadata.dst_node_id)] == "bad-signature"

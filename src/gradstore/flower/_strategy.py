@@ -359,20 +359,47 @@ class GradstoreStrategy(Strategy):
         candidates: list[Candidate],
         refused: list[Refused],
     ) -> list[VerifiedInput]:
+        """Every candidate's first attempt, then retries of the fetches that failed in passing:
+        a CID nobody serves never holds a place an honest input waits for."""
         gate = asyncio.Semaphore(FETCH_CONCURRENCY)
+        verified: list[VerifiedInput] = []
+        failures: dict[int, str] = {}
 
-        async def one(c: Candidate) -> VerifiedInput | None:
+        async def one(c: Candidate) -> Candidate | None:
+            """None when settled (verified or refused); the candidate when worth retrying."""
             async with gate:
                 try:
                     if c.tensors is not None:
-                        return await self._from_arrays(store, instruction, c)
-                    return await self._from_cid(store, c)
+                        verified.append(await self._from_arrays(store, instruction, c))
+                    else:
+                        verified.append(await self._from_cid(store, c))
                 except Refused as exc:
                     refused.append(exc)
-                    return None
+                except (NodeError, TimeoutError) as exc:
+                    failures[c.node_id] = str(exc) or type(exc).__name__
+                    return c
+            return None
 
-        results = await asyncio.gather(*(one(c) for c in candidates))
-        return [v for v in results if v is not None]
+        pending = candidates
+        delay = 0.5
+        for attempt in range(self.fetch_attempts):
+            if attempt:
+                await asyncio.sleep(delay)
+                delay *= 2
+            pending = [c for c in await asyncio.gather(*(one(c) for c in pending)) if c]
+            if not pending:
+                break
+        for c in pending:
+            refused.append(
+                Refused(
+                    c.node_id,
+                    c.peer,
+                    f"unavailable: {c.cid} after {self.fetch_attempts} attempts: "
+                    f"{failures[c.node_id]}",
+                    c.cid,
+                )
+            )
+        return verified
 
     async def _from_arrays(
         self, store: GradientStore, ins: Instruction, c: Candidate
@@ -412,40 +439,32 @@ class GradstoreStrategy(Strategy):
         )
 
     async def _from_cid(self, store: GradientStore, c: Candidate) -> VerifiedInput:
-        """A CID announced instead of arrays: fetched as the coordinator fetches, with retries."""
+        """One attempt at a CID announced instead of arrays, as the coordinator fetches it.
+
+        ``Refused`` is final; a ``NodeError`` or ``TimeoutError`` may pass (retried later).
+        """
         assert c.cid is not None
-        delay, last = 0.5, "not fetched"
-        for attempt in range(self.fetch_attempts):
-            try:
-                return await verify_input(
-                    store.node,
-                    store,
-                    c.peer,
-                    c.cid,
-                    c.num_samples,
-                    expected=self._schema,
-                    resolve_timeout_s=self.resolve_timeout_s,
-                    budget=self._budget,
-                    keep=self._keep,
-                    clip=self._job.clip_input_norm is not None,
-                )
-            except InputRefused as exc:
-                raise Refused(c.node_id, c.peer, exc.reason, c.cid) from None
-            except IntegrityError as exc:  # the node served a block that is not its CID's
-                raise Refused(c.node_id, c.peer, f"integrity: {exc}", c.cid) from None
-            except (NodeError, TimeoutError) as exc:
-                last = str(exc) or type(exc).__name__
-            except GradstoreError as exc:  # a CID outside the profile, ...
-                raise Refused(c.node_id, c.peer, f"malformed: {exc}", c.cid) from None
-            if attempt + 1 < self.fetch_attempts:
-                await asyncio.sleep(delay)
-                delay *= 2
-        raise Refused(
-            c.node_id,
-            c.peer,
-            f"unavailable: {c.cid} after {self.fetch_attempts} attempts: {last}",
-            c.cid,
-        )
+        try:
+            return await verify_input(
+                store.node,
+                store,
+                c.peer,
+                c.cid,
+                c.num_samples,
+                expected=self._schema,
+                resolve_timeout_s=self.resolve_timeout_s,
+                budget=self._budget,
+                keep=self._keep,
+                clip=self._job.clip_input_norm is not None,
+            )
+        except InputRefused as exc:
+            raise Refused(c.node_id, c.peer, exc.reason, c.cid) from None
+        except IntegrityError as exc:  # the node served a block that is not its CID's
+            raise Refused(c.node_id, c.peer, f"integrity: {exc}", c.cid) from None
+        except (NodeError, TimeoutError):
+            raise
+        except GradstoreError as exc:  # a CID outside the profile, ...
+            raise Refused(c.node_id, c.peer, f"malformed: {exc}", c.cid) from None
 
     async def _close(
         self,
