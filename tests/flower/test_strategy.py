@@ -327,3 +327,24 @@ def test_inputs_beyond_the_memory_budget_are_read_back_with_the_same_bits(
         _verify(api, record_cid(metrics))
         results.append({k: v.numpy().tobytes() for k, v in arrays.items()})
     assert results[0] == results[1]
+
+
+def test_any_flower_strategy_chooses_and_any_gradstore_method_combines(
+    api: str, keys: list[SigningKey]
+) -> None:
+    from flwr.serverapp.strategy import FedProx
+
+    inner = FedProx(proximal_mu=0.25, min_train_nodes=3, min_available_nodes=3)
+    with GradstoreStrategy(inner, node=api, method="median") as strategy:
+        msgs = _instructions(strategy, 3)
+        assert all(m.content["config"]["proximal-mu"] == 0.25 for m in msgs)  # FedProx's own
+        clients = [GradstoreClient(k, send="arrays") for k in keys[:3]]
+        values = [model(i + 1) for i in range(3)]
+        replies = [c.reply(m, v, 5) for c, m, v in zip(clients, msgs, values, strict=True)]
+        arrays, metrics = strategy.aggregate_train(1, replies)
+    assert arrays is not None and metrics is not None
+    for name, array in arrays.items():
+        expected = np.median(np.stack([v[name] for v in values]), axis=0)
+        assert array.numpy().tobytes() == expected.astype(np.float32).tobytes(), name
+    record = _verify(api, record_cid(metrics))
+    assert record.method == "median"
