@@ -107,10 +107,11 @@ async def one_round(
     peak = 0
     try:
         deadline = time.monotonic() + 60
-        while config.gradients_topic not in await carriers[0].pubsub_topics():
-            if time.monotonic() > deadline or process.poll() is not None:
-                raise SystemExit("the coordinator did not start")
-            await asyncio.sleep(0.1)
+        async with daemons[0].node() as coordinator_node:
+            while config.gradients_topic not in await coordinator_node.pubsub_topics():
+                if time.monotonic() > deadline or process.poll() is not None:
+                    raise SystemExit("the coordinator did not start")
+                await asyncio.sleep(0.1)
         for carrier in carriers if len(daemons) > 1 else ():
             await carrier.wait_for_topic_peers(config.gradients_topic, 1, timeout=60)
         t0 = time.perf_counter()

@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
-"""verify_cid: see `python scripts/verify_cid.py --help` and gradstore.audit (DESIGN section 7)."""
+"""verify_cid: the same as `gradstore audit cid` (see `gradstore audit cid --help`)."""
 
 import sys
 from pathlib import Path
 
 try:
-    from gradstore.audit import verify_cid_main
+    from gradstore.cli import main
 except ImportError:  # run from a checkout without the package installed
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
-    from gradstore.audit import verify_cid_main
+    from gradstore.cli import main
 
 if __name__ == "__main__":
-    sys.exit(verify_cid_main())
+    sys.exit(main(["audit", "cid", *sys.argv[1:]]))

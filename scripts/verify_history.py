@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
-"""verify_history: see `python scripts/verify_history.py --help` and gradstore.audit (DESIGN section 7)."""
+"""verify_history: the same as `gradstore audit history` (see `gradstore audit history --help`)."""
 
 import sys
 from pathlib import Path
 
 try:
-    from gradstore.audit import verify_history_main
+    from gradstore.cli import main
 except ImportError:  # run from a checkout without the package installed
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
-    from gradstore.audit import verify_history_main
+    from gradstore.cli import main
 
 if __name__ == "__main__":
-    sys.exit(verify_history_main())
+    sys.exit(main(["audit", "history", *sys.argv[1:]]))

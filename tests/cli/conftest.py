@@ -16,9 +16,10 @@ Cli = Callable[..., Run]
 
 @pytest.fixture
 def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Cli:
-    """``cli("put", path, "--local", d)`` -> Run; GRADSTORE_API* unset so nothing leaks in."""
+    """``cli("put", path, "--local", d)`` -> Run; GRADSTORE_API*, IPFS_PATH unset: nothing leaks in."""
     monkeypatch.delenv("GRADSTORE_API", raising=False)
     monkeypatch.delenv("GRADSTORE_API_AUTH", raising=False)
+    monkeypatch.delenv("IPFS_PATH", raising=False)
     capsys.readouterr()
 
     def run(*argv: object) -> Run:

@@ -27,9 +27,12 @@ class Run:
         assert len(lines) == 1, f"expected one stdout line, got {self.out!r}"
         return lines[0]
 
-    def one_error_line(self) -> str:
-        """Assert the failure contract (exit 1, nothing on stdout, one ``error:`` line)."""
-        assert self.code == 1, (self.code, self.out, self.err)
+    def one_error_line(self, code: int = 1) -> str:
+        """Assert the failure contract (exit ``code``, nothing on stdout, one ``error:`` line).
+
+        1 is a failure, 2 a wrong command line (README, "Exit codes").
+        """
+        assert self.code == code, (self.code, self.out, self.err)
         assert self.out == ""
         lines = self.err.splitlines()
         assert len(lines) == 1, f"expected one stderr line, got {self.err!r}"

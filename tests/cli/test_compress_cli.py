@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gradstore.audit import verify_cid_main, verify_round_main
 from gradstore.compress import compress, load_residual, with_feedback
 from gradstore.dag import file_cid
 from gradstore.format import Gradient, encode
@@ -46,8 +45,9 @@ def test_put_compressed_stores_the_compressed_document(
     assert "gradstore/2 (topk:chunk=4096,k=1024,index=12,values=int8)" in first
     assert cli("verify", str(want), "--local", node).code == 0
     # the audit script checks the compressed document's blocks, decoding and canonical form
-    assert verify_cid_main([str(want), "--local", str(node)]) == 0
-    assert "canonical gradstore/2, CID re-derived" in capsys.readouterr().out
+    r = cli("audit", "cid", str(want), "--local", node)
+    assert r.code == 0, r.err
+    assert "canonical gradstore/2, CID re-derived" in r.out
     # get writes dense files only: a compressed document is refused, saying what it is
     line = cli("get", str(want), "-o", tmp_path / "x.npz", "--local", node).one_error_line()
     assert "compressed document" in line
@@ -123,4 +123,5 @@ def test_peer_publish_compressed_keeps_the_residual_next_to_its_key(
     assert saved is not None and all(saved[n].tobytes() == left[n].tobytes() for n in left)
     record = re.search(r"record (baf[a-z2-7]+)", coord_out)
     assert record, coord_out
-    assert verify_round_main([record.group(1), "--api", api]) == 0
+    r = cli("audit", "round", record.group(1), "--api", api, "--coordinator", dids["coord"])
+    assert r.code == 0, r.err

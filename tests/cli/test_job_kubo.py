@@ -234,7 +234,7 @@ def test_a_refused_peer_and_a_failed_round_say_why(
         pub_code, pub_err = _exit_code(tmp_path, "publish", publisher)
         code, err = _exit_code(tmp_path, "await", waiter)
         waited = time.monotonic() - started
-        coord_code, _ = _exit_code(tmp_path, "coord", coord)
+        coord_code, coord_err = _exit_code(tmp_path, "coord", coord)
     finally:
         _kill(*procs)
     # the peer hears why its input was refused, from the coordinator's signed status
@@ -246,6 +246,24 @@ def test_a_refused_peer_and_a_failed_round_say_why(
         f"error: round 0 of job {job_name} failed: quorum not met: 0 verified of 1 needed"
     ], err
     assert waited < 60  # told by the coordinator's status, not by its own 120 s timeout
-    # the coordinator ran its one round (exit 0, as after any `count` rounds) and says it failed
-    assert coord_code == 0 and not (tmp_path / "agg.npz").exists()
+    # the coordinator said where the round stood while it was open, then that it failed,
+    # and exits 3 (a round failed) instead of 0
+    assert not (tmp_path / "agg.npz").exists()
     assert (tmp_path / "coord.out").read_text().startswith("round 0 failed: quorum not met")
+    waiting = [line for line in coord_err.splitlines() if "waiting for peers" in line]
+    assert waiting[0] == (
+        "round 0: waiting for peers (0/1 verified, 0 received, quorum 1, "
+        "the deadline starts at the first announcement)"
+    ), coord_err
+    assert coord_code == 3, coord_err
+    assert coord_err.splitlines()[-1] == (
+        f"error: 1 of 1 round(s) of job {job_name} failed; round 0: "
+        "quorum not met: 0 verified of 1 needed"
+    )
+    # started again on its state folder: the job is complete, exit 0 (a supervisor stops)
+    again = _start(
+        tmp_path, "again", "coordinator", "--config", job, "--key", keys["coord"],
+        "--api", api, "--state", tmp_path / "state",
+    )  # fmt: skip
+    code, err = _exit_code(tmp_path, "again", again)
+    assert code == 0 and err.startswith(f"job {job_name} already complete: 1 round(s), 1 failed")

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -72,13 +76,97 @@ def test_cid_raw_of_any_file_equals_ipfs_add_only_hash(
         assert cli("cid", "--raw", path).line == kubo_cid, f"size {size}, seed {SEED}"
 
 
-def test_missing_cid_on_kubo_gives_up_at_timeout_naming_it(
+def _unserved_cid(cli: Cli, tmp_path: Path) -> str:
+    """The CID of a gradient nobody has: Kubo would wait for it for as long as it is asked."""
+    rng = np.random.default_rng(SEED + 1)
+    return cli("cid", write_npz(tmp_path / "m.npz", w=rng.standard_normal(10))).line
+
+
+def _commands(cid: str, tmp_path: Path) -> list[list[object]]:
+    return [
+        ["verify", cid],
+        ["get", cid, "-o", tmp_path / "x.npz"],
+        ["inspect", cid],
+        ["round", "show", "bafyreigbtj4x7ip5legnfznufuopl4sg4knzc2cof6duas4b3q2fy6swua"],
+    ]
+
+
+def test_a_cid_nobody_serves_says_waiting_then_gives_up_naming_it_and_the_option(
     cli: Cli, kubo: KuboDaemon, tmp_path: Path
 ) -> None:
-    # nobody has this gradient; Kubo would wait for it until its read timeout (minutes)
-    rng = np.random.default_rng(SEED + 1)
-    cid = cli("cid", write_npz(tmp_path / "m.npz", w=rng.standard_normal(10))).line
-    for argv in (["verify", cid], ["get", cid, "-o", tmp_path / "x.npz"], ["inspect", cid]):
-        line = cli(*argv, "--api", kubo.api_url, "--timeout", "1").one_error_line()
-        assert line == f"error: {argv[0]} {cid}: no result from kubo {kubo.api_url} within 1s"
+    cid = _unserved_cid(cli, tmp_path)
+    for argv in _commands(cid, tmp_path):
+        target = str(argv[2] if argv[0] == "round" else cid)
+        start = time.monotonic()
+        r = cli(*argv, "--api", kubo.api_url, "--timeout", "4")
+        took = time.monotonic() - start
+        assert r.code == 1 and r.out == "", (argv, r)
+        waiting, error = r.err.splitlines()  # after 3 s without progress, then the error
+        assert waiting.startswith("waiting for ") and target in waiting, waiting
+        assert "(Ctrl-C to stop" in waiting and "--timeout" in waiting
+        assert error.startswith("error: gave up waiting for ") and target in error
+        assert "nothing arrived for 4 s" in error and "--timeout S waits longer" in error
+        assert 4 <= took < 30, took
     assert not (tmp_path / "x.npz").exists()
+
+
+def test_the_waiting_line_comes_while_waiting(kubo: KuboDaemon, cli: Cli, tmp_path: Path) -> None:
+    """As a process: the line is on stderr seconds before the command gives up."""
+    cid = _unserved_cid(cli, tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRADSTORE_API")}
+    start = time.monotonic()
+    with subprocess.Popen(
+        [sys.executable, "-m", "gradstore", "get", cid, "-o", str(tmp_path / "x.npz"),
+         "--api", kubo.api_url, "--timeout", "8"],
+        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env, text=True,
+    ) as proc:  # fmt: skip
+        try:
+            assert proc.stderr is not None
+            first = proc.stderr.readline()
+            seen = time.monotonic() - start
+            assert proc.poll() is None, "the command ended before saying it was waiting"
+            assert first.startswith(f"waiting for CID {cid} from kubo {kubo.api_url}")
+            assert proc.wait(timeout=60) == 1
+            ended = time.monotonic() - start
+            assert "nothing arrived for 8 s" in proc.stderr.read()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert seen >= 2.5 and ended - seen >= 3, (seen, ended)
+
+
+def test_every_node_command_has_a_default_timeout() -> None:
+    from gradstore.cli._main import build_parser
+
+    parser = build_parser()
+    for argv in [*_commands("x", Path("out.npz")), ["put", "g.npz"]]:
+        assert parser.parse_args([str(a) for a in argv]).timeout == 60.0, argv
+
+
+def test_ipfs_path_api_file_names_the_node_like_the_ipfs_command(
+    cli: Cli, kubo: KuboDaemon, npz: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # no --api, no GRADSTORE_API: the daemon that owns $IPFS_PATH gets the gradient
+    monkeypatch.setenv("IPFS_PATH", str(kubo.repo))
+    cid = cli("put", npz).line
+    assert kubo.run("pin", "ls", "--type=recursive", cid).returncode == 0
+    # an IPFS_PATH with no running daemon is named, not silently replaced by :5001
+    monkeypatch.setenv("IPFS_PATH", str(tmp_path))
+    line = cli("put", npz).one_error_line()
+    assert f"IPFS_PATH={tmp_path} names no running Kubo daemon" in line and "--api" in line
+    # --api and GRADSTORE_API still come first
+    assert cli("verify", cid, "--api", kubo.api_url).code == 0
+    monkeypatch.setenv("GRADSTORE_API", kubo.api_url)
+    assert cli("verify", cid).code == 0
+
+
+def test_a_cid_of_another_file_is_not_a_gradstore_document(
+    cli: Cli, kubo: KuboDaemon, tmp_path: Path
+) -> None:
+    text = tmp_path / "notes.txt"
+    text.write_text("hello, this is not a gradient\n")
+    cid = kubo.run("add", "-Q", str(text)).stdout.decode().strip()
+    for argv in (["get", cid, "-o", tmp_path / "x.npz"], ["inspect", cid], ["verify", cid]):
+        line = cli(*argv, "--api", kubo.api_url).one_error_line()
+        assert line.startswith(f"error: {cid}: not a gradstore/1 document (")
+        assert "'hello, t'" in line and "found int" not in line

@@ -9,13 +9,14 @@ from typing import Any
 import numpy as np
 import pytest
 
+from gradstore.cli._exit import UsageError
+from gradstore.cli._main import build_parser
 from gradstore.cli._store_cmds import parse_meta
 from gradstore.dag import file_cid
-from gradstore.errors import FormatError
 from gradstore.format import DTYPES, EXTENDED, Gradient, decode, encode
 
 from .conftest import Cli
-from .helpers import SEED, sample_arrays, write_npz
+from .helpers import SEED, sample_arrays, unused_url, write_npz
 
 
 def _array(dtype: str, shape: tuple[int, ...], seed: int) -> np.ndarray[Any, Any]:
@@ -137,15 +138,15 @@ def test_meta_values_parse_as_json_else_string(item: str, value: object) -> None
 
 @pytest.mark.parametrize("item", ["novalue", "=3"])
 def test_meta_without_key_or_equals_is_refused(cli: Cli, grad_npz: Path, item: str) -> None:
-    with pytest.raises(FormatError, match="KEY=VALUE"):
+    with pytest.raises(UsageError, match="KEY=VALUE"):
         parse_meta([item])
-    line = cli("cid", grad_npz, "--meta", item).one_error_line()
+    line = cli("cid", grad_npz, "--meta", item).one_error_line(2)
     assert "--meta expects KEY=VALUE" in line
 
 
 def test_meta_key_given_twice_is_refused(cli: Cli, grad_npz: Path) -> None:
     r = cli("put", grad_npz, "--meta", "a=1", "--meta", "a=2", "--local", grad_npz.parent / "n")
-    line = r.one_error_line()
+    line = r.one_error_line(2)
     assert "--meta a is given twice" in line
 
 
@@ -258,3 +259,38 @@ def test_npz_cannot_carry_bfloat16_and_says_so(cli: Cli, tmp_path: Path) -> None
     r = cli("encode", src, "-o", tmp_path / "doc2")
     assert "member 'w' is raw bytes (|V2)" in r.one_error_line()
     assert not (tmp_path / "doc2").exists()
+
+
+def test_what_put_stores_get_fetches_with_the_same_max_bytes(cli: Cli, tmp_path: Path) -> None:
+    npz = write_npz(tmp_path / "g.npz", w=np.arange(1000, dtype=np.float32))
+    size = len(encode(load_gradient_for_test(npz)).tobytes())
+    node, out = tmp_path / "node", tmp_path / "out.npz"
+    # one byte over: put refuses before storing anything, naming the option
+    line = cli("put", npz, "--local", node, "--max-bytes", size - 1).one_error_line()
+    assert f"document is {size} bytes" in line and f"--max-bytes {size - 1}" in line
+    assert not (node / "blocks").exists() or not any((node / "blocks").iterdir())
+    # at the limit: put stores it and get, with the same limit, fetches it
+    cid = cli("put", npz, "--local", node, "--max-bytes", size).line
+    assert cli("get", cid, "-o", out, "--local", node, "--max-bytes", size).code == 0
+    line = cli("get", cid, "-o", out, "--local", node, "--max-bytes", size - 1).one_error_line()
+    assert "--max-bytes" in line and cid in line
+
+
+def test_put_refuses_by_default_what_get_refuses_by_default(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tensor of exactly 1 GiB makes a document just over get's default: put says so first."""
+    import gradstore.cli._store_cmds as store_cmds
+
+    huge = Gradient({"w": np.zeros(1 << 30, np.uint8)})  # calloc'd: no memory is touched
+    monkeypatch.setattr(store_cmds, "load_gradient", lambda path, meta=None: huge)
+    line = cli("put", "huge.npz", "--api", unused_url()).one_error_line()  # no node contacted
+    assert line.startswith("error: put huge.npz: document is 1073741") and "over max_bytes" in line
+    assert "the limit is --max-bytes 1073741824; pass a larger --max-bytes N" in line
+    assert build_parser().parse_args(["get", "x", "-o", "y"]).max_bytes is None  # one default
+    assert build_parser().parse_args(["put", "x", "--max-bytes", "2GiB"]).max_bytes == 2 << 30
+
+
+def load_gradient_for_test(path: Path) -> Gradient:
+    with np.load(path) as npz:
+        return Gradient({name: npz[name] for name in npz.files})

@@ -373,3 +373,52 @@ def test_an_earlier_runs_messages_are_not_trusted(kubo_factory, tmp_path: Path) 
             assert second.run_id != earlier.run_id
 
     asyncio.run(go())
+
+
+class _Outage(httpx.AsyncBaseTransport):
+    """In front of the coordinator's real Kubo: from the first request that stores the
+    aggregate, every new request fails to connect for ``seconds``."""
+
+    def __init__(self, seconds: float) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.seconds = seconds
+        self.until: float | None = None
+        self.refused = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        command = request.url.path.rsplit("/api/v0/", 1)[-1]
+        if self.until is None and command in ("dag/import", "block/put", "add", "dag/put"):
+            self.until = time.monotonic() + self.seconds
+        if self.until is not None and time.monotonic() < self.until:
+            self.refused += 1
+            raise httpx.ConnectError("connection refused (the test's outage)", request=request)
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def test_kubo_dropping_while_the_aggregate_is_stored_does_not_lose_the_round(
+    kubo_factory, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    # Defect: storing the aggregate and the record was not retried; a Kubo that dropped for
+    # a moment killed the coordinator and the round was lost.
+    daemons = kubo_factory(3, connect=True)
+    config, coord, peers = make_job(2, method="mean", quorum=2, deadline_s=30)
+    grads = gradients(2, 0)
+    outage = _Outage(4.0)
+
+    async def go() -> None:
+        async with world(daemons, config, coord, peers) as w:
+            node = KuboNode(daemons[0].api_url, transport=outage)
+            _, task = _coordinator(w, tmp_path, node=node)
+            await wait_subscribed(w)
+            await publish_all(w, 0, grads, [1, 1])
+            (outcome,) = await asyncio.wait_for(task, 60)
+            await node.aclose()
+            assert outage.refused > 0 and outcome.status == "closed"
+            record = decode_record(await w.coord_node.get_block(outcome.record), cid=outcome.record)
+            assert record.output == outcome.output
+            assert outcome.output in await w.coord_node.pins()
+
+    asyncio.run(go())

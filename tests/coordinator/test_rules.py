@@ -81,6 +81,16 @@ def test_refusals_say_why_and_whether_the_peer_hears_it(
     assert decision.text.startswith(reason + ": ")
 
 
+def test_rounds_far_behind_or_ahead_are_refused_without_a_status() -> None:
+    # each told refusal costs a status for its round: a peer naming thousands of rounds
+    # must not buy thousands of publishes
+    assert admit(_ann(round_=8), _state(10), NOW_MS).tell
+    assert not admit(_ann(round_=7), _state(10), NOW_MS).tell
+    assert admit(_ann(round_=13), _state(10), NOW_MS).tell
+    assert not admit(_ann(round_=14), _state(10), NOW_MS).tell
+    assert not admit(_ann(round_=2**40), _state(10), NOW_MS).tell
+
+
 def test_the_same_cid_again_is_a_duplicate_that_costs_nothing() -> None:
     decision = admit(_ann(), _state(announced={(0, PEERS[0]): CIDS[0]}), NOW_MS)
     assert decision.verdict is Verdict.DUPLICATE and not decision.tell

@@ -10,7 +10,6 @@ from pathlib import Path
 import dag_cbor
 import pytest
 
-from gradstore.audit import verify_history_main
 from gradstore.cli import main
 from gradstore.demo import DemoConfig, digits_split, run_demo
 from gradstore.format import decode_any
@@ -56,7 +55,7 @@ def test_compressed_demo_sends_compressed_updates_and_audits(tmp_path: Path, mod
 
     asyncio.run(inspect())
     head = packed.rows[-1].record  # type: ignore[attr-defined]
-    assert verify_history_main([str(head), "--local", str(tmp_path / "node")]) == 0
+    assert main(["audit", "history", str(head), "--local", str(tmp_path / "node")]) == 0
 
 
 def test_demo_command_reports_bytes_moved_and_the_spec(

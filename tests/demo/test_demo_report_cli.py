@@ -130,7 +130,7 @@ def test_demo_command_on_a_local_node(tmp_path, capsys):
     data = json.loads(summary_path.read_text())
     assert data["rounds"] == 2 and data["mode"] == "federated"
     assert (
-        lines[6] == f"audit it: python scripts/verify_history.py {data['head_record']} "
+        lines[6] == f"audit it: gradstore audit history {data['head_record']} "
         f"--local {(tmp_path / 'node').resolve()}"
     )
     assert plot.exists()

@@ -185,3 +185,12 @@ def test_coordinator_is_built_here_and_talks_to_the_kubo_service(compose: dict[s
         "gradstore", "coordinator", "--config", "/job/job.toml", "--key", "/job/key",
         "--api", "http://kubo:5001",
     ]  # fmt: skip
+
+
+def test_coordinator_is_restarted_after_a_crash_not_after_its_job_is_done(
+    compose: dict[str, Any],
+) -> None:
+    # exit 0 is "job complete" (also when started again on a finished job's state), so a
+    # policy that restarts on exit 0 (always, unless-stopped) loops on a finished job
+    assert compose["services"]["coordinator"]["restart"] in ("on-failure", "no")
+    assert compose["services"]["kubo"]["restart"] == "unless-stopped"

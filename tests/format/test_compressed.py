@@ -329,3 +329,18 @@ def test_malformed_codec_bytes_are_malformed(docs: Any) -> None:
     bad = doc[:at] + b"\xcc\x04" + doc[at + 1 :]  # uint8 holding 4: not the smallest form
     with pytest.raises((MalformedDocumentError, InvalidDocumentError)):
         read_header(bad)
+
+
+def test_check_fits_counts_the_dense_bytes_a_compressed_gradient_stands_for() -> None:
+    from gradstore.format import check_fits
+
+    codec = Codec("topk", chunk=16, k=1, index=12, values="bf16")
+    n = 64
+    payload = np.frombuffer((bf(1.0) + pack12(0)) * (n // 16), np.uint8)
+    g = CompressedGradient(codec, {"w": CompressedTensor(codec, "<f8", (n,), payload)})
+    size = len(encode(g))
+    check_fits(g, size, Limits(max_bytes=8 * n))
+    with pytest.raises(LimitExceededError, match="dense bytes"):
+        check_fits(g, size, Limits(max_bytes=8 * n - 1))  # the document itself is far smaller
+    with pytest.raises(LimitExceededError, match="max_rank"):
+        check_fits(g, size, Limits(max_rank=0))

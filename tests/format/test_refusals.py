@@ -267,3 +267,27 @@ def test_independent_builder_and_encoder_agree(docs: Any) -> None:
     two = [docs.tensor("a", "<i2", (3,)), docs.tensor("b", "|b1", (2, 2))]
     want = Gradient({"b": np.zeros((2, 2), bool), "a": np.zeros(3, "<i2")}, {"r": 1})
     assert encode(want).tobytes() == docs.build(tensors=two, meta={"r": 1})
+
+
+@pytest.mark.parametrize(
+    ("data", "shown"),
+    [
+        (b"hello world\n", "68 65 6c 6c 6f 20 77 6f ('hello wo'...)"),
+        (msgpack.packb([1, 2, 3]), "93 01 02 03 ('....')"),
+        (b"\x01", "01 ('.')"),
+    ],
+)
+def test_bytes_that_are_no_document_at_all_say_so(data: bytes, shown: str) -> None:
+    # what `ipfs add` of a text file gives: say what it is not, show what it begins with
+    e = _invalid(data, "$")
+    assert str(e).startswith("not a gradstore/1 document (") and shown in str(e)
+    assert "found int" not in str(e)
+
+
+def test_a_map_of_other_keys_is_no_document_either(docs: Any) -> None:
+    e = _invalid(msgpack.packb({"a": 1}), "$")
+    assert str(e).startswith("not a gradstore/1 document: expected a map of exactly the keys")
+    e = _invalid(
+        docs.build(top=[("format", "gradstore/2"), ("meta", {}), ("tensors", [])]), "$.format"
+    )
+    assert str(e).startswith("not a gradstore/1 document: expected format 'gradstore/1'")

@@ -448,3 +448,32 @@ def test_short_signature_is_malformed(peer_key: SigningKey) -> None:
     pairs = _pairs(_announce(peer_key))
     data = msgpack.packb({**dict(pairs), "sig": b"\x00" * 63}, use_bin_type=True)
     assert _reason(data) == "malformed"
+
+
+def test_the_fast_cid_check_agrees_with_a_full_parse() -> None:
+    import os
+    import random
+
+    from gradstore.dag.cid import CID as GCID
+    from gradstore.messages.schema import check_cid
+
+    rng = random.Random(5)
+    for codec in (0x55, 0x70, 0x71):
+        for _ in range(200):
+            text = str(GCID.hash(codec, os.urandom(8)))
+            assert check_cid("cid", text) == text == str(GCID.parse(text))
+            # the same bytes with a padding bit set: another string for the same CID
+            last = "abcdefghijklmnopqrstuvwxyz234567".index(text[-1])
+            padded = text[:-1] + "abcdefghijklmnopqrstuvwxyz234567"[last | 1]
+            if padded != text:  # normalised when built, refused on the wire
+                assert check_cid("cid", padded) == text
+                pairs = _pairs(_announce(seeded_key(1), cid=text))
+                pairs[6] = ("cid", padded)
+                assert _reason(_craft(pairs, seeded_key(1))) == "malformed"
+            flipped = list(text)
+            flipped[rng.randrange(1, len(text))] = rng.choice("ABC0189=")
+            try:  # refused, or normalised to its canonical string: never taken as it is
+                normal = check_cid("cid", "".join(flipped))
+            except MessageError:
+                continue
+            assert normal == str(GCID.parse(normal)) and normal != "".join(flipped)

@@ -28,6 +28,7 @@ RANK = {
     "coordinator": 7,
     "audit": 8,
     "torch": 8,
+    "flower": 8,
     "demo": 9,
     "cli": 10,
 }

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gradstore.audit import verify_round_main
+from gradstore.cli import main
 from gradstore.job import load_job
 from gradstore.messages import SigningKey
 from gradstore.node import KuboDaemon
@@ -146,4 +146,4 @@ def test_two_peers_match_full_batch_training_step_by_step(kubo: KuboDaemon, tmp_
         moved = max(float((want[p] - _params(_model())[p]).abs().max()) for p in want)
         assert moved > 1e-2  # the comparison is not vacuous: training moved the parameters
     # and the last round's record verifies like any other
-    assert verify_round_main([str(records[0]), "--api", kubo.api_url]) == 0
+    assert main(["audit", "round", str(records[0]), "--api", kubo.api_url]) == 0

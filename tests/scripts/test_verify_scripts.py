@@ -1,4 +1,5 @@
-"""scripts/verify_{cid,round,history}.py on real demo output, and on forged records."""
+"""``gradstore audit cid|round|history`` (and the scripts/verify_*.py wrappers) on real demo
+output, and on forged records."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import dag_cbor
 import pytest
 
-from gradstore.audit import verify_cid_main, verify_history_main, verify_round_main
+from gradstore.cli import main as gradstore_main
 from gradstore.dag import CID, DAG_CBOR
 from gradstore.demo import DemoConfig, digits_split, run_demo
 from gradstore.messages import SigningKey, decode_record, encode_record
@@ -62,6 +63,14 @@ def demo(tmp_path_factory):
     return Demo(path, key, _run_demo(LocalNode(path), key))
 
 
+def _audit(kind):
+    """``gradstore audit KIND`` as a function of argv, in-process."""
+    return lambda argv: gradstore_main(["audit", kind, *map(str, argv)])
+
+
+verify_cid_main, verify_round_main, verify_history_main = map(_audit, ("cid", "round", "history"))
+
+
 def _check(main, argv, capsys):
     code = main(argv)
     out, err = capsys.readouterr()
@@ -92,7 +101,7 @@ def test_a_record_whose_output_was_swapped_fails_output_cid(demo, capsys):
     forged = demo.put_record(dataclasses.replace(honest, output=other))  # validly re-signed
     code, out, err = _check(verify_round_main, [str(forged), *demo.args], capsys)
     assert code == 1 and out == ""
-    assert err.startswith("verify_round: check output-cid failed: round 2 record")
+    assert err.startswith("error: check output-cid failed: round 2 record")
     code, _, err = _check(verify_history_main, [str(forged), *demo.args], capsys)
     assert code == 1 and "check output-cid failed" in err
 
@@ -110,7 +119,7 @@ def test_a_record_not_signed_by_its_coordinator_fails_record_signature(demo, cap
     node["sig"] = bytes(64)
     forged = demo.put_raw(dag_cbor.encode(node))
     code, _, err = _check(verify_round_main, [str(forged), *demo.args], capsys)
-    assert code == 1 and err.startswith("verify_round: check record-signature failed")
+    assert code == 1 and err.startswith("error: check record-signature failed")
 
 
 def test_a_record_whose_input_is_missing_fails_input_fetch(demo, capsys):
@@ -141,6 +150,59 @@ def test_history_refuses_a_chain_that_changes_coordinator(demo, capsys):
     assert code == 0, err  # on its own, a correct round signed by whoever claims it
     code, _, err = _check(verify_history_main, [str(foreign), *demo.args], capsys)
     assert code == 1 and "check coordinator failed" in err and intruder.did in err
+
+
+def test_a_pinned_coordinator_refuses_a_record_signed_by_another_key(demo, capsys, tmp_path):
+    intruder = SigningKey.generate()
+    honest = demo.record(1)
+    # a correct round, re-signed by a key that names itself: signature and output both hold
+    foreign = demo.put_record(dataclasses.replace(honest, coordinator=intruder.did), intruder)
+    pin = ["--coordinator", demo.key.did]
+    code, out, err = _check(verify_round_main, [str(foreign), *demo.args], capsys)
+    assert code == 0 and "not pinned" in out, err
+    code, out, err = _check(verify_round_main, [str(foreign), *demo.args, *pin], capsys)
+    assert code == 1 and out == ""
+    assert err.startswith("error: check expected-coordinator failed: round record ")
+    assert f"is signed by {intruder.did}, not by the expected coordinator {demo.key.did}" in err
+    code, _, err = _check(verify_history_main, [str(foreign), *demo.args, *pin], capsys)
+    assert code == 1 and "check expected-coordinator failed" in err
+    # the honest record passes the same pin
+    code, out, err = _check(verify_round_main, [str(demo.rows[1].record), *demo.args, *pin], capsys)
+    assert code == 0 and "signed by the expected coordinator" in out, err
+    # --config pins the job file's coordinator, and its job name
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'job = "{honest.job}"\ncoordinator = "{demo.key.did}"\npeers = ["{intruder.did}"]\n'
+    )
+    code, _, err = _check(verify_round_main, [str(foreign), *demo.args, "--config", job], capsys)
+    assert code == 1 and "check expected-coordinator failed" in err
+    renamed = demo.put_record(dataclasses.replace(honest, job="another-job"))
+    code, _, err = _check(verify_round_main, [str(renamed), *demo.args, "--config", job], capsys)
+    assert code == 1 and "check expected-job failed" in err and "'another-job'" in err
+    code, _, err = _check(
+        verify_history_main, [str(demo.rows[-1].record), *demo.args, "--config", job], capsys
+    )
+    assert code == 0, err
+    code, _, err = _check(
+        verify_round_main, [str(foreign), *demo.args, "--coordinator", "x"], capsys
+    )
+    assert code == 2 and "--coordinator" in err
+
+
+def test_a_job_name_with_terminal_escapes_is_refused_and_never_printed(demo, capsys):
+    """A signer may write any bytes: a record whose job name holds terminal escapes is not a
+    valid record (job names are those a job file allows), and nothing echoes it raw."""
+    import dag_cbor
+
+    _cid, data = encode_record(demo.record(0), demo.key)
+    node = dag_cbor.decode(data)
+    del node["sig"]
+    node["job"] = "\x1b]0;owned\x07\x1b[2J"
+    node["sig"] = demo.key.sign(dag_cbor.encode(node))
+    forged = demo.put_raw(dag_cbor.encode(node))
+    code, out, err = _check(verify_round_main, [str(forged), *demo.args], capsys)
+    assert code == 1 and "check record-format failed" in err
+    assert "\x1b" not in out + err and "\x07" not in out + err
 
 
 def test_history_refuses_a_chain_that_changes_job(demo, capsys):
@@ -240,3 +302,14 @@ def test_scripts_verify_a_demo_run_on_kubo(kubo):
         assert done.returncode == 0, (name, done.stderr)
     done = _script("verify_history", str(forged), env=env)  # the API from the environment
     assert done.returncode == 1 and "check output-cid failed" in done.stderr
+
+
+def test_history_refuses_a_chain_stitched_from_two_runs(demo, capsys):
+    # the same job and coordinator, restarted on a new state folder: a new run, which
+    # starts its own chain; linking it under the old one is refused
+    round0 = demo.record(0)
+    other_run = demo.put_record(dataclasses.replace(round0, run="another0run000000000000000"))
+    round1 = demo.record(1)
+    stitched = demo.put_record(dataclasses.replace(round1, prev=other_run))
+    code, _, err = _check(verify_history_main, [str(stitched), *demo.args], capsys)
+    assert code == 1 and "check run failed" in err

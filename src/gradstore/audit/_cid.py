@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeAlias
 
 from ..dag import CID, EMPTY_FILE, build_file
 from ..errors import (
@@ -29,6 +31,9 @@ from ..format import (
 )
 from ..store import GradientStore
 
+Progress: TypeAlias = Callable[[int, int], None]
+"""``progress(done, total)``: bytes have arrived (what a caller's patience counts from)."""
+
 
 @dataclass(frozen=True)
 class CidReport:
@@ -52,15 +57,15 @@ def parse_cid(text: str | CID, check: str = "cid") -> CID:
 
 
 async def fetch_gradient(
-    store: GradientStore, cid: CID, what: str, prefix: str = ""
+    store: GradientStore, cid: CID, what: str, prefix: str = "", progress: Progress | None = None
 ) -> Gradient | CompressedGradient:
     """Fetch (every block hash-checked) and strictly decode ``cid`` (dense or compressed);
     failures name the check."""
-    return (await fetch_with_header(store, cid, what, prefix))[0]
+    return (await fetch_with_header(store, cid, what, prefix, progress))[0]
 
 
 async def fetch_with_header(
-    store: GradientStore, cid: CID, what: str, prefix: str = ""
+    store: GradientStore, cid: CID, what: str, prefix: str = "", progress: Progress | None = None
 ) -> tuple[Gradient | CompressedGradient, DocumentHeader]:
     """:func:`fetch_gradient`, and where each tensor lives in the document.
 
@@ -69,7 +74,7 @@ async def fetch_with_header(
     or gradstore/2 document within the store's limits).
     """
     try:
-        buf = await store.fetch_document(cid)
+        buf = await store.fetch_document(cid, progress=progress)
     except IntegrityError as exc:
         raise AuditError(f"{prefix}blocks", f"{what} {cid}: {exc}") from exc
     except (DAGError, LimitExceededError) as exc:
@@ -81,19 +86,21 @@ async def fetch_with_header(
     try:
         return decode_any(buf, store.limits), read_header(buf, store.limits)
     except (FormatError, LimitExceededError) as exc:
-        raise AuditError(
-            f"{prefix}decode", f"{what} {cid} is not a valid gradstore document: {exc}"
-        ) from exc
+        said = f": {exc}" if str(exc).startswith("not a ") else f" is not a valid document: {exc}"
+        raise AuditError(f"{prefix}decode", f"{what} {cid}{said}") from exc
 
 
-async def verify_cid(store: GradientStore, cid: CID | str) -> CidReport:
+async def verify_cid(
+    store: GradientStore, cid: CID | str, *, progress: Progress | None = None
+) -> CidReport:
     """Fetch ``cid`` with every block checked, decode strictly, and re-derive the same CID.
 
     Raises ``AuditError`` with check ``cid``, ``fetch``, ``blocks``, ``decode`` or ``canonical``.
+    ``progress(done, total)`` is called as bytes arrive.
     """
     start = time.perf_counter()
     root = parse_cid(cid)
-    gradient = await fetch_gradient(store, root, "document")
+    gradient = await fetch_gradient(store, root, "document", progress=progress)
     doc = encode(gradient)
     again, blocks = await asyncio.to_thread(_root_and_count, doc)
     if again != root.to_v1():

@@ -8,7 +8,8 @@ from ..dag import CID
 from ..errors import AuditError
 from ..node import Node
 from ..store import GradientStore
-from ._round import RoundReport, fetch_record, verify_record
+from ._cid import Progress
+from ._round import RoundReport, check_expected, fetch_record, verify_record
 
 
 async def verify_history(
@@ -18,13 +19,18 @@ async def verify_history(
     allow_gaps: bool = False,
     store: GradientStore | None = None,
     on_round: Callable[[RoundReport], None] | None = None,
+    coordinator: str | None = None,
+    job: str | None = None,
+    progress: Progress | None = None,
 ) -> list[RoundReport]:
     """Verify ``head`` and every record reachable through ``prev``, newest first.
 
-    Besides each round's checks: ``job`` and ``coordinator`` must agree along the chain and
+    Besides each round's checks: ``job``, ``run`` and ``coordinator`` must agree along the
+    chain and
     each ``prev`` must be the round just before (check ``round-sequence``). A coordinator
     writes no record for a failed round, so such a job's chain skips that round number:
-    ``allow_gaps`` accepts any strictly decreasing sequence instead.
+    ``allow_gaps`` accepts any strictly decreasing sequence instead. ``coordinator`` and
+    ``job`` pin whose records they must be (``check_expected``, on every record).
     """
     store = store or GradientStore(node)
     reports: list[RoundReport] = []
@@ -32,6 +38,7 @@ async def verify_history(
     newer: RoundReport | None = None
     while next_cid is not None:
         rcid, record = await fetch_record(node, next_cid)
+        check_expected(rcid, record, coordinator, job)
         if newer is not None:
             top = newer.record
             if record.job != top.job:
@@ -39,6 +46,12 @@ async def verify_history(
                     "job",
                     f"record {rcid} (round {record.round}) is of job {record.job!r}, "
                     f"but its successor {newer.record_cid} is of job {top.job!r}",
+                )
+            if record.run != top.run:
+                raise AuditError(
+                    "run",
+                    f"record {rcid} (round {record.round}) is of run {record.run}, "
+                    f"but its successor {newer.record_cid} is of run {top.run}",
                 )
             if record.coordinator != top.coordinator:
                 raise AuditError(
@@ -54,7 +67,7 @@ async def verify_history(
                     f"record {newer.record_cid} (round {top.round}) links to "
                     f"{rcid}, which is round {record.round}; expected round {expected}",
                 )
-        report = await verify_record(store, rcid, record)
+        report = await verify_record(store, rcid, record, progress=progress)
         reports.append(report)
         if on_round is not None:
             on_round(report)

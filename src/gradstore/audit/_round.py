@@ -29,7 +29,7 @@ from ..messages import RoundRecord, decode_record
 from ..messages import aggregate_meta as _aggregate_meta
 from ..node import Node
 from ..store import GradientStore, StoredCompressed, StoredGradient
-from ._cid import fetch_with_header, parse_cid
+from ._cid import Progress, fetch_with_header, parse_cid
 
 
 @dataclass(frozen=True)
@@ -82,6 +82,29 @@ async def fetch_record(node: Node, cid: CID | str) -> tuple[CID, RoundRecord]:
         raise AuditError(check, f"round record {rcid}: {exc}") from exc
 
 
+def check_expected(
+    rcid: CID, record: RoundRecord, coordinator: str | None = None, job: str | None = None
+) -> None:
+    """Refuse a record that is not the expected coordinator's (or not the expected job's).
+
+    The signature check only proves that the key the record names signed it; whoever
+    holds any key can sign a record naming itself. An auditor who knows the job's
+    coordinator pins it here. Checks: ``expected-coordinator``, ``expected-job``.
+    """
+    if coordinator is not None and record.coordinator != coordinator:
+        raise AuditError(
+            "expected-coordinator",
+            f"round record {rcid} (round {record.round}) is signed by {record.coordinator}, "
+            f"not by the expected coordinator {coordinator}",
+        )
+    if job is not None and record.job != job:
+        raise AuditError(
+            "expected-job",
+            f"round record {rcid} (round {record.round}) is of job {record.job!r}, "
+            f"not of the expected job {job!r}",
+        )
+
+
 def recompute_output(record: RoundRecord, inputs: list[Gradient]) -> CID:
     """The output CID ``record`` must carry, from its dense inputs (in record order); blocking.
 
@@ -107,7 +130,9 @@ def recompute_output(record: RoundRecord, inputs: list[Gradient]) -> CID:
     return file_cid(encode(Gradient(tensors, aggregate_meta(record))))
 
 
-async def verify_record(store: GradientStore, rcid: CID, record: RoundRecord) -> RoundReport:
+async def verify_record(
+    store: GradientStore, rcid: CID, record: RoundRecord, *, progress: Progress | None = None
+) -> RoundReport:
     """Re-fetch every input of an already checked record, recompute, compare the output CID.
 
     Memory stays O(model), as in the coordinator: each input is fetched, verified and
@@ -119,6 +144,7 @@ async def verify_record(store: GradientStore, rcid: CID, record: RoundRecord) ->
 
     Checks: ``inputs`` (a record with no input), ``input-fetch``, ``input-blocks``,
     ``input-decode``, ``input-codec``, ``params``, ``aggregate``, ``output-cid``.
+    ``progress(done, total)`` is called as input bytes arrive and as each stage ends.
     """
     start = time.perf_counter()
     if not record.inputs:
@@ -132,7 +158,9 @@ async def verify_record(store: GradientStore, rcid: CID, record: RoundRecord) ->
     nbytes = 0
     for inp in record.inputs:
         what = f"input of {inp.peer}"
-        gradient, header = await fetch_with_header(store, inp.gradient, what, prefix="input-")
+        gradient, header = await fetch_with_header(
+            store, inp.gradient, what, prefix="input-", progress=progress
+        )
         if inp.codec != header.codec:
             raise AuditError(
                 "input-codec",
@@ -163,6 +191,8 @@ async def verify_record(store: GradientStore, rcid: CID, record: RoundRecord) ->
             "aggregate",
             f"round {record.round}: recomputing {record.method}: the inputs' tensors differ",
         )
+    if progress is not None:
+        progress(nbytes, nbytes)
     try:
         tensors, _ = await aggregate_streamed(
             sources,
@@ -193,8 +223,16 @@ def _codec_text(codec: object) -> str:
 
 
 async def verify_round(
-    node: Node, record_cid: CID | str, store: GradientStore | None = None
+    node: Node,
+    record_cid: CID | str,
+    store: GradientStore | None = None,
+    *,
+    coordinator: str | None = None,
+    job: str | None = None,
+    progress: Progress | None = None,
 ) -> RoundReport:
-    """Verify one round from its record CID (see the module docstring); ``AuditError`` names the check."""
+    """Verify one round from its record CID (see the module docstring); ``AuditError`` names
+    the check. ``coordinator``/``job`` pin whose record it must be (``check_expected``)."""
     rcid, record = await fetch_record(node, record_cid)
-    return await verify_record(store or GradientStore(node), rcid, record)
+    check_expected(rcid, record, coordinator, job)
+    return await verify_record(store or GradientStore(node), rcid, record, progress=progress)

@@ -178,9 +178,7 @@ async def _demo(args: argparse.Namespace, config: Any) -> int:
             flush=True,
         )
         if demo_node.reach is not None:
-            print(
-                f"audit it: python scripts/verify_history.py {head} {demo_node.reach}", flush=True
-            )
+            print(f"audit it: gradstore audit history {head} {demo_node.reach}", flush=True)
     if args.plot:
         write_plot(
             result.rows,

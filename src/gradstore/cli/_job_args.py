@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ._argtypes import byte_count
 from ._compress_args import add_compress_options
 from ._lazy import LazyChoices, lazy
-from ._nodes import add_node_options
+from ._nodes import add_node_options, add_timeout_option
 
 
 def _methods() -> Sequence[str]:
@@ -33,7 +34,7 @@ def register(sub: Any) -> None:
         "-v", "--verbose", action="count", default=0, help="log announcements (-vv: debug)"
     )
     add_node_options(p)
-    p.set_defaults(run=lazy("_job_cmds", "cmd_coordinator"))
+    p.set_defaults(run=lazy("_coordinator_cmd", "cmd_coordinator"))
 
     peer = sub.add_parser("peer", help="act as one of a job's peers")
     psub = peer.add_subparsers(dest="peer_command", metavar="ACTION", required=True)
@@ -92,6 +93,60 @@ def register(sub: Any) -> None:
     p.add_argument("--clip-output-norm", type=float, default=None)
     p.set_defaults(run=lazy("_job_cmds", "cmd_aggregate"))
 
+    job = sub.add_parser("job", help="job files")
+    jsub = job.add_subparsers(dest="job_command", metavar="ACTION", required=True)
+    p = jsub.add_parser(
+        "init",
+        help="write a job file from the coordinator's and peers' key files (or did:keys)",
+        description="Write a job file whose ids come from key files (or did:key strings), "
+        "checked as the coordinator checks it. Edit it afterwards for anything else "
+        "([[schema]], [messages], more [limits]).",
+    )
+    p.add_argument(
+        "--coordinator", required=True, metavar="KEY|DID", help="the coordinator's key file or id"
+    )
+    p.add_argument(
+        "--peer",
+        dest="peers",
+        action="append",
+        required=True,
+        metavar="KEY|DID",
+        help="a peer's key file or id (repeat for each peer)",
+    )
+    p.add_argument(
+        "-o", "--out", default="job.toml", help="file to write (default job.toml; - for stdout)"
+    )
+    p.add_argument("--force", action="store_true", help="replace an existing --out file")
+    p.add_argument(
+        "--name", default=None, help="job name, part of the pubsub topics (default: job-<random>)"
+    )
+    p.add_argument(
+        "--method",
+        default="fedavg",
+        choices=LazyChoices(_methods),
+        metavar="METHOD",
+        help="aggregation method, one of: %(choices)s (default fedavg)",
+    )
+    p.add_argument(
+        "--rounds", type=int, default=1, help="rounds to run (default 1; 0: until stopped)"
+    )
+    p.add_argument(
+        "--quorum", type=int, default=None, help="verified peers that close a round (default: all)"
+    )
+    p.add_argument(
+        "--deadline", type=float, default=60.0, metavar="S", help="seconds per round (default 60)"
+    )
+    p.add_argument("--max-gradient-bytes", type=byte_count, default=None, metavar="N")
+    for option, kind in (
+        ("--trim-ratio", float),
+        ("--byzantine", int),
+        ("--select", int),
+        ("--clip-input-norm", float),
+        ("--clip-output-norm", float),
+    ):
+        p.add_argument(option, type=kind, default=None)
+    p.set_defaults(run=lazy("_job_init", "cmd_job_init"))
+
     rnd = sub.add_parser("round", help="inspect round records")
     rsub = rnd.add_subparsers(dest="round_command", metavar="ACTION", required=True)
     p = rsub.add_parser("show", help="a round record as JSON, with each peer's status")
@@ -102,4 +157,5 @@ def register(sub: Any) -> None:
         help="the coordinator's journal folder: adds the round's stats (seconds per stage, bytes)",
     )
     add_node_options(p)
+    add_timeout_option(p)
     p.set_defaults(run=lazy("_job_cmds", "cmd_round_show"))

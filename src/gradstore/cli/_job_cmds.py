@@ -1,4 +1,4 @@
-"""Job subcommands: keygen, coordinator, peer publish/await, aggregate (offline), round show.
+"""Job subcommands: keygen, peer publish/await, aggregate (offline), round show.
 
 Their parsers are in ``_job_args``.
 """
@@ -8,23 +8,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
-import signal
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 from ..aggregate import AggregationParams, aggregate
-from ..coordinator import Coordinator, Journal, RoundOutcome, format_outcome
+from ..coordinator import Journal
 from ..dag import CID
-from ..errors import AggregationError, CoordinatorError
+from ..errors import CoordinatorError
 from ..format import Gradient
 from ..job import load_job
-from ..messages import SigningKey, decode_record
+from ..messages import RECORD_TYPE, SigningKey, decode_record
 from ..peer import Peer
 from . import _exit
+from ._exit import UsageError
 from ._nodes import node_from_args
+from ._output import announce_written, check_target
+from ._patience import Patience
 from ._tensor_files import load_gradient, save_gradient
 
 T = TypeVar("T")
@@ -34,50 +34,6 @@ def cmd_keygen(args: argparse.Namespace) -> int:
     key = SigningKey.generate()
     key.save(args.out)
     print(key.did)
-    return _exit.SUCCESS
-
-
-def cmd_coordinator(args: argparse.Namespace) -> int:
-    config = load_job(args.config)
-    key = SigningKey.load(args.key)
-    level = (
-        logging.WARNING
-        if args.verbose == 0
-        else logging.INFO
-        if args.verbose == 1
-        else logging.DEBUG
-    )
-    logging.basicConfig(
-        level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    state = Path(args.state) if args.state else Path("gradstore-state") / config.job
-
-    def report(outcome: RoundOutcome) -> None:
-        print(format_outcome(outcome), flush=True)
-
-    async def run() -> bool:
-        """True once every round of the job is done (now or in an earlier run)."""
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        node = node_from_args(args)
-        try:
-            ident = await node.identity()
-            print(
-                f"coordinator {key.did} for job {config.job} on {node.name} ({ident.peer_id})",
-                file=sys.stderr,
-                flush=True,
-            )
-            coordinator = Coordinator(config, key, node, state, on_round=report)
-            await coordinator.run(stop)
-            return config.rounds.count > 0 and coordinator.round >= config.rounds.count
-        finally:
-            await node.aclose()
-
-    if not asyncio.run(run()):
-        # stopped by a signal: the journal keeps the open round for a restart
-        return _exit.INTERRUPTED
     return _exit.SUCCESS
 
 
@@ -114,6 +70,7 @@ def cmd_peer_publish(args: argparse.Namespace) -> int:
 
 def cmd_peer_await(args: argparse.Namespace) -> int:
     config = load_job(args.config)
+    check_target(args.output)  # before waiting for the round, not after
 
     async def run() -> Any:
         node = node_from_args(args)
@@ -126,7 +83,7 @@ def cmd_peer_await(args: argparse.Namespace) -> int:
 
     result = asyncio.run(run())
     save_gradient(args.output, result.gradient)
-    print(f"{result.cid} {result.record}")
+    announce_written(args.output, f"{result.cid} {result.record}")
     return _exit.SUCCESS
 
 
@@ -142,19 +99,20 @@ def _leading_numbers(
             numbers.append(kind(token))
         except ValueError:
             if not numbers:
-                raise AggregationError(f"{option} expects numbers, got {token!r}") from None
+                raise UsageError(f"{option} expects numbers, got {token!r}") from None
             return numbers, tokens[i:]
     return numbers, []
 
 
 def cmd_aggregate(args: argparse.Namespace) -> int:
+    check_target(args.output)
     num_samples, rest_n = _leading_numbers(args.num_samples, int, "--num-samples")
     weights, rest_w = _leading_numbers(args.weights, float, "--weights")
     if rest_n and rest_w:  # their order on the command line is lost; the input order matters
-        raise AggregationError("give the input files before --num-samples and --weights")
+        raise UsageError("give the input files before --num-samples and --weights")
     inputs = [*args.inputs, *rest_n, *rest_w]
     if not inputs:
-        raise AggregationError("no input files given")
+        raise UsageError("no input files given")
     gradients = [load_gradient(path) for path in inputs]
     params = AggregationParams(
         method=args.method,
@@ -167,7 +125,7 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
     )
     result = aggregate([g.tensors for g in gradients], params, num_samples)
     save_gradient(args.output, Gradient(result))
-    print(args.output)
+    announce_written(args.output)
     return _exit.SUCCESS
 
 
@@ -189,17 +147,19 @@ def cmd_round_show(args: argparse.Namespace) -> int:
     cid = CID.parse(args.record)
 
     async def run() -> bytes:
-        node = node_from_args(args)
+        node = node_from_args(args, wait_s=args.timeout)
         try:
-            return await node.get_block(cid)
+            patience = Patience(f"round record {cid} from {node.name}", args.timeout)
+            return await patience.run(node.get_block(cid))
         finally:
             await node.aclose()
 
     record = decode_record(asyncio.run(run()), cid=cid)
     doc = {
         "record": str(cid),
-        "type": "gradstore/round/1",
+        "type": RECORD_TYPE,
         "job": record.job,
+        "run": record.run,
         "round": record.round,
         "method": record.method,
         "params": record.params,

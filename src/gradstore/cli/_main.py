@@ -9,10 +9,16 @@ from collections.abc import Callable, Sequence
 
 from .._version import __version__
 from ..errors import GradstoreError
-from . import _demo_cmd, _exit, _job_args, _store_args
+from . import _audit_args, _demo_cmd, _exit, _job_args, _store_args
+from ._text import printable
 
 Command = Callable[[argparse.Namespace], int]
-_REGISTRARS = (_store_args.register, _job_args.register, _demo_cmd.register)
+_REGISTRARS = (
+    _store_args.register,
+    _job_args.register,
+    _audit_args.register,
+    _demo_cmd.register,
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -76,6 +82,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             raise
         print(f"error: {_one_line(exc)}", file=sys.stderr)
+        if isinstance(exc, _exit.UsageError):
+            return _exit.USAGE
+        if isinstance(exc, _exit.RoundsFailedError):
+            return _exit.ROUND_FAILED
         return _exit.ERROR
     except Exception as exc:  # a bug: still one line, the traceback is one flag away
         if args.debug:
@@ -94,7 +104,7 @@ def _one_line(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.filename and exc.strerror:
         return f"{exc.filename}: {exc.strerror}"
     text = str(exc) or type(exc).__name__
-    return " ".join(text.split())
+    return printable(" ".join(text.split()))
 
 
 if __name__ == "__main__":  # pragma: no cover

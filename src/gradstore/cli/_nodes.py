@@ -1,15 +1,29 @@
-"""Pick the node a command talks to: ``--local DIR``, else Kubo at ``--api`` / $GRADSTORE_API."""
+"""Pick the node a command talks to, as the ``ipfs`` command would.
+
+``--local DIR`` is the embedded node; otherwise Kubo at ``--api``, else ``$GRADSTORE_API``,
+else the address in ``$IPFS_PATH/api`` (``~/.ipfs/api`` when ``IPFS_PATH`` is unset; a
+running daemon writes it), else ``http://127.0.0.1:5001``. An ``IPFS_PATH`` that is set
+but names no running daemon is an error, not a silent fallback to another node.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING
+
+from ..errors import NodeUnreachableError
+from ._argtypes import seconds
+from ._exit import UsageError
 
 if TYPE_CHECKING:
     from ..node import Node
 
 DEFAULT_API = "http://127.0.0.1:5001"
+DEFAULT_TIMEOUT_S = 60.0
+"""Seconds a node command waits without progress before it gives up (``--timeout``)."""
+_NO_LIMIT_S = 10.0**7  # an HTTP read timeout that never fires first: --timeout decides
 
 
 def add_node_options(
@@ -20,7 +34,7 @@ def add_node_options(
     group.add_argument(
         "--api",
         default=None,
-        help=f"{api_help} (env GRADSTORE_API, default {DEFAULT_API})",
+        help=f"{api_help} (env GRADSTORE_API, else $IPFS_PATH/api, else {DEFAULT_API})",
     )
     group.add_argument(
         "--local", metavar="DIR", default=None, help="use the embedded node stored in DIR"
@@ -32,12 +46,64 @@ def add_node_options(
     )
 
 
-def node_from_args(args: argparse.Namespace) -> Node:
-    """The node the options name (imported here: ``--help`` must not load the node layer)."""
-    from ..node import KuboNode, LocalNode
+def add_timeout_option(parser: argparse.ArgumentParser) -> None:
+    """``--timeout S``: give up after S seconds without progress (0: never)."""
+    parser.add_argument(
+        "--timeout",
+        type=seconds,
+        default=DEFAULT_TIMEOUT_S,
+        metavar="S",
+        help=f"give up after S seconds in which nothing arrives (default {DEFAULT_TIMEOUT_S:g}; "
+        "0 waits for ever); a line on stderr says what is awaited after a few seconds",
+    )
+
+
+def api_address(args: argparse.Namespace) -> str:
+    """The Kubo API address the options and the environment name (see the module docstring)."""
+    if args.api:
+        return str(args.api)
+    env = os.environ.get("GRADSTORE_API")
+    if env:
+        return env
+    ipfs_path = os.environ.get("IPFS_PATH")
+    repo = Path(ipfs_path).expanduser() if ipfs_path else Path.home() / ".ipfs"
+    api_file = repo / "api"
+    try:
+        text = api_file.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        if ipfs_path:
+            raise NodeUnreachableError(
+                f"IPFS_PATH={ipfs_path} names no running Kubo daemon (it has no api file): "
+                "start `ipfs daemon`, or pass --api URL"
+            ) from None
+        return DEFAULT_API
+    except OSError as exc:
+        raise NodeUnreachableError(f"cannot read {api_file}: {exc.strerror}") from exc
+    if not text:
+        raise NodeUnreachableError(f"{api_file} is empty: is the Kubo daemon still starting?")
+    return text
+
+
+def node_from_args(args: argparse.Namespace, *, wait_s: float | None = None) -> Node:
+    """The node the options name (imported here: ``--help`` must not load the node layer).
+
+    ``wait_s``, when given, is how long the command itself waits for a stalled answer
+    (``--timeout``; 0 for ever): Kubo's HTTP read timeout is then set beyond it, so the
+    command's own message, which names the CID and the option, is what the user sees.
+    """
+    from ..node import KuboNode, LocalNode, Timeouts
 
     if args.local:
         return LocalNode(args.local)
-    api = args.api or os.environ.get("GRADSTORE_API") or DEFAULT_API
+    api = api_address(args)
     auth = args.api_auth or os.environ.get("GRADSTORE_API_AUTH")
-    return KuboNode(api, auth=auth)
+    timeouts = Timeouts()
+    if wait_s is not None:
+        timeouts = Timeouts(read=max(timeouts.read, wait_s + 30.0) if wait_s else _NO_LIMIT_S)
+    try:
+        return KuboNode(api, auth=auth, timeouts=timeouts)
+    except ValueError as exc:  # an address that is no URL or multiaddr
+        if args.api:
+            raise UsageError(f"--api: {exc}") from exc
+        source = "GRADSTORE_API" if os.environ.get("GRADSTORE_API") else "$IPFS_PATH/api"
+        raise NodeUnreachableError(f"{exc} (from {source})") from exc

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -51,28 +50,25 @@ def load_npz(path: str | Path, meta: dict[str, Any] | None = None) -> Gradient:
     return Gradient(tensors, dict(meta or {}))
 
 
-def save_npz(path: str | Path, gradient: Gradient) -> None:
-    """Write the tensors to an uncompressed ``.npz`` at exactly ``path`` (meta is not kept).
-
-    Written member by member (any tensor name works, ``file`` included), to a temporary
-    file renamed into place, so a failure never leaves a half-written ``.npz`` behind.
-    """
+def check_npz(target: str | Path, gradient: Gradient) -> None:
+    """Refuse, before anything is opened, tensors an ``.npz`` cannot hold."""
     for name, array in gradient.tensors.items():
         code = dtype_code(np.asarray(array).dtype)
         if code in EXTENDED:
             raise FormatError(
-                f"{path}: tensor {name!r} is {code}, which .npz cannot hold "
+                f"{target}: tensor {name!r} is {code}, which .npz cannot hold "
                 "(NumPy's .npy would write raw bytes and lose the type): "
                 "write a .safetensors file instead"
             )
-    target = Path(path)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.part")
-    try:
-        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
-            for name, array in gradient.tensors.items():
-                with zf.open(name + ".npy", "w", force_zip64=True) as member:
-                    np.lib.format.write_array(member, np.asarray(array), allow_pickle=False)
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+
+
+def write_npz(stream: BinaryIO, gradient: Gradient) -> None:
+    """Write the tensors as an uncompressed ``.npz`` to ``stream`` (meta is not kept).
+
+    Member by member, so any tensor name works (``file`` included); ``stream`` need not
+    be seekable (a pipe: zip's data descriptors then follow each member).
+    """
+    with zipfile.ZipFile(stream, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for name, array in gradient.tensors.items():
+            with zf.open(name + ".npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, np.asarray(array), allow_pickle=False)

@@ -8,7 +8,6 @@ and given the document's dtypes here; every other file through ``safe_open``.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Final
 
@@ -74,38 +73,39 @@ def load_safetensors(path: str | Path, meta: dict[str, Any] | None = None) -> Gr
     return Gradient(tensors, dict(meta or {}))
 
 
-def save_safetensors(path: str | Path, gradient: Gradient) -> None:
-    """Write the tensors to a ``.safetensors`` file at exactly ``path`` (meta is not kept).
-
-    Written to a temporary file renamed into place, so a failure never leaves a
-    half-written file behind; the written header is checked against the tensors' dtypes.
-    """
-    st = _package()
+def safetensors_arrays(target: str | Path, gradient: Gradient) -> dict[str, np.ndarray[Any, Any]]:
+    """The arrays to write, each checked to be storable (before anything is opened)."""
+    _package()
     arrays = {}
     for name, value in gradient.tensors.items():
         array = np.asarray(value, order="C")  # not ascontiguousarray: it makes 0-d arrays 1-d
-        code = dtype_code(array.dtype)
-        if code is None:
-            raise FormatError(f"{path}: tensor {name!r} has dtype {array.dtype}, not storable")
+        if dtype_code(array.dtype) is None:
+            raise FormatError(f"{target}: tensor {name!r} has dtype {array.dtype}, not storable")
         arrays[name] = array
-    target = Path(path)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.part")
+    return arrays
+
+
+def write_safetensors(
+    path: Path, arrays: dict[str, np.ndarray[Any, Any]], shown: str | Path
+) -> None:
+    """Write ``arrays`` as a ``.safetensors`` file at exactly ``path`` (a file being built).
+
+    The written header is read back and checked against the arrays' dtypes; errors name
+    ``shown`` (the path the user gave).
+    """
+    st = _package()
     try:
-        st.numpy.save_file(arrays, str(tmp))
-        with st.safe_open(str(tmp), framework="np") as f:
+        st.numpy.save_file(arrays, str(path))
+        with st.safe_open(str(path), framework="np") as f:
             for name, array in arrays.items():
                 kind = f.get_slice(name).get_dtype()
                 if kind != _KINDS[str(dtype_code(array.dtype))]:
                     raise FormatError(
-                        f"{path}: safetensors wrote tensor {name!r} ({dtype_code(array.dtype)}) "
+                        f"{shown}: safetensors wrote tensor {name!r} ({dtype_code(array.dtype)}) "
                         f"as {kind}"
                     )
-        os.replace(tmp, target)
-    except BaseException as exc:
-        tmp.unlink(missing_ok=True)
-        if isinstance(exc, st.SafetensorError):
-            raise FormatError(f"{path}: safetensors cannot write these tensors ({exc})") from exc
-        raise
+    except st.SafetensorError as exc:
+        raise FormatError(f"{shown}: safetensors cannot write these tensors ({exc})") from exc
 
 
 def _code(path: str | Path, name: str, kind: str) -> str:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ._argtypes import byte_count
 from ._compress_args import add_compress_options
 from ._lazy import lazy
-from ._nodes import add_node_options
+from ._nodes import add_node_options, add_timeout_option
 
 MAX_BYTES_DEFAULT_TEXT = "1 GiB"
 """What --help says about --max-bytes (``format.DEFAULT_LIMITS`` is not imported for --help)."""
@@ -57,7 +58,8 @@ def register(sub: Any) -> None:
         "--meta", action="append", default=[], metavar="K=V", help="meta entry (repeatable)"
     )
     add_node_options(p)
-    _add_timeout(p)
+    add_timeout_option(p)
+    _add_max_bytes(p)
     add_compress_options(p, peer=False)
     p.set_defaults(run=lazy("_store_cmds", "cmd_put"))
 
@@ -72,7 +74,7 @@ def register(sub: Any) -> None:
         help="file to write: .safetensors by its extension, else .npz",
     )
     add_node_options(p)
-    _add_timeout(p)
+    add_timeout_option(p)
     _add_max_bytes(p)
     p.set_defaults(run=lazy("_store_cmds", "cmd_get"))
 
@@ -81,7 +83,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument("cid")
     add_node_options(p)
-    _add_timeout(p)
+    add_timeout_option(p)
     _add_max_bytes(p)
     p.set_defaults(run=lazy("_store_cmds", "cmd_verify"))
 
@@ -91,7 +93,7 @@ def register(sub: Any) -> None:
     p.add_argument("target", help="a CID or a document file")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     add_node_options(p)
-    _add_timeout(p)
+    add_timeout_option(p)
     _add_max_bytes(p)
     p.set_defaults(run=lazy("_store_cmds", "cmd_inspect"))
 
@@ -99,18 +101,9 @@ def register(sub: Any) -> None:
 def _add_max_bytes(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-bytes",
-        type=int,
+        type=byte_count,
         default=None,
         metavar="N",
-        help=f"refuse documents larger than N bytes (default {MAX_BYTES_DEFAULT_TEXT})",
-    )
-
-
-def _add_timeout(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--timeout",
-        type=float,
-        default=None,
-        metavar="S",
-        help="give up after S seconds (Kubo waits for a missing block as long as it is asked to)",
+        help=f"refuse documents larger than N bytes (default {MAX_BYTES_DEFAULT_TEXT}); "
+        "N may end in KiB, MiB, GiB or TiB",
     )

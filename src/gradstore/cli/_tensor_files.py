@@ -1,17 +1,22 @@
 """The CLI's tensor files, chosen by extension: ``.safetensors``, else ``.npz``.
 
 The same tensors (names, dtypes, shapes, values) give the same gradient, and so the same
-CID, from either kind of file; neither keeps the gradient's meta.
+CID, from either kind of file; neither keeps the gradient's meta. Files are written
+through ``_output`` (``-`` is stdout, as an ``.npz``; special files are written in place).
 """
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..format import Gradient
-from ._npz import load_npz, save_npz
-from ._safetensors import load_safetensors, save_safetensors
+from ..errors import FormatError
+from ..format import Gradient, name_problem
+from ._npz import check_npz, load_npz, write_npz
+from ._output import check_target, open_output
+from ._safetensors import load_safetensors, safetensors_arrays, write_safetensors
 
 SAFETENSORS_SUFFIX = ".safetensors"
 
@@ -28,9 +33,30 @@ def load_gradient(path: str | Path, meta: dict[str, Any] | None = None) -> Gradi
     return load_npz(path, meta)
 
 
-def save_gradient(path: str | Path, gradient: Gradient) -> None:
-    """Write the tensors to exactly ``path``: .safetensors by its extension, else .npz."""
-    if is_safetensors(path):
-        save_safetensors(path, gradient)
-    else:
-        save_npz(path, gradient)
+def save_gradient(target: str | Path, gradient: Gradient) -> None:
+    """Write the tensors to ``target``: .safetensors by its extension, else .npz.
+
+    Everything that can be refused (names, dtypes, the target) is refused before the
+    target is opened: opening a FIFO waits for a reader, and a device must not be
+    written half.
+    """
+    check_target(target)
+    for name in gradient.tensors:
+        problem = name_problem(name)
+        if problem is not None:  # the format refuses these; a Gradient built here may not
+            raise FormatError(f"{target}: tensor name {name!r} {problem}")
+    if not is_safetensors(target):
+        check_npz(target, gradient)
+        with open_output(target) as out:
+            write_npz(out.stream, gradient)
+        return
+    arrays = safetensors_arrays(target, gradient)
+    with open_output(target) as out:
+        if out.path is not None:
+            write_safetensors(out.path, arrays, target)
+            return
+        with tempfile.TemporaryDirectory(prefix="gradstore-") as tmp:
+            built = Path(tmp) / "out.safetensors"  # safetensors writes files, not streams
+            write_safetensors(built, arrays, target)
+            with open(built, "rb") as f:
+                shutil.copyfileobj(f, out.stream, 1 << 20)

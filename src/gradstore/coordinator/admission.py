@@ -10,6 +10,9 @@ Which refusals are told to the peer (``Admission.tell``): only those about an an
 the peer may still stand behind. A message of another run or stamped outside the skew
 window is most likely a replay by someone else, so the peer is not told about it (a peer
 whose own clock is wrong notices from the coordinator's messages, which it refuses too).
+A round far behind or far ahead is not told either: each told refusal costs a status
+message for its round, and a peer naming thousands of different rounds must not buy
+thousands of publishes.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Final
 
 from ..messages import Announce
 
@@ -43,6 +47,9 @@ class Admission:
 
 
 ACCEPT = Admission(Verdict.ACCEPT)
+
+#: Rounds this far behind the open one (or beyond the allowed lead) still hear their refusal.
+TELL_WINDOW: Final = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,14 +80,17 @@ def admit(ann: Announce, state: AdmissionState, now_ms: int) -> Admission:
     r, open_ = ann.round, state.open_round
     if r < open_:
         return Admission(
-            Verdict.REFUSE, "stale-round", f"round {r} is over (round {open_} is open)", tell=True
+            Verdict.REFUSE,
+            "stale-round",
+            f"round {r} is over (round {open_} is open)",
+            tell=r >= open_ - TELL_WINDOW,
         )
     if r > open_ + state.max_ahead:
         return Admission(
             Verdict.REFUSE,
             "future-round",
             f"round {r} is too far ahead (round {open_} is open, {state.max_ahead} ahead allowed)",
-            tell=True,
+            tell=r <= open_ + state.max_ahead + TELL_WINDOW,
         )
     known = state.announced.get((r, ann.peer))
     if known is not None:

@@ -9,7 +9,6 @@ input nobody serves, nor the whole history behind ``prev``.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -30,7 +29,7 @@ from ..messages import (
     aggregate_meta,
     encode_record,
 )
-from ..node import Node
+from ..node import Node, Retry
 from ..store import GradientStore, StoredCompressed, StoredGradient
 from .inputs import VerifiedInput
 
@@ -61,17 +60,19 @@ async def with_retries(
     an unreachable or failing node is retried, and raised once the time is up.
     """
     deadline = time.monotonic() + give_up_after
-    delay = 0.2
-    while True:
-        try:
-            return await call()
-        except NodeError as exc:
-            transient = isinstance(exc, NodeUnreachableError) or _server_side(exc)
-            if not transient or time.monotonic() + delay > deadline:
-                raise
-            log.warning("%s failed (%s); retrying in %.1f s", what, exc, delay)
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, 10.0)
+
+    def passing(error: Exception) -> bool:
+        transient = isinstance(error, NodeUnreachableError) or _server_side(error)
+        if transient and time.monotonic() < deadline:
+            log.warning("%s failed (%s); retrying", what, error)
+            return True
+        return False
+
+    return await CLOSE_RETRY.call(call, retry_on=passing)
+
+
+#: Backoff while a round's close waits for its node (the time limit is the caller's).
+CLOSE_RETRY: Final = Retry(retries=None, backoff=0.2, max_backoff=10.0)
 
 
 def _opener(node: Node, item: VerifiedInput, max_bytes: int) -> Callable[[], Awaitable[Any]]:
@@ -83,9 +84,9 @@ def _opener(node: Node, item: VerifiedInput, max_bytes: int) -> Callable[[], Awa
     return open_
 
 
-def _server_side(exc: NodeError) -> bool:
+def _server_side(exc: Exception) -> bool:
     status = getattr(exc, "status", None)
-    return isinstance(status, int) and status >= 500
+    return isinstance(exc, NodeError) and isinstance(status, int) and status >= 500
 
 
 async def close_round(

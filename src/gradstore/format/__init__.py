@@ -14,9 +14,11 @@ from ._decode import decode, decode_any
 from ._dtypes import DTYPES, EXTENDED, FLOATS, ITEMSIZE, is_float, numpy_dtype
 from ._dtypes import canonical_dtype as dtype_code
 from ._encode import COMPRESSED_FORMAT_ID, FORMAT_ID, EncodedDocument, encode
+from ._fits import check_fits
 from ._gradient import Gradient
 from ._header import DocumentHeader, TensorInfo, read_header
 from ._limits import DEFAULT_LIMITS, Limits
+from ._names import name_problem
 from ._payload import read_range, sparse_range
 
 __all__ = [
@@ -37,11 +39,13 @@ __all__ = [
     "Gradient",
     "Limits",
     "TensorInfo",
+    "check_fits",
     "decode",
     "decode_any",
     "dtype_code",
     "encode",
     "is_float",
+    "name_problem",
     "numpy_dtype",
     "read_header",
     "read_range",

@@ -12,6 +12,7 @@ from ._codec import Codec
 from ._compressed import CompressedGradient, CompressedTensor
 from ._dtypes import canonical_dtype, normalize_array
 from ._gradient import Gradient
+from ._names import name_problem
 from ._pack import array_header, bin_header, pack_int, pack_meta, pack_str, str_header
 
 FORMAT_ID: Final = "gradstore/1"
@@ -142,6 +143,9 @@ def _sorted_names(tensors: object) -> list[tuple[bytes, str, Any]]:
             raise InvalidDocumentError(
                 f"tensor name {name!r} is not valid UTF-8", "$.tensors"
             ) from None
+        problem = name_problem(name)
+        if problem is not None:
+            raise InvalidDocumentError(f"tensor name {name!r} {problem}", "$.tensors")
         named.append((raw, name, value))
     named.sort(key=lambda t: t[0])
     return named

@@ -24,6 +24,7 @@ from ._encode import (
     PREFIX2,
 )
 from ._limits import DEFAULT_LIMITS, Limits
+from ._names import name_problem
 from ._pack import pack_str
 from ._paths import PathError, render
 from ._payload import validate
@@ -31,6 +32,12 @@ from ._unpack import ARRAY, BIN, INT, MAP, STR, Reader
 
 #: What decode/read_header take; any C-contiguous buffer (an mmap too) works at run time.
 BufferLike: TypeAlias = bytes | bytearray | memoryview | np.ndarray[Any, Any]
+
+NOT_A_DOCUMENT: Final = f"not a {FORMAT_ID} document"
+"""How a refusal of bytes that are not a document at all begins."""
+
+NOT_A_COMPRESSED_DOCUMENT: Final = f"not a {COMPRESSED_FORMAT_ID} document"
+"""The same for a map of four keys: what a compressed document would be."""
 
 _MAX_DTYPE_LEN: Final = max(len(s) for s in DTYPES)
 _ZEROS: Final = bytes(ALIGN)
@@ -95,20 +102,29 @@ def walk(mv: memoryview, limits: Limits) -> DocumentHeader:
     size = mv.nbytes
     if size > limits.max_bytes:
         raise LimitExceededError(f"document is {size} bytes, over max_bytes={limits.max_bytes}")
+    if size and mv[0] != PREFIX[0] and Reader(mv, 0, size).head()[0] is not MAP:
+        raise InvalidDocumentError(
+            f"{NOT_A_DOCUMENT} (it would begin with a msgpack map of format, meta, tensors; "
+            f"this begins with {_first_bytes(mv)})",
+            "$",
+        )
     r = Reader(mv, 0, size)
     compressed = size > 0 and mv[0] == PREFIX2[0]
+    lead = f"{NOT_A_COMPRESSED_DOCUMENT if compressed else NOT_A_DOCUMENT}: "
     if compressed:
         r.take(1)
     else:
-        _expect(r, PREFIX[:1], _WANT_MAP, "$")
-    _expect(r, PREFIX[1:8], "key 'format' first", "$")
+        _expect(r, PREFIX[:1], _WANT_MAP, "$", lead=lead)
+    _expect(r, PREFIX[1:8], "key 'format' first", "$", lead=lead)
     if compressed:
         if mv[r.pos : r.pos + 12] == PREFIX[8:20]:
-            raise InvalidDocumentError(f"expected {_WANT_MAP}, found map of 4", "$")
-        _expect(r, PREFIX2[8:20], f"format {COMPRESSED_FORMAT_ID!r}", "$.format")
+            raise InvalidDocumentError(
+                f"{NOT_A_DOCUMENT}: expected {_WANT_MAP}, found map of 4", "$"
+            )
+        _expect(r, PREFIX2[8:20], f"format {COMPRESSED_FORMAT_ID!r}", "$.format", lead=lead)
     else:
-        _expect(r, PREFIX[8:20], f"format {FORMAT_ID!r}", "$.format")
-    _expect(r, PREFIX[20:], "key 'meta' second", "$")
+        _expect(r, PREFIX[8:20], f"format {FORMAT_ID!r}", "$.format", lead=lead)
+    _expect(r, PREFIX[20:], "key 'meta' second", "$", lead=lead)
     meta = _read_meta(r, limits)
     codec = None
     if compressed:
@@ -237,6 +253,9 @@ def _read_tensor(
     at = r.pos
     name = r.text(n)
     raw = bytes(r.buf[at : at + n])
+    problem = name_problem(name)
+    if problem is not None:
+        raise InvalidDocumentError(f"tensor name {name!r} {problem}", f"$.tensors[{i}].name")
     if raw <= prev:
         word = "duplicate name" if raw == prev else "names not sorted by UTF-8 bytes at"
         raise InvalidDocumentError(f"{word} {name!r}", f"$.tensors[{i}].name")
@@ -338,7 +357,16 @@ def _read_tensor(
     return TensorInfo(name, dtype, tuple(dims), offset, nbytes), raw, count
 
 
-def _expect(r: Reader, raw: bytes, wanted: str, path: str = "$", tensor: int = -1) -> None:
+def _first_bytes(mv: memoryview, n: int = 8) -> str:
+    """``68 65 6c 6c 6f ("hello")``: hex, and the printable ASCII (others as ``.``)."""
+    head = bytes(mv[:n])
+    text = "".join(chr(b) if 0x20 <= b < 0x7F else "." for b in head)
+    return f"{head.hex(' ')} ({text!r}{'...' if mv.nbytes > n else ''})"
+
+
+def _expect(
+    r: Reader, raw: bytes, wanted: str, path: str = "$", tensor: int = -1, lead: str = ""
+) -> None:
     """Consume exactly ``raw`` or explain what is there instead (at ``path``, or the tensor's)."""
     start = r.pos
     stop = start + len(raw)
@@ -355,4 +383,4 @@ def _expect(r: Reader, raw: bytes, wanted: str, path: str = "$", tensor: int = -
         found = kind if arg is None else f"{kind} {arg!r}"
     if tensor >= 0:
         path = f"$.tensors[{tensor}]"
-    raise InvalidDocumentError(f"expected {wanted}, found {found}", path)
+    raise InvalidDocumentError(f"{lead}expected {wanted}, found {found}", path)

@@ -14,7 +14,6 @@ peers = ["did:key:z6Mk...", ...]
 from __future__ import annotations
 
 import math
-import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -27,8 +26,8 @@ from ..aggregate.methods import MethodName
 from ..errors import AggregationError, CoordinatorError
 from ..format import DTYPES, Limits
 from ..messages import Roster, public_key_from_did
+from ..messages.schema import JOB_NAME
 
-_JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 DEFAULT_DEADLINE_S = 60.0
 DEFAULT_MAX_AHEAD = 1  # announcements for the next round are buffered, later ones refused
 DEFAULT_MAX_CLOCK_SKEW_S = 120.0
@@ -132,7 +131,7 @@ def parse_job(raw: Mapping[str, Any], source: str = "job") -> JobConfig:
         "",
     )
     job = where.req(raw, "job", str, "")
-    if not _JOB_NAME.match(job):
+    if not JOB_NAME.fullmatch(job):
         raise where.err("job", "must be 1-64 of A-Z a-z 0-9 . _ - (it is part of the pubsub topic)")
     coordinator = where.did(where.req(raw, "coordinator", str, ""), "coordinator")
     peers_raw = where.req(raw, "peers", list, "")

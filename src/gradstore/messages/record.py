@@ -37,7 +37,7 @@ from ..errors import CIDError, FormatError, MessageError
 from ..format import Codec
 from .didkey import SIGNATURE_LEN, verify_signature
 from .keys import SigningKey
-from .schema import check_did, check_run, check_text, check_uint
+from .schema import check_did, check_job, check_run, check_text, check_uint
 
 RECORD_TYPE: Final = "gradstore/round/2"
 #: The type of a record with at least one compressed input (``codec`` in every input).
@@ -161,7 +161,7 @@ class RoundRecord:
     coordinator: str
 
     def __post_init__(self) -> None:
-        check_text("job", self.job)
+        check_job("job", self.job)
         check_run("run", self.run)
         check_uint("round", self.round)
         check_text("method", self.method)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from enum import StrEnum
@@ -60,6 +61,38 @@ def check_did(name: str, value: object) -> str:
     return value
 
 
+#: RFC 4648 base32 (lower case) to the digits of Python's int(..., 32): C speed decoding.
+_B32_TO_INT: Final = str.maketrans(
+    "abcdefghijklmnopqrstuvwxyz234567", "0123456789abcdefghijklmnopqrstuv"
+)
+_B32_CHARS: Final = frozenset("abcdefghijklmnopqrstuvwxyz234567")
+
+#: A CIDv1 of ours in binary: version 1, a one-byte codec, sha2-256, 32 digest bytes.
+_CID_V1_BYTES: Final = 36
+_B32_LEN: Final = 58  # characters of base32 for 36 bytes, without padding
+
+
+def _canonical_v1(text: str) -> CID | None:
+    """The CID of ``text`` when it is the canonical base32 string of a 36-byte CIDv1.
+
+    Every one of our CIDs is (raw, dag-pb or dag-cbor; sha2-256): then decoding exactly
+    proves the text canonical, with no re-encoding. Anything else returns None.
+    """
+    if len(text) != 1 + _B32_LEN or text[0] != "b" or not _B32_CHARS.issuperset(text[1:]):
+        return None
+    value = int(text[1:].translate(_B32_TO_INT), 32)
+    spare = _B32_LEN * 5 - _CID_V1_BYTES * 8  # padding bits, zero in a canonical string
+    if value & ((1 << spare) - 1):
+        return None
+    raw = (value >> spare).to_bytes(_CID_V1_BYTES, "big")
+    if raw[0] != 1 or raw[1] >= 0x80 or raw[2:4] != b"\x12\x20":
+        return None  # another shape: CID.parse decides (and re-encoding checks it)
+    try:
+        return CID.from_bytes(raw)
+    except CIDError:
+        return None
+
+
 def _fast_parse(text: str) -> CID:
     """``CID.parse``, with a stdlib fast path for base32 CIDv1 (multiformats costs ~0.5 ms)."""
     if text.startswith("b") and text.isascii() and text[1:].isalnum() and text[1:].islower():
@@ -77,8 +110,9 @@ def check_cid(name: str, value: object, codec: int | None = None) -> str:
         raise MessageError(
             "malformed", f"`{name}` must be a CID string, got {type(value).__name__}"
         )
+    canonical = _canonical_v1(value) if isinstance(value, str) else None
     try:
-        cid = _fast_parse(value) if isinstance(value, str) else value
+        cid = canonical or (_fast_parse(value) if isinstance(value, str) else value)
     except CIDError as exc:
         raise MessageError("malformed", f"`{name}`: {exc}") from None
     if codec is not None and cid.codec != codec:
@@ -86,7 +120,7 @@ def check_cid(name: str, value: object, codec: int | None = None) -> str:
             "malformed",
             f"`{name}` must be a {codec_name(codec)} CID, got {cid.codec_name}",
         )
-    return str(cid)
+    return value if canonical is not None and isinstance(value, str) else str(cid)
 
 
 def check_dids(name: str, value: object) -> tuple[str, ...]:
@@ -101,6 +135,20 @@ def check_dids(name: str, value: object) -> tuple[str, ...]:
 
 
 _RUN_CHARS: Final = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
+
+#: A job name: it is part of pubsub topics and reaches file names and terminals.
+JOB_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def check_job(name: str, value: object) -> str:
+    """A job name: 1-64 of ``A-Z a-z 0-9 . _ -``, starting with a letter or digit."""
+    if not isinstance(value, str) or not JOB_NAME.fullmatch(value):
+        raise MessageError(
+            "malformed",
+            f"`{name}` must be 1-64 of A-Z a-z 0-9 . _ - (starting with a letter or digit), "
+            f"got {value!r:.70}",
+        )
+    return value
 
 
 def check_run(name: str, value: object) -> str:
@@ -155,7 +203,7 @@ class Announce:
     kind: ClassVar[MessageKind] = MessageKind.ANNOUNCE
 
     def __post_init__(self) -> None:
-        check_text("job", self.job)
+        check_job("job", self.job)
         check_run("run", self.run)
         check_uint("round", self.round)
         check_did("peer", self.peer)
@@ -185,7 +233,7 @@ class Result:
     kind: ClassVar[MessageKind] = MessageKind.RESULT
 
     def __post_init__(self) -> None:
-        check_text("job", self.job)
+        check_job("job", self.job)
         check_run("run", self.run)
         check_uint("round", self.round)
         _set(self, "cid", check_cid("cid", self.cid))
@@ -224,7 +272,7 @@ class Status:
     kind: ClassVar[MessageKind] = MessageKind.STATUS
 
     def __post_init__(self) -> None:
-        check_text("job", self.job)
+        check_job("job", self.job)
         check_run("run", self.run)
         check_uint("round", self.round)
         check_bitmap("received", self.received)

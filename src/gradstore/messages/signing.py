@@ -72,11 +72,29 @@ def _decode_unverified(data: bytes, max_bytes: int) -> tuple[Message, bytes, byt
     signature = values["sig"]
     if not isinstance(signature, bytes) or len(signature) != SIGNATURE_LEN:
         raise MessageError("malformed", f"`sig` must be {SIGNATURE_LEN} bytes (msgpack bin)")
+    for name in OPTIONAL_FIELDS.intersection(values):
+        if values[name] is None:  # an unset optional field is left off the wire, never nil
+            raise MessageError("malformed", f"`{name}` is nil; leave it out instead")
     msg = cls(**{name: values[name] for name in names})
-    unsigned = pack_map(pairs[:-1])
-    if pack_map(unsigned_pairs(msg)) != unsigned:  # e.g. a CID string in a non-canonical base
-        raise MessageError("malformed", "message fields are not in canonical form (CID strings?)")
+    for name in _NORMALISED:  # construction normalises CID strings: a non-canonical one differs
+        if name in values and getattr(msg, name) != values[name]:
+            raise MessageError("malformed", f"`{name}` is not in canonical form (base32 CIDv1)")
+    # The map without `sig`: the same bytes with the map header one entry shorter (the
+    # encoding is canonical, checked above) and the trailing `sig` entry cut off.
+    count = len(pairs) - 1
+    unsigned = _map_header(count) + bytes(data[len(_map_header(len(pairs))) : -_SIG_ENTRY])
     return msg, unsigned, signature
+
+
+#: Fields whose value a message's construction may rewrite into canonical form.
+_NORMALISED: Final = ("cid", "record", "lists")
+
+#: The encoded `sig` entry: fixstr "sig", bin8 header, 64 signature bytes.
+_SIG_ENTRY: Final = 1 + 3 + 2 + SIGNATURE_LEN
+
+
+def _map_header(count: int) -> bytes:
+    return bytes([0x80 | count]) if count < 16 else b"\xde" + count.to_bytes(2, "big")
 
 
 def decode_message(data: bytes, *, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:

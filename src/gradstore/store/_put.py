@@ -28,7 +28,9 @@ log = logging.getLogger("gradstore.store")
 Progress = Callable[[int, int], None]
 """Called with (bytes done, bytes total) as a transfer advances."""
 
-PROGRESS_BYTES = 8 << 20  # progress is reported about this often
+PROGRESS_BYTES = (
+    1 << 20
+)  # progress is reported about this often (a command's --timeout counts from it)
 _QUEUE_BLOCKS = 16  # leaves hashed ahead of the upload (16 MiB)
 _PUT_HASH_THREADS = 2  # sha256 threads while the node ingests
 _PUT_STREAMS = 2  # concurrent leaf imports

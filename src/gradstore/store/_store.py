@@ -42,6 +42,7 @@ from ..format import (
 from ..node import Node, SupportsCatInto
 from ._put import PROGRESS_BYTES, Progress, put_document
 
+_CAR_BATCH_BYTES = 8 << 20  # blocks of a CAR export are verified in a thread this many at a time
 _MAX_NODE_FETCHES = 64  # dag-pb nodes fetched at once by block/get (64 GiB files under the profile)
 
 
@@ -115,17 +116,18 @@ class GradientStore:
         """``fetch_document`` from the node's CAR export, every block verified as it arrives."""
         reader = CarReader()
         pending: list[Block] = []
-        pending_bytes = received = 0
+        pending_bytes = received = reported = 0
         async for chunk in self.node.export_car(root):
             received += len(chunk)
             for block in reader.feed(chunk):
                 pending.append(block)
                 pending_bytes += len(block.data)
-            if pending_bytes >= PROGRESS_BYTES:
+            if pending_bytes >= _CAR_BATCH_BYTES:
                 await asyncio.to_thread(_add_all, assembler, pending)
                 pending, pending_bytes = [], 0
-                if progress is not None:
-                    progress(received, 0)
+            if progress is not None and received - reported >= PROGRESS_BYTES:
+                progress(received, 0)
+                reported = received
         reader.close()
         if pending:
             await asyncio.to_thread(_add_all, assembler, pending)
@@ -148,11 +150,11 @@ class GradientStore:
         buf = await self.fetch_document(cid, max_bytes=lim.max_bytes, progress=progress)
         return decode(buf, lim)
 
-    async def verify(self, cid: CID | str) -> VerifyReport:
+    async def verify(self, cid: CID | str, *, progress: Progress | None = None) -> VerifyReport:
         """Fetch every block, check its hash, decode strictly and recompute the root CID."""
         start = time.perf_counter()
         root = CID.parse(cid)
-        buf = await self.fetch_document(root)
+        buf = await self.fetch_document(root, progress=progress)
         gradient = decode_any(buf, self.limits)
         again, blocks = await asyncio.to_thread(_root_and_count, encode(gradient))
         if again != root.to_v1():

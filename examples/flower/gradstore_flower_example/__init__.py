@@ -1,0 +1,1 @@
+"""gradstore's Flower example: a ServerApp with GradstoreStrategy and a ClientApp with GradstoreClient."""

@@ -1,0 +1,1 @@
+"""The Flower App of scripts/bench_flower.py."""

@@ -1,0 +1,80 @@
+"""The parsers of ``gradstore audit cid|round|history`` (light; the commands are in ``_audit_cmds``)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ._argtypes import byte_count
+from ._lazy import lazy
+from ._nodes import add_node_options, add_timeout_option
+
+
+def register(sub: Any) -> None:
+    audit = sub.add_parser(
+        "audit",
+        help="re-check what a coordinator published: a gradient, a round, a job's history",
+        description="Independent re-checks. Each exits 0 when every check holds, and 1 with "
+        "'error: check NAME failed: ...' naming the first that does not.",
+    )
+    asub = audit.add_subparsers(dest="audit_command", metavar="CHECK", required=True)
+
+    p = asub.add_parser(
+        "cid", help="fetch a gradient, check every block, decode strictly, re-derive its CID"
+    )
+    p.add_argument("cid")
+    _common(p)
+    p.set_defaults(run=lazy("_audit_cmds", "cmd_audit_cid"))
+
+    p = asub.add_parser(
+        "round",
+        help="check a round record's signature, re-fetch its inputs, recompute, compare the output",
+    )
+    p.add_argument("record", help="round record CID")
+    _pins(p)
+    _common(p)
+    p.set_defaults(run=lazy("_audit_cmds", "cmd_audit_round"))
+
+    p = asub.add_parser(
+        "history",
+        help="verify every round along the prev links from a record (same job, same coordinator)",
+    )
+    p.add_argument("head", help="the newest round record's CID")
+    p.add_argument(
+        "--allow-gaps",
+        action="store_true",
+        help="accept skipped round numbers (a failed round has no record)",
+    )
+    _pins(p)
+    _common(p)
+    p.set_defaults(run=lazy("_audit_cmds", "cmd_audit_history"))
+
+
+def _pins(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "--coordinator",
+        metavar="DID",
+        default=None,
+        help="refuse records not signed by this coordinator (check expected-coordinator); "
+        "without it or --config, whichever key a record names is trusted",
+    )
+    group.add_argument(
+        "--config",
+        metavar="JOB_TOML",
+        default=None,
+        help="pin the job file's coordinator and job name (checks expected-coordinator, "
+        "expected-job)",
+    )
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--max-bytes",
+        type=byte_count,
+        default=None,
+        metavar="N",
+        help="largest gradient document to fetch (default 1 GiB)",
+    )
+    add_node_options(parser)
+    add_timeout_option(parser)

@@ -1,0 +1,130 @@
+"""Where ``-o`` writes: never replacing what the path names, and ``-`` for stdout.
+
+- ``-``: standard output (refused when it is a terminal: the bytes are binary);
+- a symlink: followed, and what it points to gets the data (the link stays);
+- a FIFO, a character or block device: written in place, like ``cat > PATH`` (such a
+  file cannot be replaced by a regular one without breaking whoever reads it);
+- a regular file, or nothing yet: a temporary file next to it, renamed over it once
+  complete, so a failure never leaves a half-written file (an existing file's mode is
+  kept);
+- a directory: refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import io
+import os
+import stat
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO, cast
+
+from ._exit import UsageError
+
+STDOUT = "-"
+
+
+@dataclass(frozen=True)
+class Output:
+    """An open output: ``stream`` to write to; ``path`` when it is a regular file being built."""
+
+    stream: BinaryIO
+    path: Path | None
+
+
+def is_stdout(target: str | Path) -> bool:
+    """Whether ``-o`` names standard output."""
+    return str(target) == STDOUT
+
+
+def check_target(target: str | Path, *, terminal: bool = False) -> None:
+    """Refuse, before any work, an output that cannot be written (a directory; a terminal,
+    unless ``terminal``: the output is text)."""
+    if is_stdout(target):
+        if not terminal and sys.stdout.isatty():
+            raise UsageError(
+                "-o - would write binary data to the terminal: redirect stdout (> FILE, | ...)"
+            )
+        return
+    with contextlib.suppress(OSError):  # a missing or unreadable path fails when opened
+        if stat.S_ISDIR(os.stat(target).st_mode):
+            raise IsADirectoryError(errno.EISDIR, "is a directory", str(target))
+
+
+def announce_written(target: str | Path, line: str | None = None) -> None:
+    """Print the result line (default: the path written) on stdout, or on stderr when the
+    data itself went to stdout."""
+    text = str(target) if line is None else line
+    if is_stdout(target):
+        if line is not None:
+            print(text, file=sys.stderr)
+        return
+    print(text)
+
+
+@contextlib.contextmanager
+def open_output(target: str | Path, *, terminal: bool = False) -> Iterator[Output]:
+    """Open ``target`` as the module docstring says; the data counts once the block exits.
+
+    ``terminal``: the bytes are text, fit for a terminal when ``-`` is one.
+    """
+    check_target(target, terminal=terminal)
+    if is_stdout(target):
+        sys.stdout.flush()
+        yield Output(cast(BinaryIO, _Sequential(sys.stdout.buffer)), None)
+        sys.stdout.buffer.flush()
+        return
+    real = Path(os.path.realpath(target))
+    try:
+        mode: int | None = os.stat(real).st_mode
+    except FileNotFoundError:
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode):
+        with open(real, "wb") as stream:
+            yield Output(cast(BinaryIO, _Sequential(stream)), None)
+        return
+    fd, tmp = tempfile.mkstemp(dir=real.parent, prefix=f".{real.name}.", suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as stream:
+            os.fchmod(fd, stat.S_IMODE(mode) if mode is not None else 0o666 & ~_umask())
+            yield Output(stream, Path(tmp))
+        os.replace(tmp, real)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+class _Sequential(io.RawIOBase):
+    """Writes through to ``stream``, and says it cannot seek.
+
+    ``/dev/null`` and a redirected stdout may claim to seek while positions mean nothing
+    there; writers that seek back (zip headers) then produce garbage or fail. Told the
+    truth, they write sequentially (zip's data descriptors).
+    """
+
+    def __init__(self, stream: BinaryIO) -> None:
+        super().__init__()
+        self._stream = stream
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        self._stream.write(data)
+        return memoryview(data).nbytes
+
+    def flush(self) -> None:
+        if not self._stream.closed:
+            self._stream.flush()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

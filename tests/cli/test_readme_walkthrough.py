@@ -1,0 +1,139 @@
+"""The README's walkthrough, run as typed: its own ``sh`` blocks, top to bottom, in one bash.
+
+The commands are read from README.md each time, so this fails when the README drifts from
+what works. What the test changes, and only that:
+
+- ``pip install -e .`` is skipped: the test runs in an installed environment, whose
+  ``bin`` folder comes first on PATH (``gradstore`` and ``python`` are its own);
+- HOME is a temporary folder (so ``~/.gradstore-kubo`` is a fresh repo) and the work
+  happens in another, with ``scripts`` and ``examples`` linked from the repository;
+  ``GRADSTORE_CACHE`` points ``scripts/install-kubo.sh`` at the Kubo already built;
+- right after ``ipfs init``, the repo gets the test daemons' isolation (loopback, random
+  ports, no bootstrap: Kubo's ``test`` profile, and no routing), so no fixed port is
+  taken and nothing leaves the machine;
+- right after ``ipfs daemon &``, the script waits until the daemon answers (a person
+  reads "Daemon is ready"), and at the end the daemon is shut down if still running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytestmark = [pytest.mark.kubo, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+CID = re.compile(r"baf[a-z2-7]{50,}")
+
+
+def walkthrough_commands(readme: str) -> list[str]:
+    """The lines of every ``sh`` block of "A 5-minute walkthrough", in order."""
+    section = readme.split("\n## A 5-minute walkthrough\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"^```sh\n(.*?)^```$", section, re.S | re.M)
+    return [line for block in blocks for line in block.splitlines() if line.strip()]
+
+
+def _script(commands: list[str]) -> str:
+    """bash that runs each README line after a marker, with the substitutions above."""
+    out = ["set -eo pipefail"]
+    for i, line in enumerate(commands):
+        out.append(f"echo '### {i}'")
+        if line.startswith("pip install"):
+            continue
+        out.append(line)
+        if line.startswith("ipfs init"):
+            out += [
+                "ipfs config profile apply test >/dev/null",
+                "ipfs config Routing.Type none",
+            ]
+        if line.startswith("ipfs daemon"):
+            # wait for the daemon's api file first: `ipfs id` without it runs offline and
+            # takes the repo lock, which makes a daemon still starting fail
+            out.append(
+                'for _ in $(seq 300); do [ -e "${IPFS_PATH:-$HOME/.ipfs}/api" ] '
+                "&& ipfs id >/dev/null 2>&1 && break; sleep 0.2; done"
+            )
+    out.append("ipfs shutdown 2>/dev/null || true")
+    return "\n".join(out) + "\n"
+
+
+def _outputs(stdout: str, commands: list[str]) -> dict[str, str]:
+    """README line -> what was printed on stdout between its marker and the next."""
+    parts = re.split(r"^### (\d+)$", stdout, flags=re.M)
+    return {commands[int(parts[i])]: parts[i + 1] for i in range(1, len(parts) - 1, 2)}
+
+
+def _cids(text: str) -> list[str]:
+    return [line for line in text.splitlines() if CID.fullmatch(line.strip())]
+
+
+def test_the_readme_walkthrough_runs_as_typed(tmp_path: Path, kubo_binary: Path) -> None:
+    binary = kubo_binary  # the fixture skips without Kubo, and fails under CI
+    commands = walkthrough_commands((ROOT / "README.md").read_text())
+    assert any(c.startswith("gradstore coordinator") for c in commands), "no walkthrough found"
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    for folder in ("scripts", "examples"):
+        (work / folder).symlink_to(ROOT / folder)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("GRADSTORE_API", "IPFS_")) and k != "GRADSTORE_KUBO"
+    }
+    env.update(
+        HOME=str(home),
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+        IPFS_TELEMETRY="off",
+        PYTHONUNBUFFERED="1",
+    )
+    if binary.parent.parent.name == "kubo":  # <cache>/kubo/<version>/ipfs, as the script builds
+        env["GRADSTORE_CACHE"] = str(binary.parents[2])
+    else:  # an ipfs from elsewhere: put it where the README's PATH line cannot miss it
+        env["PATH"] = f"{binary.parent}{os.pathsep}{env['PATH']}"
+    script = tmp_path / "walkthrough.sh"
+    script.write_text(_script(commands))
+    with (
+        open(tmp_path / "out", "wb") as out,
+        open(tmp_path / "err", "wb") as err,
+        subprocess.Popen(
+            ["bash", str(script)], cwd=work, env=env, stdout=out, stderr=err,
+            start_new_session=True,
+        ) as proc,
+    ):  # fmt: skip
+        try:
+            code = proc.wait(timeout=600)
+        finally:
+            # the shell's background jobs (daemon, coordinator) are in its session
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+    stdout, stderr = (tmp_path / "out").read_text(), (tmp_path / "err").read_text()
+    print(stdout, stderr, sep="\n--- stderr ---\n")  # shown when an assertion below fails
+    assert code == 0, f"the walkthrough failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+
+    printed = _outputs(stdout, commands)
+    # the coordinator's round line, and where the round stood while it was open
+    assert re.search(r"^round 0 closed: 2 peers \(2/2 verified\)", stdout, re.M), stdout
+    assert "round 0: waiting for peers (" in stderr
+    # peer await saved the aggregate and printed its CID and the record's
+    aggregate, record = (work / "result.txt").read_text().split()
+    with np.load(work / "aggregate.npz") as npz:
+        assert sorted(npz.files) == ["fc.bias", "fc.weight"]
+    # every audit passed, pinned to the job's coordinator
+    audits = "".join(v for k, v in printed.items() if k.startswith("gradstore audit"))
+    assert f"ok round 0 of job walkthrough: record {record} signed by the expected" in audits
+    assert "ok history of job walkthrough: 1 round(s)" in audits
+    assert f"ok {aggregate}: " in audits
+    # plain Kubo agrees with gradstore on the CIDs
+    by_cmd = {line.split("#")[0].strip(): _cids(text) for line, text in printed.items()}
+    assert by_cmd["gradstore cid alice.npz"] == by_cmd["ipfs add --only-hash -Q alice.doc"]
+    assert len(by_cmd["gradstore cid alice.npz"]) == 1
+    assert by_cmd['ipfs cat "$aggregate" | ipfs add --only-hash -Q'] == [aggregate]
