@@ -1,4 +1,4 @@
-"""The canonical gradstore/1 document: Gradient <-> msgpack bytes (DESIGN section 1).
+"""The canonical gradstore/1 document: Gradient <-> msgpack bytes (docs/design.md, "The gradient document").
 
 ``encode`` streams the canonical bytes (header pieces plus zero-copy views of
 the arrays); ``decode`` refuses every non-canonical byte string and returns
