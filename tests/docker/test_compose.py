@@ -178,13 +178,27 @@ def test_coordinator_is_built_here_and_talks_to_the_kubo_service(compose: dict[s
     assert any(v.endswith(":/job:ro") for v in coordinator["volumes"])
     dockerfile = DOCKERFILE.read_text()
     assert dockerfile.startswith("#") and "\nFROM python:3.11-slim\n" in dockerfile
-    match = re.search(r"^ENTRYPOINT (\[.*\])$", dockerfile, re.M)
-    assert match, "Dockerfile has no exec-form ENTRYPOINT"
-    entry = json.loads(match.group(1))
-    assert entry == [
-        "gradstore", "coordinator", "--config", "/job/job.toml", "--key", "/job/key",
+    entry = re.search(r"^ENTRYPOINT (\[.*\])$", dockerfile, re.M)
+    cmd = re.search(r"^CMD (\[.*\])$", dockerfile, re.M)
+    assert entry and cmd, "Dockerfile has no exec-form ENTRYPOINT and CMD"
+    assert json.loads(entry.group(1)) == ["gradstore"]
+    # the key's name is the walkthrough's: job init and keygen leave job/coord.key
+    assert json.loads(cmd.group(1)) == [
+        "coordinator", "--config", "/job/job.toml", "--key", "/job/coord.key",
         "--api", "http://kubo:5001",
     ]  # fmt: skip
+    assert "command" not in coordinator and "entrypoint" not in coordinator
+
+
+def test_a_peer_service_runs_commands_against_the_kubo_service(compose: dict[str, Any]) -> None:
+    peer = compose["services"]["peer"]
+    assert peer["profiles"] == ["peer"]  # not started by `up`: `docker compose run --rm peer`
+    assert peer["build"] == compose["services"]["coordinator"]["build"]
+    assert peer["environment"]["GRADSTORE_API"] == "http://kubo:5001"
+    assert peer["depends_on"]["kubo"]["condition"] == "service_healthy"
+    assert any(v.endswith(":/job:ro") for v in peer["volumes"])
+    assert peer["working_dir"] == "/work" and any(v.endswith(":/work") for v in peer["volumes"])
+    assert "restart" not in peer
 
 
 def test_coordinator_is_restarted_after_a_crash_not_after_its_job_is_done(

@@ -26,18 +26,48 @@ _F64: Final = np.dtype(np.float64)
 
 def global_norm(tensors: Tensors) -> float:
     """The L2 norm of one gradient over all its tensors, in float64 (NaN/Inf if it holds any)."""
-    total = 0.0
-    buf = np.empty(BLOCK, _F64)
-    with np.errstate(over="ignore", invalid="ignore"):
-        for name in sorted(tensors):
-            flat = np.ravel(tensors[name])
+    squares = SquareSum()
+    for name in sorted(tensors):
+        squares.add(np.ravel(tensors[name]))
+    return squares.norm()
+
+
+class SquareSum:
+    """The float64 sum of squares behind :func:`global_norm`, fed in tensor-name order.
+
+    Each piece is squared and summed per ``BLOCK`` elements (NumPy's pairwise sum) and the
+    blocks are added in order, so pieces that start at multiples of ``BLOCK`` within their
+    tensor give the same bits as one call over the whole tensor.
+    """
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self._buf = np.empty(BLOCK, _F64)
+
+    def add(self, flat: np.ndarray[Any, Any]) -> None:
+        with np.errstate(over="ignore", invalid="ignore"):
             for lo in range(0, flat.size, BLOCK):
                 part = flat[lo : lo + BLOCK]
-                squares = buf[: part.size]
+                squares = self._buf[: part.size]
                 np.square(part, out=squares, dtype=_F64)
                 # sum() is np.add.reduce (same bits); NumPy 2.5's stubs refuse the latter
-                total += float(squares.sum())
-    return math.sqrt(total)
+                self.total += float(squares.sum())
+
+    def norm(self) -> float:
+        return math.sqrt(self.total)
+
+
+def clip_output_into(
+    result: dict[str, np.ndarray[Any, Any]], bound: float, method: str
+) -> tuple[float, float]:
+    """Scale ``result`` in place so its global norm is at most ``bound``: (norm, scale)."""
+    norm = global_norm(result)
+    if not math.isfinite(norm):
+        raise AggregationError(f"{method}: the aggregate's L2 norm overflows float64")
+    scale = clip_scale(norm, bound)
+    if scale != 1.0:
+        scale_into(result, scale, result)
+    return norm, scale
 
 
 def clip_scale(norm: float, bound: float) -> float:

@@ -8,17 +8,15 @@ their accumulator without densifying the input.
 
 from __future__ import annotations
 
-import math
-from typing import Any, Final, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from ..format import Codec, CompressedGradient
-from ._clip import BLOCK as NORM_BLOCK
+from ._blocks import CHUNK
+from ._clip import SquareSum
 
 Array = np.ndarray[Any, Any]
-
-_F64: Final = np.dtype(np.float64)
 
 
 @runtime_checkable
@@ -71,14 +69,9 @@ def compressed_source(gradient: CompressedGradient) -> CompressedInMemory:
 
 def compressed_norm(gradient: CompressedGradient) -> float:
     """``global_norm`` of the decompressed gradient (the same bits), one block at a time."""
-    total = 0.0
-    squares = np.empty(NORM_BLOCK, _F64)
-    with np.errstate(over="ignore", invalid="ignore"):
-        for name in sorted(gradient.tensors):
-            t = gradient.tensors[name]
-            for lo in range(0, t.size, NORM_BLOCK):
-                part = t.read(lo, min(t.size, lo + NORM_BLOCK))
-                sq = squares[: part.size]
-                np.square(part, out=sq)
-                total += float(sq.sum())
-    return math.sqrt(total)
+    squares = SquareSum()
+    for name in sorted(gradient.tensors):
+        t = gradient.tensors[name]
+        for lo in range(0, t.size, CHUNK):  # whole SquareSum blocks: the same sums
+            squares.add(t.read(lo, min(t.size, lo + CHUNK)))
+    return squares.norm()

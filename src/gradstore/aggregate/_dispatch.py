@@ -7,14 +7,12 @@ are then traced back to the input and tensor that hold them.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
 
-from ..errors import AggregationError
 from . import methods
 from ._blocks import default_threads
 from ._checks import (
@@ -24,10 +22,11 @@ from ._checks import (
     flatten,
     non_finite_error,
 )
-from ._clip import clip_scale, global_norm, input_norms, scale_into
-from ._krum import krum_scores, select_lowest, squared_distances
+from ._clip import clip_output_into, clip_scale, input_norms
+from ._krum import krum_scores, squared_distances
 from ._linear import combine
 from ._params import AggregationParams
+from ._plans import linear_plan, selection_plan
 from ._robust import order_mean
 
 
@@ -105,10 +104,7 @@ def aggregate_with_info(
     flats = flatten(inputs, layout)
     try:
         if linear is not None:
-            coefs, divisor = linear
-            info["weights"] = tuple(c / (divisor or 1.0) for c in coefs or [1.0] * n)
-            if scales is not None:
-                coefs = [s if coefs is None else coefs[i] * s for i, s in enumerate(scales)]
+            coefs, divisor = linear_plan(linear, scales, n, info)
             result = combine(flats, layout, coefs, divisor, workers)
         elif isinstance(strategy, methods.OrderStatistic):
             first, stop = strategy.rows(n)
@@ -117,22 +113,12 @@ def aggregate_with_info(
             assert isinstance(strategy, methods.Selection)
             dist = squared_distances(flats, layout, scales, workers)
             scores = krum_scores(dist, strategy.f)
-            m = strategy.chosen(n)
-            selected = select_lowest(scores, m)
-            chosen = [flats[i] for i in selected]
-            coefs = None if scales is None else [scales[i] for i in selected]
-            result = combine(chosen, layout, coefs, None if m == 1 else float(m), workers)
-            info["scores"], info["selected"] = tuple(scores), selected
-            info["weights"] = tuple(1.0 / m if i in selected else 0.0 for i in range(n))
+            selected, coefs, divisor = selection_plan(strategy, scores, scales, n, info)
+            result = combine([flats[i] for i in selected], layout, coefs, divisor, workers)
     except NonFiniteResult as exc:
         raise non_finite_error(inputs, layout, method, exc.name) from None
 
     if params.clip_output_norm is not None:
-        norm = global_norm(result)
-        if not math.isfinite(norm):
-            raise AggregationError(f"{method}: the aggregate's L2 norm overflows float64")
-        scale = clip_scale(norm, params.clip_output_norm)
-        if scale != 1.0:
-            scale_into(result, scale, result)
+        norm, scale = clip_output_into(result, params.clip_output_norm, method)
         info["output_norm"], info["output_scale"] = norm, scale
     return result, AggregationInfo(method, n, **info)

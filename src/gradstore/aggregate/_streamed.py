@@ -33,13 +33,13 @@ from ..format import is_float
 from . import methods
 from ._blocks import CHUNK, blocks, chunks, default_threads
 from ._checks import Layout, NonFiniteResult, dtype_name
-from ._clip import BLOCK as NORM_BLOCK
-from ._clip import clip_scale, global_norm, scale_into
+from ._clip import SquareSum, clip_output_into, clip_scale
 from ._compressed import Decompressing, SparseSource
 from ._dispatch import AggregationInfo
-from ._krum import chunk_gram, distances_from_gram, krum_scores, select_lowest
+from ._krum import chunk_gram, distances_from_gram, krum_scores
 from ._linear import combine
 from ._params import AggregationParams
+from ._plans import linear_plan, selection_plan
 from ._robust import order_mean
 from ._rounding import round_into
 
@@ -117,10 +117,7 @@ async def aggregate_streamed(
     one_by_one = n * MIN_WINDOW * itemsize > window_bytes
     try:
         if linear is not None:
-            coefs, divisor = linear
-            info["weights"] = tuple(c / (divisor or 1.0) for c in coefs or [1.0] * n)
-            if scales is not None:
-                coefs = [s if coefs is None else coefs[i] * s for i, s in enumerate(scales)]
+            coefs, divisor = linear_plan(linear, scales, n, info)
             result = await _linear(sources, layout, coefs, divisor, window, workers, one_by_one)
         elif isinstance(strategy, methods.OrderStatistic):
             first, stop = strategy.rows(n)
@@ -134,14 +131,9 @@ async def aggregate_streamed(
             assert isinstance(strategy, methods.Selection)
             gram = await _gram(sources, layout, scales)
             scores = krum_scores(distances_from_gram(gram), strategy.f)
-            m = strategy.chosen(n)
-            selected = select_lowest(scores, m)
+            selected, coefs, divisor = selection_plan(strategy, scores, scales, n, info)
             chosen = [sources[i] for i in selected]
-            coefs = None if scales is None else [scales[i] for i in selected]
-            divide = None if m == 1 else float(m)
-            result = await _linear(chosen, layout, coefs, divide, window, workers, one_by_one)
-            info["scores"], info["selected"] = tuple(scores), selected
-            info["weights"] = tuple(1.0 / m if i in selected else 0.0 for i in range(n))
+            result = await _linear(chosen, layout, coefs, divisor, window, workers, one_by_one)
     except NonFiniteResult as exc:
         where = "the inputs" if exc.name is None else f"tensor {exc.name!r}"
         raise AggregationError(
@@ -150,12 +142,7 @@ async def aggregate_streamed(
         ) from None
 
     if params.clip_output_norm is not None:
-        norm = global_norm(result)
-        if not math.isfinite(norm):
-            raise AggregationError(f"{method}: the aggregate's L2 norm overflows float64")
-        scale = clip_scale(norm, params.clip_output_norm)
-        if scale != 1.0:
-            scale_into(result, scale, result)
+        norm, scale = clip_output_into(result, params.clip_output_norm, method)
         info["output_norm"], info["output_scale"] = norm, scale
     return result, AggregationInfo(method, n, **info)
 
@@ -330,17 +317,9 @@ async def _gram(
 
 
 async def _norm(source: InputSource, layout: Layout) -> float:
-    """:func:`global_norm` of one input, read block by block in the same order and sums."""
-    total = 0.0
-    squares = np.empty(NORM_BLOCK, _F64)
-    with np.errstate(over="ignore", invalid="ignore"):
-        for name in sorted(layout.names):
-            for start, stop in blocks(0, layout.size(name), CHUNK):
-                part = await source.read(name, start, stop)
-                for lo in range(0, part.size, NORM_BLOCK):
-                    piece = part[lo : lo + NORM_BLOCK]
-                    sq = squares[: piece.size]
-                    np.square(piece, out=sq, dtype=_F64)
-                    # sum() is np.add.reduce (same bits); NumPy 2.5's stubs refuse the latter
-                    total += float(sq.sum())
-    return math.sqrt(total)
+    """:func:`global_norm` of one input, read a chunk at a time (chunks are whole blocks)."""
+    squares = SquareSum()
+    for name in sorted(layout.names):
+        for start, stop in blocks(0, layout.size(name), CHUNK):
+            squares.add(await source.read(name, start, stop))
+    return squares.norm()

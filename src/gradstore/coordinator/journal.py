@@ -19,10 +19,10 @@ import time
 from base64 import b32encode
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 from ..errors import CoordinatorError
+from ..node import Closing
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -74,7 +74,7 @@ def new_run_id() -> str:
     return b32encode(secrets.token_bytes(16)).decode("ascii").rstrip("=").lower()
 
 
-class Journal:
+class Journal(Closing):
     """Durable state of one coordinator for one job (one SQLite file)."""
 
     def __init__(self, path: str | Path) -> None:
@@ -93,17 +93,6 @@ class Journal:
         except BaseException:
             self._db.close()
             raise
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def close(self) -> None:
         """Commit what is queued, then close the file."""

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping
-from types import TracebackType
 from typing import Any, Final, Literal
 
 import numpy as np
@@ -25,6 +24,7 @@ from ..dag import CID, file_cid
 from ..errors import GradstoreError
 from ..format import DEFAULT_LIMITS, Gradient, Limits, encode
 from ..messages import Announce, SigningKey, encode_message
+from ..node import Closing
 from ._arrays import ArraysRefused, arrays_to_tensors, tensors_to_arrays
 from ._loop import NodeLoop, NodeSource
 from ._protocol import CONFIG_KEY, Instruction, reply_meta
@@ -43,7 +43,7 @@ def instruction_of(msg: Message) -> Instruction | None:
     return None if config is None else Instruction.from_config(config)
 
 
-class GradstoreClient:
+class GradstoreClient(Closing):
     """A ClientApp's identity (``key``), its node, and how it replies (``send``)."""
 
     def __init__(
@@ -87,17 +87,6 @@ class GradstoreClient:
     def close(self) -> None:
         if self._io is not None:
             self._io.close()
-
-    def __enter__(self) -> GradstoreClient:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def model(self, msg: Message, key: str = "arrays") -> dict[str, np.ndarray[Any, Any]]:
         """The global model an instruction carries: fetched by its CID, every block verified,

@@ -19,7 +19,6 @@ import time
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from logging import INFO, WARNING
-from types import TracebackType
 from typing import Any, Final, Literal, cast
 
 import numpy as np
@@ -49,6 +48,7 @@ from ..format import (
 from ..job import JobConfig
 from ..messages import SigningKey
 from ..messages.schema import check_job
+from ..node import Closing
 from ..store import GradientStore
 from ._arrays import arrays_to_tensors, tensors_to_arrays
 from ._loop import NodeLoop, NodeSource
@@ -88,7 +88,7 @@ class FlowerRound:
     stages: dict[str, float]  # verify_s, aggregate_s, store_s, read_back_s
 
 
-class GradstoreStrategy(Strategy):
+class GradstoreStrategy(Strategy, Closing):
     """Wrap a Flower strategy (FedAvg when ``inner`` is None) so each train round is recorded.
 
     ``node``: the Kubo RPC URL (or a function making a ``Node``) where documents, aggregates
@@ -175,17 +175,6 @@ class GradstoreStrategy(Strategy):
     def close(self) -> None:
         """Close the node's connections (the strategy reopens them if used again)."""
         self._io.close()
-
-    def __enter__(self) -> GradstoreStrategy:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     @property
     def records(self) -> dict[int, CID]:

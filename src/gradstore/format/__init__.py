@@ -1,4 +1,5 @@
-"""The canonical documents: Gradient <-> gradstore/1, CompressedGradient <-> gradstore/2.
+"""The canonical documents: Gradient <-> gradstore/1, CompressedGradient <-> gradstore/2
+(docs/design.md, "The gradient document", "Compressed updates").
 
 ``encode`` streams the canonical bytes (header pieces plus zero-copy views of
 the arrays); ``decode`` refuses every non-canonical byte string and returns

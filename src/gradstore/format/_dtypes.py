@@ -3,7 +3,7 @@
 NumPy's own types are written as NumPy's little-endian type strings (``"<f4"``). bfloat16
 and the two float8 formats have no NumPy type string of their own (NumPy calls bfloat16
 ``"<V2"``, a raw void), so they are written by name, the names PyTorch, JAX and
-``ml_dtypes`` share; in memory they are ``ml_dtypes`` arrays (DESIGN "Tensor dtypes").
+``ml_dtypes`` share; in memory they are ``ml_dtypes`` arrays (docs/design.md, "Tensor dtypes").
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ EXTENDED: Final[dict[str, int]] = {"bfloat16": 2, "float8_e4m3fn": 1, "float8_e5
 #: The optional extra that brings ``ml_dtypes``.
 ML_DTYPES_EXTRA: Final = "ml-dtypes"
 
-#: Every type string allowed in ``dtype`` (DESIGN "Tensor dtypes"), in this order.
+#: Every type string allowed in ``dtype`` (docs/design.md, "Tensor dtypes"), in this order.
 DTYPES: Final[tuple[str, ...]] = (
     "<f2", "<f4", "<f8", "|i1", "|u1", "<i2", "<u2", "<i4", "<u4", "<i8", "<u8", "|b1",
     *EXTENDED,

@@ -22,3 +22,21 @@ class AsyncClosing:
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+
+class Closing:
+    """Mixin: ``with x:`` returns the object and calls ``close()`` on the way out."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

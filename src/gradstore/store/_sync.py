@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-from types import TracebackType
 
 import numpy as np
 
 from ..dag import CID
 from ..format import CompressedGradient, Gradient, Limits
-from ..node import Node
+from ..node import Closing, Node
 from ._put import Progress
 from ._store import GradientStore, VerifyReport
 
 
-class SyncGradientStore:
+class SyncGradientStore(Closing):
     """GradientStore with blocking methods; owns a private event loop until ``close()``."""
 
     def __init__(self, node: Node, *, limits: Limits | None = None) -> None:
@@ -50,14 +49,3 @@ class SyncGradientStore:
             self._runner.run(self.store.node.aclose())
         finally:
             self._runner.close()
-
-    def __enter__(self) -> SyncGradientStore:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
