@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -125,3 +126,10 @@ def test_peer_publish_compressed_keeps_the_residual_next_to_its_key(
     assert record, coord_out
     r = cli("audit", "round", record.group(1), "--api", api, "--coordinator", dids["coord"])
     assert r.code == 0, r.err
+    # round show names the record's type and each input's codec
+    shown = cli("round", "show", record.group(1), "--api", api)
+    assert shown.code == 0, shown.err
+    doc = json.loads(shown.out)
+    assert doc["type"] == "gradstore/round/3"
+    (entry,) = [p for p in doc["peers"] if p["status"] == "aggregated"]
+    assert entry["codec"]["name"] == SPEC.split(":")[0]

@@ -19,6 +19,7 @@ from ..errors import CoordinatorError
 from ..format import Gradient
 from ..job import load_job
 from ..messages import RECORD_TYPE, SigningKey, decode_record
+from ..messages.record import RECORD_TYPE_CODECS
 from ..peer import Peer
 from . import _exit
 from ._exit import UsageError
@@ -157,7 +158,7 @@ def cmd_round_show(args: argparse.Namespace) -> int:
     record = decode_record(asyncio.run(run()), cid=cid)
     doc = {
         "record": str(cid),
-        "type": RECORD_TYPE,
+        "type": RECORD_TYPE_CODECS if any(i.codec for i in record.inputs) else RECORD_TYPE,
         "job": record.job,
         "run": record.run,
         "round": record.round,
@@ -173,6 +174,7 @@ def cmd_round_show(args: argparse.Namespace) -> int:
                 "gradient": str(i.gradient),
                 "num_samples": i.num_samples,
                 "weight": i.weight,
+                **({"codec": i.codec.fields()} if i.codec else {}),
             }
             for i in record.inputs
         ]
