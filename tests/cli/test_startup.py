@@ -11,9 +11,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from gradstore import __version__
+from gradstore.node import KuboDaemon
 
 HEAVY = {"numpy", "httpx", "numba"}
 
@@ -70,3 +72,32 @@ def test_a_lazy_package_root_still_gives_every_public_name() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert proc.stdout.split() == ["gradstore.format._gradient", "gradstore.node.kubo"]
+
+
+def _npz(tmp_path: Path) -> Path:
+    path = tmp_path / "g.npz"
+    np.savez(path, w=np.arange(1000, dtype=np.float32))
+    return path
+
+
+def test_cid_imports_no_node_layer_no_event_loop_and_no_numba(tmp_path: Path) -> None:
+    """``gradstore cid`` hashes a file: it loads what that needs and nothing else."""
+    out, modules = _imports("cid", str(_npz(tmp_path)))
+    assert out.startswith("bafk")  # one raw block
+    assert "numpy" in modules  # the listing sees the NumPy it does need
+    unwanted = {"httpx", "asyncio", "numba", "multiformats", "gradstore.node", "gradstore.store"}
+    found = sorted(m for m in modules if m in unwanted or m.split(".")[0] in unwanted)
+    assert not found, f"gradstore cid imported {found[:10]}"
+
+
+@pytest.mark.kubo
+def test_put_and_get_never_import_numba(kubo: KuboDaemon, tmp_path: Path) -> None:
+    """numba compiles aggregation kernels: moving a gradient in or out must not load it."""
+    cid, modules = _imports("put", str(_npz(tmp_path)), "--api", kubo.api_url)
+    assert "httpx" in modules and not {m for m in modules if m.startswith("numba")}
+    _, modules = _imports(
+        "get", cid.strip(), "-o", str(tmp_path / "out.npz"), "--api", kubo.api_url
+    )
+    assert "httpx" in modules and not {m for m in modules if m.startswith("numba")}
+    with np.load(tmp_path / "out.npz") as back:
+        assert np.array_equal(back["w"], np.arange(1000, dtype=np.float32))

@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from gradstore.cli._documents import parse_meta
 from gradstore.cli._exit import UsageError
 from gradstore.cli._main import build_parser
-from gradstore.cli._store_cmds import parse_meta
 from gradstore.dag import file_cid
 from gradstore.format import DTYPES, EXTENDED, Gradient, decode, encode
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import difflib
 import sys
 from collections.abc import Callable, Sequence
 
@@ -26,6 +25,8 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         if "invalid choice:" in message and self._subparsers is not None:
+            import difflib  # only for this hint: every command's start comes through here
+
             bad = message.split("invalid choice: ")[1].split("'")[1]
             choices = [a.dest for a in self._subparsers._group_actions for a in a._choices_actions]  # type: ignore[attr-defined]
             close = difflib.get_close_matches(bad, choices, n=1)

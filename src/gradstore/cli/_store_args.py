@@ -1,4 +1,5 @@
-"""The parsers of the store subcommands; light to import (the commands are in ``_store_cmds``)."""
+"""The parsers of the store subcommands; light to import (the commands: ``_file_cmds`` for
+encode, decode and cid, which need no node; ``_store_cmds`` for the others)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--meta", action="append", default=[], metavar="K=V", help="meta entry (repeatable)"
     )
-    p.set_defaults(run=lazy("_store_cmds", "cmd_encode"))
+    p.set_defaults(run=lazy("_file_cmds", "cmd_encode"))
 
     p = sub.add_parser(
         "decode", help="turn a gradstore/1 document back into an .npz or .safetensors file"
@@ -35,7 +36,7 @@ def register(sub: Any) -> None:
         help="file to write: .safetensors by its extension, else .npz",
     )
     _add_max_bytes(p)
-    p.set_defaults(run=lazy("_store_cmds", "cmd_decode"))
+    p.set_defaults(run=lazy("_file_cmds", "cmd_decode"))
 
     p = sub.add_parser(
         "cid", help="CID of a gradient's document (or of any file with --raw), no node needed"
@@ -47,7 +48,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--meta", action="append", default=[], metavar="K=V", help="meta entry (repeatable)"
     )
-    p.set_defaults(run=lazy("_store_cmds", "cmd_cid"))
+    p.set_defaults(run=lazy("_file_cmds", "cmd_cid"))
 
     p = sub.add_parser(
         "put", help="store an .npz or .safetensors gradient on the node, pinned; prints its CID"
