@@ -88,6 +88,7 @@ def test_cid_imports_no_node_layer_no_event_loop_and_no_numba(tmp_path: Path) ->
     unwanted = {"httpx", "asyncio", "numba", "multiformats", "gradstore.node", "gradstore.store"}
     found = sorted(m for m in modules if m in unwanted or m.split(".")[0] in unwanted)
     assert not found, f"gradstore cid imported {found[:10]}"
+    assert "numpy.ma" not in modules  # format's masked-array check does not load it
 
 
 @pytest.mark.kubo
