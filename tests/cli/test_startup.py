@@ -102,3 +102,28 @@ def test_put_and_get_never_import_numba(kubo: KuboDaemon, tmp_path: Path) -> Non
     assert "httpx" in modules and not {m for m in modules if m.startswith("numba")}
     with np.load(tmp_path / "out.npz") as back:
         assert np.array_equal(back["w"], np.arange(1000, dtype=np.float32))
+
+
+@pytest.mark.parametrize(("given", "expected"), [(None, "1"), ("3", "3")])
+def test_store_commands_start_openblas_with_one_thread_unless_told(
+    tmp_path: Path, given: str | None, expected: str
+) -> None:
+    """They do no linear algebra: NumPy's BLAS thread pool is not started for nothing."""
+    code = (
+        "import os, sys\n"
+        "from gradstore.cli import main\n"
+        "assert main(['cid', sys.argv[1]]) == 0\n"
+        "print(os.environ.get('OPENBLAS_NUM_THREADS'))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    if given is not None:
+        env["OPENBLAS_NUM_THREADS"] = given
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(_npz(tmp_path))],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=True,
+    )
+    assert proc.stdout.splitlines()[-1] == expected
