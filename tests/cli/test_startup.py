@@ -92,7 +92,9 @@ def test_cid_imports_no_node_layer_no_event_loop_and_no_numba(tmp_path: Path) ->
 
 
 @pytest.mark.kubo
-def test_put_and_get_never_import_numba(kubo: KuboDaemon, tmp_path: Path) -> None:
+def test_put_and_get_never_import_numba_nor_get_multiformats(
+    kubo: KuboDaemon, tmp_path: Path
+) -> None:
     """numba compiles aggregation kernels: moving a gradient in or out must not load it."""
     cid, modules = _imports("put", str(_npz(tmp_path)), "--api", kubo.api_url)
     assert "httpx" in modules and not {m for m in modules if m.startswith("numba")}
@@ -100,6 +102,7 @@ def test_put_and_get_never_import_numba(kubo: KuboDaemon, tmp_path: Path) -> Non
         "get", cid.strip(), "-o", str(tmp_path / "out.npz"), "--api", kubo.api_url
     )
     assert "httpx" in modules and not {m for m in modules if m.startswith("numba")}
+    assert "multiformats" not in modules  # the CID argument is parsed with the stdlib
     with np.load(tmp_path / "out.npz") as back:
         assert np.array_equal(back["w"], np.arange(1000, dtype=np.float32))
 
