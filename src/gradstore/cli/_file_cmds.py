@@ -14,7 +14,7 @@ from ..format import decode, encode
 from . import _exit
 from ._documents import command_limits, parse_meta, read_document
 from ._output import announce_written, open_output
-from ._tensor_files import load_gradient, save_gradient
+from ._tensor_files import load_gradient, open_gradient, save_gradient
 
 _FILE_CHUNK = 16 << 20
 
@@ -38,7 +38,8 @@ def cmd_cid(args: argparse.Namespace) -> int:
     if args.raw:
         print(file_cid(_file_pieces(args.input)))
     else:
-        print(file_cid(encode(load_gradient(args.input, parse_meta(args.meta)))))
+        with open_gradient(args.input, parse_meta(args.meta)) as source:
+            print(file_cid(source.document()))
     return _exit.SUCCESS
 
 

@@ -7,9 +7,9 @@ compressed members (``np.savez_compressed``) are read through ``zipfile`` and Nu
 
 from __future__ import annotations
 
-import itertools
-import os
+import contextlib
 import zipfile
+from collections.abc import Iterator
 from io import BufferedReader
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -18,122 +18,72 @@ import numpy as np
 
 from ..errors import FormatError
 from ..format import EXTENDED, Gradient, dtype_code
-from ._stored_zip import StoredZipWriter, member_data_offset, read_into
-
-_PICKLE_REFUSED = "Object arrays cannot be loaded"  # NumPy's message when allow_pickle=False bites
-_NPY_MAGIC = b"\x93NUMPY"
-_NPY = ".npy"
+from ._npz_directory import NPY, NPY_MAGIC, PICKLE_REFUSED, Member, fill, read_directory
+from ._stored_zip import StoredZipWriter
 
 
 def load_npz(path: str | Path, meta: dict[str, Any] | None = None) -> Gradient:
     """Read every array of an ``.npz`` (``allow_pickle=False``) as a gradient."""
-    with open(path, "rb") as f:  # a missing or unreadable file is an OSError naming it
+    # opened outside npz_errors: a missing or unreadable file is an OSError naming it
+    with open(path, "rb") as f, npz_errors(path):
         if not zipfile.is_zipfile(f):
-            raise FormatError(f"{path}: not an .npz file (not a zip archive of .npy arrays)")
-        try:
-            with zipfile.ZipFile(f) as zf:
-                tensors = _read_members(zf, f)
-        except FormatError as exc:
-            raise FormatError(f"{path}: {exc}") from exc
-        except ValueError as exc:
-            if _PICKLE_REFUSED in str(exc):
-                raise FormatError(
-                    f"{path}: holds an object array (pickled Python objects); "
-                    "gradstore loads plain numeric arrays only (allow_pickle=False)"
-                ) from exc
-            raise FormatError(f"{path}: not a readable .npz of plain arrays ({exc})") from exc
-        except (OSError, zipfile.BadZipFile, EOFError, RuntimeError) as exc:
-            raise FormatError(f"{path}: not a readable .npz of plain arrays ({exc})") from exc
+            raise FormatError("not an .npz file (not a zip archive of .npy arrays)")
+        with zipfile.ZipFile(f) as zf:
+            tensors = _read_members(zf, f)
     if not tensors:
         raise FormatError(f"{path}: the .npz holds no arrays")
     return Gradient(tensors, dict(meta or {}))
 
 
+@contextlib.contextmanager
+def npz_errors(path: str | Path) -> Iterator[None]:
+    """Every refusal of an ``.npz`` as one ``FormatError`` that names the file."""
+    try:
+        yield
+    except FormatError as exc:
+        raise FormatError(f"{path}: {exc}") from exc
+    except ValueError as exc:
+        if PICKLE_REFUSED in str(exc):
+            raise FormatError(
+                f"{path}: holds an object array (pickled Python objects); "
+                "gradstore loads plain numeric arrays only (allow_pickle=False)"
+            ) from exc
+        raise FormatError(f"{path}: not a readable .npz of plain arrays ({exc})") from exc
+    except (OSError, zipfile.BadZipFile, EOFError, RuntimeError) as exc:
+        raise FormatError(f"{path}: not a readable .npz of plain arrays ({exc})") from exc
+
+
 def _read_members(zf: zipfile.ZipFile, f: BufferedReader) -> dict[str, np.ndarray[Any, Any]]:
     """Every member as an array, named as ``np.load`` names them (without ``.npy``)."""
-    size = os.fstat(f.fileno()).st_size
-    members: list[tuple[str, zipfile.ZipInfo, int]] = []  # name, info, data start (stored)
-    names: set[str] = set()
-    spans: list[tuple[int, int]] = []
-    for info in zf.infolist():
-        name = info.filename[: -len(_NPY)] if info.filename.endswith(_NPY) else info.filename
-        if name in names:
-            raise FormatError(f"two members hold the array {name!r}")
-        names.add(name)
-        if info.flag_bits & 0x1:
-            raise FormatError(f"member {name!r} is encrypted")
-        start = -1
-        if info.compress_type == zipfile.ZIP_STORED:
-            raw = info.filename.encode("utf-8" if info.flag_bits & 0x800 else "cp437")
-            start = member_data_offset(f, info.header_offset, raw)
-            if info.compress_size != info.file_size or start + info.file_size > size:
-                raise FormatError(f"member {name!r} claims more bytes than the file holds")
-            spans.append((info.header_offset, start + info.file_size))
-        members.append((name, info, start))
-    spans.sort()
-    for (_, end), (next_start, _) in itertools.pairwise(spans):
-        if next_start < end:  # members sharing bytes: a small file that reads as a huge one
-            raise FormatError("members overlap (a zip bomb?)")
     tensors: dict[str, np.ndarray[Any, Any]] = {}
-    for name, info, start in members:
-        if start >= 0:
-            value = _read_stored(f, info, name, start)
+    for member in read_directory(zf, f):
+        if member.stored:
+            flat = member.empty()
+            fill(f, member, flat)
+            tensors[member.name] = check_array(member.name, member.shaped(flat))
         else:
-            with zf.open(info) as member:
-                if member.read(len(_NPY_MAGIC)) != _NPY_MAGIC:
-                    raise FormatError(f"member {name!r} is not a .npy array")
-            with zf.open(info) as member:
-                value = np.lib.format.read_array(member, allow_pickle=False)
-        if value.dtype.kind == "V" and value.dtype.fields is None:
-            raise FormatError(
-                f"member {name!r} is raw bytes ({value.dtype.str}), which is "
-                "how NumPy's .npy writes bfloat16 and float8 (the type is lost): "
-                "use a .safetensors file"
-            )
-        tensors[name] = value
+            tensors[member.name] = check_array(member.name, _read_compressed(zf, member))
     return tensors
 
 
-def _read_stored(
-    f: BufferedReader, info: zipfile.ZipInfo, name: str, start: int
-) -> np.ndarray[Any, Any]:
-    """One stored ``.npy`` member whose data begins at ``start``: read straight into the
-    array, CRC-32 checked."""
-    f.seek(start)
-    if info.file_size < len(_NPY_MAGIC) or f.read(len(_NPY_MAGIC)) != _NPY_MAGIC:
-        raise FormatError(f"member {name!r} is not a .npy array")
-    f.seek(start)
-    version = np.lib.format.read_magic(f)
-    if version == (1, 0):
-        shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(f)
-    elif version == (2, 0):
-        shape, fortran_order, dtype = np.lib.format.read_array_header_2_0(f)
-    else:
-        raise FormatError(f"member {name!r} is a .npy of version {version}, not 1.0 or 2.0")
-    if dtype.hasobject:
-        raise ValueError(f"{_PICKLE_REFUSED} when allow_pickle=False")
-    if any(d < 0 for d in shape):
-        raise FormatError(f"member {name!r} has a negative dimension in {shape}")
-    header = f.tell() - start
-    count = 1
-    for d in shape:
-        count *= d
-    nbytes = count * dtype.itemsize
-    if header + nbytes != info.file_size:
+def _read_compressed(zf: zipfile.ZipFile, member: Member) -> np.ndarray[Any, Any]:
+    with zf.open(member.info) as stream:
+        if stream.read(len(NPY_MAGIC)) != NPY_MAGIC:
+            raise FormatError(f"member {member.name!r} is not a .npy array")
+    with zf.open(member.info) as stream:
+        array: np.ndarray[Any, Any] = np.lib.format.read_array(stream, allow_pickle=False)
+    return array
+
+
+def check_array(name: str, value: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """``value``, unless it is raw bytes (how NumPy's .npy writes bfloat16 and float8)."""
+    if value.dtype.kind == "V" and value.dtype.fields is None:
         raise FormatError(
-            f"member {name!r}: its .npy header declares {nbytes} bytes of data, "
-            f"the member holds {info.file_size - header}"
+            f"member {name!r} is raw bytes ({value.dtype.str}), which is "
+            "how NumPy's .npy writes bfloat16 and float8 (the type is lost): "
+            "use a .safetensors file"
         )
-    f.seek(start)
-    crc = read_into(f, memoryview(bytearray(header)))
-    flat = np.empty(count, dtype=dtype)
-    if nbytes:
-        crc = read_into(f, flat.view(np.uint8).data, crc)
-    if crc != info.CRC:
-        raise FormatError(f"member {name!r} fails its CRC-32 check (the file is damaged)")
-    if fortran_order:
-        return flat.reshape(shape[::-1]).transpose()
-    return flat.reshape(shape)
+    return value
 
 
 def check_npz(target: str | Path, gradient: Gradient) -> None:
@@ -164,7 +114,7 @@ def write_npz(stream: BinaryIO, gradient: Gradient) -> None:
         if array.dtype.hasobject:
             raise FormatError(f"tensor {name!r} holds Python objects, which .npz cannot hold")
         header = memoryview(_npy_header(array))
-        archive.add(name + _NPY, [header, array.reshape(-1).view(np.uint8).data])
+        archive.add(name + NPY, [header, array.reshape(-1).view(np.uint8).data])
     archive.close()
 
 

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from ..dag import CID
 from ..errors import CIDError, FormatError, LimitExceededError
-from ..format import DocumentHeader, check_fits, encode, read_header
+from ..format import DocumentHeader, check_fits, read_header
 from ..store import GradientStore
 from . import _exit
 from ._documents import command_limits, name_the_option, parse_meta, read_document
@@ -25,7 +25,7 @@ from ._nodes import node_from_args
 from ._output import announce_written, check_target
 from ._patience import Patience
 from ._progress import ProgressBar
-from ._tensor_files import load_gradient, save_gradient
+from ._tensor_files import open_gradient, save_gradient
 from ._text import printable
 
 T = TypeVar("T")
@@ -81,23 +81,28 @@ def _with_store(
 
 
 def cmd_put(args: argparse.Namespace) -> int:
-    gradient = load_gradient(args.input, parse_meta(args.meta))
-    doc = encode(gradient)
-    try:
-        check_fits(gradient, doc.size, command_limits(args))
-    except LimitExceededError as exc:
-        raise name_the_option(exc, args, f"put {args.input}") from exc
-    bar = ProgressBar("put")
-    try:
-        cid = _with_store(
-            args,
-            args.input,
-            lambda s, progress: s.put_document(doc, progress=progress),
-            bar,
-            waiting=lambda node: f"{node} to store {args.input}",
-        )
-    finally:
-        bar.close()
+    with open_gradient(args.input, parse_meta(args.meta)) as source:
+        doc = source.document()  # an .npz is read from here on, while its blocks are sent
+        try:
+            check_fits(source.gradient, doc.size, command_limits(args))
+        except LimitExceededError as exc:
+            raise name_the_option(exc, args, f"put {args.input}") from exc
+        bar = ProgressBar("put")
+        try:
+            cid = _with_store(
+                args,
+                args.input,
+                lambda s, progress: s.put_document(doc, progress=progress),
+                bar,
+                waiting=lambda node: f"{node} to store {args.input}",
+            )
+        except FormatError:
+            failure = source.failure()  # the file's own refusal, as it is worded
+            if failure is not None:
+                raise failure from None
+            raise
+        finally:
+            bar.close()
     print(cid)
     return _exit.SUCCESS
 
