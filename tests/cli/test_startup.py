@@ -6,6 +6,7 @@ listed by Python's own ``-X importtime`` (``PYTHONPROFILEIMPORTTIME``).
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -15,7 +16,10 @@ import numpy as np
 import pytest
 
 from gradstore import __version__
+from gradstore.cli._main import build_parser
 from gradstore.node import KuboDaemon
+
+from .conftest import Cli
 
 HEAVY = {"numpy", "httpx", "numba"}
 
@@ -130,3 +134,34 @@ def test_store_commands_start_openblas_with_one_thread_unless_told(
         check=True,
     )
     assert proc.stdout.splitlines()[-1] == expected
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(action.choices)
+
+
+def test_a_command_line_that_names_its_command_builds_only_that_parser_the_same() -> None:
+    """Every command's parser (its help, its nested actions) is the same whether the whole
+    command line is built (--help, a typo) or only the command that runs."""
+    everything = _subparsers(build_parser())
+    assert {"put", "get", "cid", "job", "audit", "demo"} <= everything.keys()
+    for name, full in everything.items():
+        alone = _subparsers(build_parser(name))
+        assert list(alone) == [name]
+        assert alone[name].format_help() == full.format_help(), name
+        nested = [a for a in full._actions if isinstance(a, argparse._SubParsersAction)]
+        for action in nested:
+            twin = next(
+                a for a in alone[name]._actions if isinstance(a, argparse._SubParsersAction)
+            )
+            for sub, parser in action.choices.items():
+                assert twin.choices[sub].format_help() == parser.format_help(), (name, sub)
+    assert list(_subparsers(build_parser("pu"))) == list(everything)  # not a command: all
+
+
+def test_options_before_the_command_and_typos_still_work(cli: Cli, tmp_path: Path) -> None:
+    path = _npz(tmp_path)
+    assert cli("--debug", "cid", path).line == cli("cid", path).line
+    line = cli("pu", path).err.splitlines()[-1]
+    assert "invalid choice: 'pu'" in line and "(did you mean 'put'?)" in line
