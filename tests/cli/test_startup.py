@@ -6,14 +6,20 @@ listed by Python's own ``-X importtime`` (``PYTHONPROFILEIMPORTTIME``).
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from gradstore import __version__
+from gradstore.cli._main import build_parser
+from gradstore.node import KuboDaemon
+
+from .conftest import Cli
 
 HEAVY = {"numpy", "httpx", "numba"}
 
@@ -70,3 +76,92 @@ def test_a_lazy_package_root_still_gives_every_public_name() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert proc.stdout.split() == ["gradstore.format._gradient", "gradstore.node.kubo"]
+
+
+def _npz(tmp_path: Path) -> Path:
+    path = tmp_path / "g.npz"
+    np.savez(path, w=np.arange(1000, dtype=np.float32))
+    return path
+
+
+def test_cid_imports_no_node_layer_no_event_loop_and_no_numba(tmp_path: Path) -> None:
+    """``gradstore cid`` hashes a file: it loads what that needs and nothing else."""
+    out, modules = _imports("cid", str(_npz(tmp_path)))
+    assert out.startswith("bafk")  # one raw block
+    assert "numpy" in modules  # the listing sees the NumPy it does need
+    unwanted = {"httpx", "asyncio", "numba", "multiformats", "gradstore.node", "gradstore.store"}
+    found = sorted(m for m in modules if m in unwanted or m.split(".")[0] in unwanted)
+    assert not found, f"gradstore cid imported {found[:10]}"
+    assert "numpy.ma" not in modules  # format's masked-array check does not load it
+
+
+@pytest.mark.kubo
+def test_put_and_get_never_import_numba_nor_get_multiformats(
+    kubo: KuboDaemon, tmp_path: Path
+) -> None:
+    """numba compiles aggregation kernels: moving a gradient in or out must not load it."""
+    cid, modules = _imports("put", str(_npz(tmp_path)), "--api", kubo.api_url)
+    assert "httpx" in modules and not {m for m in modules if m.startswith("numba")}
+    _, modules = _imports(
+        "get", cid.strip(), "-o", str(tmp_path / "out.npz"), "--api", kubo.api_url
+    )
+    assert "httpx" in modules and not {m for m in modules if m.startswith("numba")}
+    assert "multiformats" not in modules  # the CID argument is parsed with the stdlib
+    with np.load(tmp_path / "out.npz") as back:
+        assert np.array_equal(back["w"], np.arange(1000, dtype=np.float32))
+
+
+@pytest.mark.parametrize(("given", "expected"), [(None, "1"), ("3", "3")])
+def test_store_commands_start_openblas_with_one_thread_unless_told(
+    tmp_path: Path, given: str | None, expected: str
+) -> None:
+    """They do no linear algebra: NumPy's BLAS thread pool is not started for nothing."""
+    code = (
+        "import os, sys\n"
+        "from gradstore.cli import main\n"
+        "assert main(['cid', sys.argv[1]]) == 0\n"
+        "print(os.environ.get('OPENBLAS_NUM_THREADS'))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    if given is not None:
+        env["OPENBLAS_NUM_THREADS"] = given
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(_npz(tmp_path))],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=True,
+    )
+    assert proc.stdout.splitlines()[-1] == expected
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(action.choices)
+
+
+def test_a_command_line_that_names_its_command_builds_only_that_parser_the_same() -> None:
+    """Every command's parser (its help, its nested actions) is the same whether the whole
+    command line is built (--help, a typo) or only the command that runs."""
+    everything = _subparsers(build_parser())
+    assert {"put", "get", "cid", "job", "audit", "demo"} <= everything.keys()
+    for name, full in everything.items():
+        alone = _subparsers(build_parser(name))
+        assert list(alone) == [name]
+        assert alone[name].format_help() == full.format_help(), name
+        nested = [a for a in full._actions if isinstance(a, argparse._SubParsersAction)]
+        for action in nested:
+            twin = next(
+                a for a in alone[name]._actions if isinstance(a, argparse._SubParsersAction)
+            )
+            for sub, parser in action.choices.items():
+                assert twin.choices[sub].format_help() == parser.format_help(), (name, sub)
+    assert list(_subparsers(build_parser("pu"))) == list(everything)  # not a command: all
+
+
+def test_options_before_the_command_and_typos_still_work(cli: Cli, tmp_path: Path) -> None:
+    path = _npz(tmp_path)
+    assert cli("--debug", "cid", path).line == cli("cid", path).line
+    line = cli("pu", path).err.splitlines()[-1]
+    assert "invalid choice: 'pu'" in line and "(did you mean 'put'?)" in line

@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from gradstore.cli._documents import parse_meta
 from gradstore.cli._exit import UsageError
 from gradstore.cli._main import build_parser
-from gradstore.cli._store_cmds import parse_meta
 from gradstore.dag import file_cid
 from gradstore.format import DTYPES, EXTENDED, Gradient, decode, encode
 
@@ -281,9 +281,10 @@ def test_put_refuses_by_default_what_get_refuses_by_default(
 ) -> None:
     """A tensor of exactly 1 GiB makes a document just over get's default: put says so first."""
     import gradstore.cli._store_cmds as store_cmds
+    from gradstore.cli._tensor_files import LoadedGradient
 
     huge = Gradient({"w": np.zeros(1 << 30, np.uint8)})  # calloc'd: no memory is touched
-    monkeypatch.setattr(store_cmds, "load_gradient", lambda path, meta=None: huge)
+    monkeypatch.setattr(store_cmds, "open_gradient", lambda path, meta=None: LoadedGradient(huge))
     line = cli("put", "huge.npz", "--api", unused_url()).one_error_line()  # no node contacted
     assert line.startswith("error: put huge.npz: document is 1073741") and "over max_bytes" in line
     assert "the limit is --max-bytes 1073741824; pass a larger --max-bytes N" in line

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 from typing import Any
@@ -104,6 +103,8 @@ def register(sub: Any) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Run the demo; stdout gets the node line, the per-round table and a closing line."""
+    import asyncio  # here: every command's start registers this parser, few run the demo
+
     from ..demo import DemoConfig
 
     try:

@@ -8,15 +8,25 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import sys
 from collections.abc import Callable, Iterator, Sequence
 
 Command = Callable[[argparse.Namespace], int]
 
 
-def lazy(module: str, name: str) -> Command:
-    """The command ``name`` of ``gradstore.cli.<module>``, imported when it runs."""
+def lazy(module: str, name: str, *, blas: bool = True) -> Command:
+    """The command ``name`` of ``gradstore.cli.<module>``, imported when it runs.
+
+    ``blas=False``: the command does no linear algebra, so NumPy's OpenBLAS starts with
+    one thread instead of one per core (unless ``OPENBLAS_NUM_THREADS`` is set): its
+    thread pool is started when NumPy is imported, costs 10-30 ms of every start on two
+    cores (more on big machines), and such a command never uses it.
+    """
 
     def run(args: argparse.Namespace) -> int:
+        if not blas and "numpy" not in sys.modules:
+            os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
         command: Command = getattr(importlib.import_module(f"{__package__}.{module}"), name)
         return command(args)
 

@@ -1,8 +1,16 @@
-"""Gradients from and to ``.npz`` files, the CLI's exchange format (never pickled)."""
+"""Gradients from and to ``.npz`` files, the CLI's exchange format (never pickled).
+
+Stored (uncompressed) members, what ``np.savez`` writes, are read straight into their
+arrays and written straight from them (``_stored_zip``), CRC-32 checked either way;
+compressed members (``np.savez_compressed``) are read through ``zipfile`` and NumPy.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import zipfile
+from collections.abc import Iterator
+from io import BufferedReader
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -10,44 +18,72 @@ import numpy as np
 
 from ..errors import FormatError
 from ..format import EXTENDED, Gradient, dtype_code
-
-_PICKLE_REFUSED = "Object arrays cannot be loaded"  # NumPy's message when allow_pickle=False bites
+from ._npz_directory import NPY, NPY_MAGIC, PICKLE_REFUSED, Member, fill, read_directory
+from ._stored_zip import StoredZipWriter
 
 
 def load_npz(path: str | Path, meta: dict[str, Any] | None = None) -> Gradient:
     """Read every array of an ``.npz`` (``allow_pickle=False``) as a gradient."""
-    with open(path, "rb"):  # a missing or unreadable file is an OSError naming it
-        pass
-    if not zipfile.is_zipfile(path):
-        raise FormatError(f"{path}: not an .npz file (not a zip archive of .npy arrays)")
-    tensors: dict[str, np.ndarray[Any, Any]] = {}
+    # opened outside npz_errors: a missing or unreadable file is an OSError naming it
+    with open(path, "rb") as f, npz_errors(path):
+        if not zipfile.is_zipfile(f):
+            raise FormatError("not an .npz file (not a zip archive of .npy arrays)")
+        with zipfile.ZipFile(f) as zf:
+            tensors = _read_members(zf, f)
+    if not tensors:
+        raise FormatError(f"{path}: the .npz holds no arrays")
+    return Gradient(tensors, dict(meta or {}))
+
+
+@contextlib.contextmanager
+def npz_errors(path: str | Path) -> Iterator[None]:
+    """Every refusal of an ``.npz`` as one ``FormatError`` that names the file."""
     try:
-        with np.load(path, allow_pickle=False) as npz:
-            for name in npz.files:
-                value = npz[name]
-                if not isinstance(value, np.ndarray):
-                    raise FormatError(f"{path}: member {name!r} is not a .npy array")
-                if value.dtype.kind == "V" and value.dtype.fields is None:
-                    raise FormatError(
-                        f"{path}: member {name!r} is raw bytes ({value.dtype.str}), which is "
-                        "how NumPy's .npy writes bfloat16 and float8 (the type is lost): "
-                        "use a .safetensors file"
-                    )
-                tensors[name] = value
-    except FormatError:
-        raise
+        yield
+    except FormatError as exc:
+        raise FormatError(f"{path}: {exc}") from exc
     except ValueError as exc:
-        if _PICKLE_REFUSED in str(exc):
+        if PICKLE_REFUSED in str(exc):
             raise FormatError(
                 f"{path}: holds an object array (pickled Python objects); "
                 "gradstore loads plain numeric arrays only (allow_pickle=False)"
             ) from exc
         raise FormatError(f"{path}: not a readable .npz of plain arrays ({exc})") from exc
-    except (OSError, zipfile.BadZipFile, EOFError) as exc:
+    except (OSError, zipfile.BadZipFile, EOFError, RuntimeError) as exc:
         raise FormatError(f"{path}: not a readable .npz of plain arrays ({exc})") from exc
-    if not tensors:
-        raise FormatError(f"{path}: the .npz holds no arrays")
-    return Gradient(tensors, dict(meta or {}))
+
+
+def _read_members(zf: zipfile.ZipFile, f: BufferedReader) -> dict[str, np.ndarray[Any, Any]]:
+    """Every member as an array, named as ``np.load`` names them (without ``.npy``)."""
+    tensors: dict[str, np.ndarray[Any, Any]] = {}
+    for member in read_directory(zf, f):
+        if member.stored:
+            flat = member.empty()
+            fill(f, member, flat)
+            tensors[member.name] = check_array(member.name, member.shaped(flat))
+        else:
+            tensors[member.name] = check_array(member.name, _read_compressed(zf, member))
+    return tensors
+
+
+def _read_compressed(zf: zipfile.ZipFile, member: Member) -> np.ndarray[Any, Any]:
+    with zf.open(member.info) as stream:
+        if stream.read(len(NPY_MAGIC)) != NPY_MAGIC:
+            raise FormatError(f"member {member.name!r} is not a .npy array")
+    with zf.open(member.info) as stream:
+        array: np.ndarray[Any, Any] = np.lib.format.read_array(stream, allow_pickle=False)
+    return array
+
+
+def check_array(name: str, value: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """``value``, unless it is raw bytes (how NumPy's .npy writes bfloat16 and float8)."""
+    if value.dtype.kind == "V" and value.dtype.fields is None:
+        raise FormatError(
+            f"member {name!r} is raw bytes ({value.dtype.str}), which is "
+            "how NumPy's .npy writes bfloat16 and float8 (the type is lost): "
+            "use a .safetensors file"
+        )
+    return value
 
 
 def check_npz(target: str | Path, gradient: Gradient) -> None:
@@ -65,10 +101,42 @@ def check_npz(target: str | Path, gradient: Gradient) -> None:
 def write_npz(stream: BinaryIO, gradient: Gradient) -> None:
     """Write the tensors as an uncompressed ``.npz`` to ``stream`` (meta is not kept).
 
-    Member by member, so any tensor name works (``file`` included); ``stream`` need not
-    be seekable (a pipe: zip's data descriptors then follow each member).
+    Member by member, so any tensor name works (``file`` included), each ``.npy``
+    header followed by the array's own buffer (a copy only for an array that is not
+    C-contiguous). ``stream`` need not be seekable (a pipe: data descriptors then
+    follow each member).
     """
-    with zipfile.ZipFile(stream, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
-        for name, array in gradient.tensors.items():
-            with zf.open(name + ".npy", "w", force_zip64=True) as member:
-                np.lib.format.write_array(member, np.asarray(array), allow_pickle=False)
+    archive = StoredZipWriter(stream)
+    for name, value in gradient.tensors.items():
+        array = np.asarray(value)
+        if not array.flags.c_contiguous:  # (np.ascontiguousarray would make 0-d arrays 1-d)
+            array = array.copy(order="C")
+        if array.dtype.hasobject:
+            raise FormatError(f"tensor {name!r} holds Python objects, which .npz cannot hold")
+        header = memoryview(_npy_header(array))
+        archive.add(name + NPY, [header, array.reshape(-1).view(np.uint8).data])
+    archive.close()
+
+
+def _npy_header(array: np.ndarray[Any, Any]) -> bytes:
+    """The ``.npy`` header ``np.save`` writes for a C-contiguous ``array`` (1.0, else 2.0)."""
+    fields = np.lib.format.header_data_from_array_1_0(array)
+    for write in (np.lib.format.write_array_header_1_0, np.lib.format.write_array_header_2_0):
+        out = _Collect()
+        try:
+            write(out, fields)
+        except ValueError:  # the header is too long for this version
+            continue
+        return b"".join(out.parts)
+    raise FormatError(f"the .npy header of shape {array.shape} is too long")
+
+
+class _Collect:
+    """The file object NumPy's header writers are given: it keeps what they write."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+
+    def write(self, data: bytes) -> int:
+        self.parts.append(bytes(data))
+        return len(data)

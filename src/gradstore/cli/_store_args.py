@@ -1,4 +1,5 @@
-"""The parsers of the store subcommands; light to import (the commands are in ``_store_cmds``)."""
+"""The parsers of the store subcommands; light to import (the commands: ``_file_cmds`` for
+encode, decode and cid, which need no node; ``_store_cmds`` for the others)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--meta", action="append", default=[], metavar="K=V", help="meta entry (repeatable)"
     )
-    p.set_defaults(run=lazy("_store_cmds", "cmd_encode"))
+    p.set_defaults(run=lazy("_file_cmds", "cmd_encode", blas=False))
 
     p = sub.add_parser(
         "decode", help="turn a gradstore/1 document back into an .npz or .safetensors file"
@@ -36,7 +37,7 @@ def register(sub: Any) -> None:
         help="file to write: .safetensors by its extension, else .npz",
     )
     _add_max_bytes(p)
-    p.set_defaults(run=lazy("_store_cmds", "cmd_decode"))
+    p.set_defaults(run=lazy("_file_cmds", "cmd_decode", blas=False))
 
     p = sub.add_parser(
         "cid", help="CID of a gradient's document (or of any file with --raw), no node needed"
@@ -48,7 +49,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--meta", action="append", default=[], metavar="K=V", help="meta entry (repeatable)"
     )
-    p.set_defaults(run=lazy("_store_cmds", "cmd_cid"))
+    p.set_defaults(run=lazy("_file_cmds", "cmd_cid", blas=False))
 
     p = sub.add_parser(
         "put", help="store an .npz or .safetensors gradient on the node, pinned; prints its CID"
@@ -61,7 +62,7 @@ def register(sub: Any) -> None:
     add_timeout_option(p)
     _add_max_bytes(p)
     add_compress_options(p, peer=False)
-    p.set_defaults(run=lazy("_store_cmds", "cmd_put"))
+    p.set_defaults(run=lazy("_store_cmds", "cmd_put", blas=False))
 
     p = sub.add_parser(
         "get", help="fetch, verify and decode a gradient into an .npz or .safetensors file"
@@ -76,7 +77,7 @@ def register(sub: Any) -> None:
     add_node_options(p)
     add_timeout_option(p)
     _add_max_bytes(p)
-    p.set_defaults(run=lazy("_store_cmds", "cmd_get"))
+    p.set_defaults(run=lazy("_store_cmds", "cmd_get", blas=False))
 
     p = sub.add_parser(
         "verify", help="check every block of a CID and that it is a canonical gradstore/1 document"
@@ -85,7 +86,7 @@ def register(sub: Any) -> None:
     add_node_options(p)
     add_timeout_option(p)
     _add_max_bytes(p)
-    p.set_defaults(run=lazy("_store_cmds", "cmd_verify"))
+    p.set_defaults(run=lazy("_store_cmds", "cmd_verify", blas=False))
 
     p = sub.add_parser(
         "inspect", help="names, dtypes, shapes, sizes and meta of a CID or document file"
@@ -95,7 +96,7 @@ def register(sub: Any) -> None:
     add_node_options(p)
     add_timeout_option(p)
     _add_max_bytes(p)
-    p.set_defaults(run=lazy("_store_cmds", "cmd_inspect"))
+    p.set_defaults(run=lazy("_store_cmds", "cmd_inspect", blas=False))
 
 
 def _add_max_bytes(parser: argparse.ArgumentParser) -> None:

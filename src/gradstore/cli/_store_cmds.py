@@ -1,108 +1,50 @@
-"""Store subcommands: encode, decode, cid, put, get, verify, inspect (their parsers: ``_store_args``)."""
+"""put, get, verify, inspect: the store commands that talk to a node (their parsers: ``_store_args``).
+
+encode, decode and cid need no node: they are in ``_file_cmds``, which imports none of this.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import binascii
 import json
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-import numpy as np
-
-from ..dag import CID, file_cid
+from ..dag import CID
 from ..errors import CIDError, FormatError, LimitExceededError
-from ..format import (
-    DEFAULT_LIMITS,
-    FORMAT_ID,
-    DocumentHeader,
-    Limits,
-    check_fits,
-    decode,
-    encode,
-    read_header,
-)
+from ..format import DocumentHeader, check_fits, encode, read_header
 from ..store import GradientStore
 from . import _exit
-from ._exit import UsageError
+from ._documents import command_limits, name_the_option, parse_meta, read_document
 from ._nodes import node_from_args
-from ._output import announce_written, check_target, open_output
+from ._output import announce_written, check_target
 from ._patience import Patience
 from ._progress import ProgressBar
-from ._tensor_files import load_gradient, save_gradient
+from ._tensor_files import load_gradient, open_gradient, save_gradient
 from ._text import printable
 
 T = TypeVar("T")
-_FILE_CHUNK = 16 << 20
 
 
-def parse_meta(items: list[str]) -> dict[str, Any]:
-    """``k=v`` pairs: v as JSON when it parses (numbers, true/false/null, quoted strings), else a string."""
-    meta: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise UsageError(f"--meta expects KEY=VALUE, got {item!r}")
-        if key in meta:
-            raise UsageError(f"--meta {key} is given twice")
+def parse_cid(text: str) -> CID:
+    """``CID.parse(text)``, without loading ``multiformats`` (about 45 ms) for the form Kubo
+    and gradstore print: a canonical base32 CIDv1. Anything else goes to ``CID.parse``."""
+    body = text.strip().removeprefix("/ipfs/")
+    digits = body[1:]
+    if body.startswith("b") and digits.isascii() and digits.isalnum() and digits.islower():
         try:
-            parsed = json.loads(value)
-        except json.JSONDecodeError:
-            parsed = value
-        meta[key] = parsed
-    return meta
-
-
-def _read_file(path: str) -> np.ndarray:
-    """A file's bytes in a NumPy buffer (no big ``bytes`` object)."""
-    return np.fromfile(path, dtype=np.uint8)
-
-
-def _read_document(args: argparse.Namespace, path: str, parse: Callable[[np.ndarray], T]) -> T:
-    """Parse a document file with ``parse``; a refusal names the file (and --max-bytes)."""
-    buf = _read_file(path)
-    try:
-        return parse(buf)
-    except LimitExceededError as exc:
-        raise _name_the_option(exc, args, path) from exc
-    except FormatError as exc:
-        if str(exc).startswith(f"not a {FORMAT_ID} document"):
-            raise FormatError(f"{path}: {exc}") from exc
-        raise FormatError(f"{path}: not a valid gradstore/1 document: {exc}") from exc
-
-
-def _file_pieces(path: str) -> Any:
-    with open(path, "rb") as f:
-        while True:
-            buf = bytearray(_FILE_CHUNK)
-            n = f.readinto(buf)
-            if not n:
-                return
-            yield memoryview(buf)[:n]
-
-
-def _limits(args: argparse.Namespace) -> Limits:
-    """The limits a command runs with: the defaults, scaled to ``--max-bytes``.
-
-    put checks what it stores against the same limits get decodes with, so what one
-    stores the other fetches.
-    """
-    max_bytes = getattr(args, "max_bytes", None) or DEFAULT_LIMITS.max_bytes
-    return Limits(max_bytes=max_bytes, max_elements=max(DEFAULT_LIMITS.max_elements, max_bytes))
-
-
-def _name_the_option(exc: LimitExceededError, args: argparse.Namespace, what: str) -> Exception:
-    """A size refusal that says which option raises the limit, and what it is now."""
-    text = str(exc)
-    if not any(word in text for word in ("max_bytes", "-byte limit", "max_elements")):
-        return exc
-    limit = _limits(args).max_bytes
-    return LimitExceededError(
-        f"{what}: {text} (the limit is --max-bytes {limit}; pass a larger --max-bytes N "
-        "to allow it)"
-    )
+            cid = CID.from_bytes(base64.b32decode(digits.upper() + "=" * (-len(digits) % 8)))
+        except (binascii.Error, CIDError):
+            pass
+        else:
+            if cid.version == 1 and str(cid) == body:  # exactly what CID.parse would return
+                return cid
+    return CID.parse(text)
 
 
 def _with_store(
@@ -125,7 +67,7 @@ def _with_store(
         patience = Patience(what, args.timeout, then=bar)
         try:
             return await patience.run(
-                work(GradientStore(node, limits=_limits(args)), patience.progress)
+                work(GradientStore(node, limits=command_limits(args)), patience.progress)
             )
         finally:
             await node.aclose()
@@ -133,44 +75,54 @@ def _with_store(
     try:
         return asyncio.run(run())
     except LimitExceededError as exc:
-        raise _name_the_option(exc, args, subject) from exc
+        raise name_the_option(exc, args, subject) from exc
     except FormatError as exc:  # a CID of something else: say which
         raise FormatError(f"{subject}: {exc}") from exc
 
 
-def cmd_encode(args: argparse.Namespace) -> int:
-    doc = encode(load_gradient(args.input, parse_meta(args.meta)))
-    with open_output(args.output) as out:
-        doc.write_to(out.stream)
-    announce_written(args.output)
-    return _exit.SUCCESS
-
-
-def cmd_decode(args: argparse.Namespace) -> int:
-    limits = _limits(args)
-    save_gradient(args.output, _read_document(args, args.input, lambda buf: decode(buf, limits)))
-    announce_written(args.output)
-    return _exit.SUCCESS
-
-
-def cmd_cid(args: argparse.Namespace) -> int:
-    if args.raw:
-        print(file_cid(_file_pieces(args.input)))
-    else:
-        print(file_cid(encode(load_gradient(args.input, parse_meta(args.meta)))))
-    return _exit.SUCCESS
-
-
 def cmd_put(args: argparse.Namespace) -> int:
+    if args.compress is not None or args.residual is not None:  # (--residual needs --compress)
+        cid = _put_compressed(args)
+        print(cid)
+        return _exit.SUCCESS
+    with open_gradient(args.input, parse_meta(args.meta)) as source:
+        doc = source.document()  # an .npz is read from here on, while its blocks are sent
+        try:
+            check_fits(source.gradient, doc.size, command_limits(args))
+        except LimitExceededError as exc:
+            raise name_the_option(exc, args, f"put {args.input}") from exc
+        bar = ProgressBar("put")
+        try:
+            cid = _with_store(
+                args,
+                args.input,
+                lambda s, progress: s.put_document(doc, progress=progress),
+                bar,
+                waiting=lambda node: f"{node} to store {args.input}",
+            )
+        except FormatError:
+            failure = source.failure()  # the file's own refusal, as it is worded
+            if failure is not None:
+                raise failure from None
+            raise
+        finally:
+            bar.close()
+    print(cid)
+    return _exit.SUCCESS
+
+
+def _put_compressed(args: argparse.Namespace) -> object:
+    """``put --compress``: the whole gradient is read, compressed (with --residual's
+    error feedback), checked against the limits and stored."""
     from ._compress_cmd import compressed_update
 
     gradient = load_gradient(args.input, parse_meta(args.meta))
     document, stored = compressed_update(args, gradient)  # --compress, --residual
     doc = encode(document)
     try:
-        check_fits(document, doc.size, _limits(args))
+        check_fits(document, doc.size, command_limits(args))
     except LimitExceededError as exc:
-        raise _name_the_option(exc, args, f"put {args.input}") from exc
+        raise name_the_option(exc, args, f"put {args.input}") from exc
     bar = ProgressBar("put")
     try:
         cid = _with_store(
@@ -183,12 +135,11 @@ def cmd_put(args: argparse.Namespace) -> int:
     finally:
         bar.close()
     stored()
-    print(cid)
-    return _exit.SUCCESS
+    return cid
 
 
 def cmd_get(args: argparse.Namespace) -> int:
-    cid = CID.parse(args.cid)
+    cid = parse_cid(args.cid)
     check_target(args.output)  # before fetching: a directory or a terminal cannot take it
     bar = ProgressBar("get")
     try:
@@ -203,7 +154,7 @@ def cmd_get(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    cid = CID.parse(args.cid)
+    cid = parse_cid(args.cid)
     report = _with_store(args, str(cid), lambda s, progress: s.verify(cid, progress=progress))
     print(
         f"ok {report.cid}: {report.size} bytes, {report.blocks} blocks, "
@@ -216,11 +167,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     target: str = args.target
     if Path(target).is_file():
         source = target
-        limits = _limits(args)
-        header = _read_document(args, target, lambda buf: read_header(buf, limits))
+        limits = command_limits(args)
+        header = read_document(args, target, lambda buf: read_header(buf, limits))
     else:
         try:
-            cid = CID.parse(target)
+            cid = parse_cid(target)
         except CIDError as exc:
             raise CIDError(f"{target!r} is neither a file nor a CID ({exc})") from exc
         source = str(cid)

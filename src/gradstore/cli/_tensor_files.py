@@ -10,11 +10,13 @@ from __future__ import annotations
 import shutil
 import tempfile
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 from ..errors import FormatError
-from ..format import Gradient, name_problem
+from ..format import EncodedDocument, Gradient, encode, name_problem
 from ._npz import check_npz, load_npz, write_npz
+from ._npz_stream import NpzStream
 from ._output import check_target, open_output
 from ._safetensors import load_safetensors, safetensors_arrays, write_safetensors
 
@@ -31,6 +33,40 @@ def load_gradient(path: str | Path, meta: dict[str, Any] | None = None) -> Gradi
     if is_safetensors(path):
         return load_safetensors(path, meta)
     return load_npz(path, meta)
+
+
+class LoadedGradient:
+    """A gradient read whole, with the interface of ``NpzStream`` (nothing to wait for)."""
+
+    def __init__(self, gradient: Gradient) -> None:
+        self.gradient = gradient
+
+    def document(self) -> EncodedDocument:
+        return encode(self.gradient)
+
+    def failure(self) -> BaseException | None:
+        return None
+
+    def __enter__(self) -> LoadedGradient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        return None
+
+
+def open_gradient(
+    path: str | Path, meta: dict[str, Any] | None = None
+) -> NpzStream | LoadedGradient:
+    """The tensors of a file for ``put`` and ``cid``: an ``.npz`` is read while its document
+    is hashed (``_npz_stream``), a ``.safetensors`` file whole. Use it in a ``with``."""
+    if is_safetensors(path):
+        return LoadedGradient(load_safetensors(path, meta))
+    return NpzStream(path, meta)
 
 
 def save_gradient(target: str | Path, gradient: Gradient) -> None:

@@ -8,6 +8,7 @@ and the two float8 formats have no NumPy type string of their own (NumPy calls b
 
 from __future__ import annotations
 
+import sys
 from functools import cache
 from typing import Any, Final
 
@@ -81,13 +82,23 @@ def is_float(dt: np.dtype[Any]) -> bool:
     return code is not None and (code in EXTENDED or _NUMPY[code].kind == "f")
 
 
+def _is_masked(value: object) -> bool:
+    """Whether ``value`` is a NumPy masked array, without importing ``numpy.ma`` to ask.
+
+    ``np.ma`` loads on first use (about 10 ms, on every put and cid); a masked array can
+    only exist once something imported it, so until then nothing is one.
+    """
+    ma = sys.modules.get("numpy.ma")
+    return ma is not None and isinstance(value, ma.MaskedArray)
+
+
 def normalize_array(value: object, path: str) -> np.ndarray[Any, Any]:
     """``value`` as a C-contiguous little-endian array of an allowed dtype (no copy if it is).
 
     Only NumPy arrays and NumPy scalars are accepted: lists, Python numbers and
     masked arrays are refused, so nothing is guessed.
     """
-    if isinstance(value, np.ma.MaskedArray):
+    if _is_masked(value):
         raise InvalidDocumentError("masked arrays are not storable; fill them first", path)
     if not isinstance(value, np.ndarray | np.generic):
         raise InvalidDocumentError(

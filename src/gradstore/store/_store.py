@@ -191,11 +191,16 @@ async def _fetch_inner_nodes(node: Node, assembler: FileAssembler) -> list[LeafS
 
 
 class _Filled:
-    """The length of the buffer's filled prefix, shared by the reading and the hashing thread."""
+    """The length of the buffer's filled prefix, shared by the reading and the hashing thread.
+
+    The reader advances once per socket read (a few KiB); the hasher is woken only when
+    the leaf it waits for is complete, not at every read (a wake-up is a thread switch).
+    """
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._pos = 0
+        self._want = 0  # what the hasher waits for (0: nothing yet)
         self._ended = False
         self._aborted = False
 
@@ -205,7 +210,8 @@ class _Filled:
             if self._aborted:
                 raise _Aborted
             self._pos = pos
-            self._cond.notify_all()
+            if pos >= self._want:
+                self._cond.notify_all()
 
     def end(self) -> None:
         with self._cond:
@@ -220,6 +226,7 @@ class _Filled:
     def wait_for(self, pos: int) -> bool:
         """Hasher: wait until ``pos`` bytes are in; False if the reader ended or was stopped first."""
         with self._cond:
+            self._want = pos
             self._cond.wait_for(lambda: self._pos >= pos or self._ended or self._aborted)
             return self._pos >= pos and not self._aborted
 

@@ -1,0 +1,75 @@
+"""What the store commands share: ``--meta``, the ``--max-bytes`` limits, document files.
+
+Light on purpose: the commands that need no node (``_file_cmds``) and those that do
+(``_store_cmds``) both import it, and neither pulls the other's imports in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import numpy as np
+
+from ..errors import FormatError, LimitExceededError
+from ..format import DEFAULT_LIMITS, FORMAT_ID, Limits
+from ._exit import UsageError
+
+T = TypeVar("T")
+
+
+def parse_meta(items: list[str]) -> dict[str, Any]:
+    """``k=v`` pairs: v as JSON when it parses (numbers, true/false/null, quoted strings), else a string."""
+    meta: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--meta expects KEY=VALUE, got {item!r}")
+        if key in meta:
+            raise UsageError(f"--meta {key} is given twice")
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            parsed = value
+        meta[key] = parsed
+    return meta
+
+
+def command_limits(args: argparse.Namespace) -> Limits:
+    """The limits a command runs with: the defaults, scaled to ``--max-bytes``.
+
+    put checks what it stores against the same limits get decodes with, so what one
+    stores the other fetches.
+    """
+    max_bytes = getattr(args, "max_bytes", None) or DEFAULT_LIMITS.max_bytes
+    return Limits(max_bytes=max_bytes, max_elements=max(DEFAULT_LIMITS.max_elements, max_bytes))
+
+
+def name_the_option(exc: LimitExceededError, args: argparse.Namespace, what: str) -> Exception:
+    """A size refusal that says which option raises the limit, and what it is now."""
+    text = str(exc)
+    if not any(word in text for word in ("max_bytes", "-byte limit", "max_elements")):
+        return exc
+    limit = command_limits(args).max_bytes
+    return LimitExceededError(
+        f"{what}: {text} (the limit is --max-bytes {limit}; pass a larger --max-bytes N "
+        "to allow it)"
+    )
+
+
+def read_document(args: argparse.Namespace, path: str, parse: Callable[[np.ndarray], T]) -> T:
+    """Parse a document file with ``parse``; a refusal names the file (and --max-bytes).
+
+    The file's bytes go into a NumPy buffer (no big ``bytes`` object).
+    """
+    buf = np.fromfile(path, dtype=np.uint8)
+    try:
+        return parse(buf)
+    except LimitExceededError as exc:
+        raise name_the_option(exc, args, path) from exc
+    except FormatError as exc:
+        if str(exc).startswith(f"not a {FORMAT_ID} document"):
+            raise FormatError(f"{path}: {exc}") from exc
+        raise FormatError(f"{path}: not a valid gradstore/1 document: {exc}") from exc

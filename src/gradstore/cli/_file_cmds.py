@@ -1,0 +1,53 @@
+"""encode, decode, cid: the store commands that need no node (their parsers: ``_store_args``).
+
+They import neither the node layer nor httpx nor asyncio: a ``gradstore cid`` starts
+with what hashing a file needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+
+from ..dag import file_cid
+from ..format import decode, encode
+from . import _exit
+from ._documents import command_limits, parse_meta, read_document
+from ._output import announce_written, open_output
+from ._tensor_files import load_gradient, open_gradient, save_gradient
+
+_FILE_CHUNK = 16 << 20
+
+
+def cmd_encode(args: argparse.Namespace) -> int:
+    doc = encode(load_gradient(args.input, parse_meta(args.meta)))
+    with open_output(args.output) as out:
+        doc.write_to(out.stream)
+    announce_written(args.output)
+    return _exit.SUCCESS
+
+
+def cmd_decode(args: argparse.Namespace) -> int:
+    limits = command_limits(args)
+    save_gradient(args.output, read_document(args, args.input, lambda buf: decode(buf, limits)))
+    announce_written(args.output)
+    return _exit.SUCCESS
+
+
+def cmd_cid(args: argparse.Namespace) -> int:
+    if args.raw:
+        print(file_cid(_file_pieces(args.input)))
+    else:
+        with open_gradient(args.input, parse_meta(args.meta)) as source:
+            print(file_cid(source.document()))
+    return _exit.SUCCESS
+
+
+def _file_pieces(path: str) -> Iterator[memoryview]:
+    with open(path, "rb") as f:
+        while True:
+            buf = bytearray(_FILE_CHUNK)
+            n = f.readinto(buf)
+            if not n:
+                return
+            yield memoryview(buf)[:n]
