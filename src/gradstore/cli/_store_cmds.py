@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
-import binascii
 import json
 import sys
 from collections.abc import Awaitable, Callable
@@ -29,22 +27,6 @@ from ._tensor_files import load_gradient, open_gradient, save_gradient
 from ._text import printable
 
 T = TypeVar("T")
-
-
-def parse_cid(text: str) -> CID:
-    """``CID.parse(text)``, without loading ``multiformats`` (about 45 ms) for the form Kubo
-    and gradstore print: a canonical base32 CIDv1. Anything else goes to ``CID.parse``."""
-    body = text.strip().removeprefix("/ipfs/")
-    digits = body[1:]
-    if body.startswith("b") and digits.isascii() and digits.isalnum() and digits.islower():
-        try:
-            cid = CID.from_bytes(base64.b32decode(digits.upper() + "=" * (-len(digits) % 8)))
-        except (binascii.Error, CIDError):
-            pass
-        else:
-            if cid.version == 1 and str(cid) == body:  # exactly what CID.parse would return
-                return cid
-    return CID.parse(text)
 
 
 def _with_store(
@@ -139,7 +121,7 @@ def _put_compressed(args: argparse.Namespace) -> object:
 
 
 def cmd_get(args: argparse.Namespace) -> int:
-    cid = parse_cid(args.cid)
+    cid = CID.parse(args.cid)
     check_target(args.output)  # before fetching: a directory or a terminal cannot take it
     bar = ProgressBar("get")
     try:
@@ -154,7 +136,7 @@ def cmd_get(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    cid = parse_cid(args.cid)
+    cid = CID.parse(args.cid)
     report = _with_store(args, str(cid), lambda s, progress: s.verify(cid, progress=progress))
     print(
         f"ok {report.cid}: {report.size} bytes, {report.blocks} blocks, "
@@ -171,7 +153,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         header = read_document(args, target, lambda buf: read_header(buf, limits))
     else:
         try:
-            cid = parse_cid(target)
+            cid = CID.parse(target)
         except CIDError as exc:
             raise CIDError(f"{target!r} is neither a file nor a CID ({exc})") from exc
         source = str(cid)

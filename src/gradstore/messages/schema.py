@@ -7,15 +7,13 @@ CIDv1 strings, did lists sorted) and refuses the rest with
 
 from __future__ import annotations
 
-import base64
-import binascii
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from enum import StrEnum
 from typing import Any, ClassVar, Final
 
-from ..dag.cid import CID, DAG_CBOR, codec_name
+from ..dag.cid import CID, DAG_CBOR, canonical_v1, codec_name
 from ..errors import CIDError, MessageError
 from .didkey import public_key_from_did
 
@@ -61,58 +59,15 @@ def check_did(name: str, value: object) -> str:
     return value
 
 
-#: RFC 4648 base32 (lower case) to the digits of Python's int(..., 32): C speed decoding.
-_B32_TO_INT: Final = str.maketrans(
-    "abcdefghijklmnopqrstuvwxyz234567", "0123456789abcdefghijklmnopqrstuv"
-)
-_B32_CHARS: Final = frozenset("abcdefghijklmnopqrstuvwxyz234567")
-
-#: A CIDv1 of ours in binary: version 1, a one-byte codec, sha2-256, 32 digest bytes.
-_CID_V1_BYTES: Final = 36
-_B32_LEN: Final = 58  # characters of base32 for 36 bytes, without padding
-
-
-def _canonical_v1(text: str) -> CID | None:
-    """The CID of ``text`` when it is the canonical base32 string of a 36-byte CIDv1.
-
-    Every one of our CIDs is (raw, dag-pb or dag-cbor; sha2-256): then decoding exactly
-    proves the text canonical, with no re-encoding. Anything else returns None.
-    """
-    if len(text) != 1 + _B32_LEN or text[0] != "b" or not _B32_CHARS.issuperset(text[1:]):
-        return None
-    value = int(text[1:].translate(_B32_TO_INT), 32)
-    spare = _B32_LEN * 5 - _CID_V1_BYTES * 8  # padding bits, zero in a canonical string
-    if value & ((1 << spare) - 1):
-        return None
-    raw = (value >> spare).to_bytes(_CID_V1_BYTES, "big")
-    if raw[0] != 1 or raw[1] >= 0x80 or raw[2:4] != b"\x12\x20":
-        return None  # another shape: CID.parse decides (and re-encoding checks it)
-    try:
-        return CID.from_bytes(raw)
-    except CIDError:
-        return None
-
-
-def _fast_parse(text: str) -> CID:
-    """``CID.parse``, with a stdlib fast path for base32 CIDv1 (multiformats costs ~0.5 ms)."""
-    if text.startswith("b") and text.isascii() and text[1:].isalnum() and text[1:].islower():
-        body = text[1:].upper()
-        try:
-            return CID.from_bytes(base64.b32decode(body + "=" * (-len(body) % 8)))
-        except (binascii.Error, ValueError):
-            pass  # let CID.parse explain what is wrong
-    return CID.parse(text)
-
-
 def check_cid(name: str, value: object, codec: int | None = None) -> str:
     """The canonical string of a CID given as a string or a ``CID``."""
     if not isinstance(value, str | CID):
         raise MessageError(
             "malformed", f"`{name}` must be a CID string, got {type(value).__name__}"
         )
-    canonical = _canonical_v1(value) if isinstance(value, str) else None
+    canonical = canonical_v1(value) if isinstance(value, str) else None
     try:
-        cid = canonical or (_fast_parse(value) if isinstance(value, str) else value)
+        cid = canonical or CID.parse(value)
     except CIDError as exc:
         raise MessageError("malformed", f"`{name}`: {exc}") from None
     if codec is not None and cid.codec != codec:
