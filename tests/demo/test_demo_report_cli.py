@@ -123,7 +123,7 @@ def test_demo_command_on_a_local_node(tmp_path, capsys):
     assert code == 0, err
     lines = out.splitlines()
     assert lines[0] == f"node: local node in {(tmp_path / 'node').resolve()}"
-    assert lines[1].startswith("job: federated softmax, 2 peers x 719 samples")
+    assert lines[1].startswith("job: federated mlp, 2 peers x 719 samples")
     assert lines[2] == table_header()
     assert [line.split()[0] for line in lines[3:5]] == ["0", "1"]
     assert lines[5].startswith("done: held-out accuracy")

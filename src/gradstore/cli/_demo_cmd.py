@@ -63,13 +63,13 @@ def register(sub: Any) -> None:
         "--model",
         choices=("softmax", "mlp", "cnn"),
         default=None,
-        help="numpy: softmax (default) or mlp; torch: cnn (default)",
+        help="numpy: mlp (default) or softmax; torch: cnn (default)",
     )
     p.add_argument(
         "--hidden",
         type=_positive_int,
         default=None,
-        help="mlp: hidden units (default 32)",
+        help="mlp: hidden units (default 64)",
     )
     p.add_argument(
         "--seed", type=int, default=0, help="data shuffle, initialisation and local SGD (default 0)"
@@ -112,7 +112,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             peers=args.peers,
             rounds=args.rounds,
             mode=args.mode,
-            model=args.model or ("cnn" if args.framework == "torch" else "softmax"),
+            model=args.model or ("cnn" if args.framework == "torch" else "mlp"),
             framework=args.framework,
             seed=args.seed,
             lr=args.lr,

@@ -96,7 +96,7 @@ class MLP:
 
     n_features: int
     n_classes: int
-    hidden: int = 32
+    hidden: int = 64
     name: str = "mlp"
 
     def init(self, rng: np.random.Generator) -> Params:
@@ -144,7 +144,7 @@ FRAMEWORK_MODELS = {"numpy": MODELS, "torch": ("cnn",)}
 def make_model(name: str, n_features: int, n_classes: int, hidden: int | None = None) -> Model:
     """The model called ``name`` (one in ``FRAMEWORK_MODELS``) for this data's shape.
 
-    ``hidden``: the MLP's hidden units (default 32). "cnn" is a PyTorch network and needs
+    ``hidden``: the MLP's hidden units (default 64). "cnn" is a PyTorch network and needs
     the ``torch`` extra.
     """
     if hidden is not None and name != "mlp":

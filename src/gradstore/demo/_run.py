@@ -59,7 +59,7 @@ class DemoConfig:
     peers: int = 4
     rounds: int = 20
     mode: str = "federated"
-    model: str = "softmax"
+    model: str = "mlp"
     framework: str = "numpy"
     seed: int = 0
     lr: float | None = None
@@ -67,7 +67,7 @@ class DemoConfig:
     batch_size: int = 32
     deadline_s: float = 120.0
     compress: str | None = None  # a compression spec: peers send compressed updates
-    hidden: int | None = None  # the mlp's hidden units (default 32)
+    hidden: int | None = None  # the mlp's hidden units (default 64)
 
     def __post_init__(self) -> None:
         if self.compress is not None:
