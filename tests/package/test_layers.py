@@ -16,6 +16,7 @@ import gradstore
 RANK = {
     "_version": 0,
     "errors": 0,
+    "_closing": 0,
     "format": 1,
     "compress": 2,
     "dag": 2,

@@ -24,11 +24,11 @@ import zipfile
 from collections.abc import Iterator
 from io import BufferedReader
 from pathlib import Path
-from types import TracebackType
 from typing import Any, BinaryIO
 
 import numpy as np
 
+from .._closing import Closing
 from ..dag import CHUNK_SIZE
 from ..errors import FormatError
 from ..format import EncodedDocument, Gradient, encode
@@ -130,7 +130,7 @@ class _StreamedDocument(EncodedDocument):
         return super().tobytes()
 
 
-class NpzStream:
+class NpzStream(Closing):
     """``with NpzStream(path, meta) as npz: use(npz.document())``; see the module docstring.
 
     ``gradient`` has the file's arrays, filled while the document is read.
@@ -240,17 +240,6 @@ class NpzStream:
             self._thread.join()
         if self._file is not None:
             self._file.close()
-
-    def __enter__(self) -> NpzStream:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def _streamable(member: Member) -> bool:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import shutil
 import tempfile
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
+from .._closing import Closing
 from ..errors import FormatError
 from ..format import EncodedDocument, Gradient, encode, name_problem
 from ._npz import check_npz, load_npz, write_npz
@@ -35,7 +35,7 @@ def load_gradient(path: str | Path, meta: dict[str, Any] | None = None) -> Gradi
     return load_npz(path, meta)
 
 
-class LoadedGradient:
+class LoadedGradient(Closing):
     """A gradient read whole, with the interface of ``NpzStream`` (nothing to wait for)."""
 
     def __init__(self, gradient: Gradient) -> None:
@@ -47,16 +47,8 @@ class LoadedGradient:
     def failure(self) -> BaseException | None:
         return None
 
-    def __enter__(self) -> LoadedGradient:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        return None
+    def close(self) -> None:
+        """Nothing to release: the gradient is in memory."""
 
 
 def open_gradient(

@@ -5,7 +5,7 @@ protocols too: callers test for them, not for a class. ``KuboDaemon`` and
 ``find_kubo_binary`` launch isolated Kubo daemons for tests and local runs.
 """
 
-from ._closing import Closing
+from .._closing import Closing
 from ._config import MAX_PUBSUB_DATA, DaemonSettings, Retry, Timeouts
 from ._follow import follow
 from .base import Node, NodeIdentity, PubsubMessage, Subscription

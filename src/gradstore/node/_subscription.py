@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 from typing import Self
 
+from .._closing import AsyncClosing
 from ..errors import NodeError
-from ._closing import AsyncClosing
 from .base import PubsubMessage
 
 _CLOSED = object()

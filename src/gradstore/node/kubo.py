@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import httpx
 
+from .._closing import AsyncClosing
 from ..dag.block import Block
 from ..dag.chunker import as_bytes_view
 from ..dag.cid import CID, verify_block
@@ -28,7 +29,6 @@ from ..errors import (
 )
 from . import _bulk
 from . import kubo_rpc as rpc
-from ._closing import AsyncClosing
 from ._config import DEFAULT_API, DEFAULT_TIMEOUTS, Retry, Timeouts, check_pubsub_size
 from ._guarded_import import CanaryGuardedImport
 from ._subscription import QueuedSubscription

@@ -20,13 +20,13 @@ from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
+from .._closing import AsyncClosing
 from .._version import __version__
 from ..dag.block import Block, block_links
 from ..dag.car import CarReader, write_car
 from ..dag.chunker import as_bytes_view
 from ..dag.cid import CID, RAW, verify_block
 from ..errors import BlockNotFoundError, LimitExceededError
-from ._closing import AsyncClosing
 from ._config import check_pubsub_size
 from ._subscription import QueuedSubscription
 from .base import NodeIdentity, PubsubMessage
