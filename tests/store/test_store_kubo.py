@@ -10,9 +10,10 @@ import httpx
 import numpy as np
 import pytest
 
+from gradstore.compress import compress
 from gradstore.dag import CID, file_cid
-from gradstore.errors import BlockNotFoundError, IntegrityError, NodeError
-from gradstore.format import Gradient, encode
+from gradstore.errors import BlockNotFoundError, IntegrityError, InvalidDocumentError, NodeError
+from gradstore.format import CompressedGradient, Gradient, encode
 from gradstore.node import KuboDaemon, KuboNode
 from gradstore.node._guarded_import import CanaryGuardedImport
 from gradstore.store import GradientStore, _put
@@ -313,5 +314,23 @@ def test_a_node_that_stores_another_root_fails_the_put(kubo: KuboDaemon) -> None
         async with KuboNode(kubo.api_url, transport=_WrongDagPut(other)) as node:
             with pytest.raises(IntegrityError, match="dag/put stored"):
                 await GradientStore(node).put(g)
+
+    asyncio.run(go())
+
+
+def test_get_any_returns_a_compressed_gradient_and_get_points_to_it(kubo: KuboDaemon) -> None:
+    dense = _gradient(20_000)
+    compressed = compress(dense, "topk:0.1")
+
+    async def go() -> None:
+        async with kubo.node() as node:
+            store = GradientStore(node)
+            cid = await store.put(compressed)
+            got = await store.get_any(cid)
+            assert isinstance(got, CompressedGradient) and got == compressed
+            with pytest.raises(InvalidDocumentError, match=r"get_any\(\)"):
+                await store.get(cid)
+            plain = await store.get_any(await store.put(dense))
+            assert isinstance(plain, Gradient) and plain == dense
 
     asyncio.run(go())

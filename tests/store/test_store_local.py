@@ -9,9 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gradstore.compress import compress
 from gradstore.dag import CID, file_cid
 from gradstore.errors import BlockNotFoundError, IntegrityError, LimitExceededError, NodeError
-from gradstore.format import Gradient, Limits, encode
+from gradstore.format import CompressedGradient, Gradient, Limits, encode
 from gradstore.node import LocalNode, SupportsCatInto
 from gradstore.store import GradientStore, SyncGradientStore
 
@@ -41,6 +42,16 @@ def test_put_get_round_trip_multi_chunk(tmp_path: Path) -> None:
     assert back == g
     assert (report.blocks, report.tensors) == (5, 3)  # four 1 MiB leaves and their root
     assert cid in asyncio.run(LocalNode(tmp_path).pins())
+
+
+def test_sync_get_any_returns_what_was_put_either_kind(tmp_path: Path) -> None:
+    dense = Gradient({"w": _gradient(4000).tensors["layer1.weight"]})
+    compressed = compress(dense, "int8")
+    with SyncGradientStore(LocalNode(tmp_path)) as store:
+        back = store.get_any(store.put(compressed))
+        plain = store.get_any(store.put(dense))
+    assert isinstance(back, CompressedGradient) and back == compressed
+    assert isinstance(plain, Gradient) and plain == dense
 
 
 def test_small_gradient_is_one_raw_block(tmp_path: Path) -> None:

@@ -27,7 +27,9 @@ def register(sub: Any) -> None:
     p.set_defaults(run=lazy("_file_cmds", "cmd_encode", blas=False))
 
     p = sub.add_parser(
-        "decode", help="turn a gradstore/1 document back into an .npz or .safetensors file"
+        "decode",
+        help="turn a document back into an .npz or .safetensors file (a compressed one: "
+        "decompressed, to each tensor's declared dtype)",
     )
     p.add_argument("input", help="document file")
     p.add_argument(
@@ -37,6 +39,7 @@ def register(sub: Any) -> None:
         help="file to write: .safetensors by its extension, else .npz",
     )
     _add_max_bytes(p)
+    _add_float64(p)
     p.set_defaults(run=lazy("_file_cmds", "cmd_decode", blas=False))
 
     p = sub.add_parser(
@@ -65,7 +68,9 @@ def register(sub: Any) -> None:
     p.set_defaults(run=lazy("_store_cmds", "cmd_put", blas=False))
 
     p = sub.add_parser(
-        "get", help="fetch, verify and decode a gradient into an .npz or .safetensors file"
+        "get",
+        help="fetch, verify and decode a gradient into an .npz or .safetensors file (a "
+        "compressed one: decompressed, to each tensor's declared dtype)",
     )
     p.add_argument("cid")
     p.add_argument(
@@ -77,6 +82,7 @@ def register(sub: Any) -> None:
     add_node_options(p)
     add_timeout_option(p)
     _add_max_bytes(p)
+    _add_float64(p)
     p.set_defaults(run=lazy("_store_cmds", "cmd_get", blas=False))
 
     p = sub.add_parser(
@@ -107,4 +113,14 @@ def _add_max_bytes(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help=f"refuse documents larger than N bytes (default {MAX_BYTES_DEFAULT_TEXT}); "
         "N may end in KiB, MiB, GiB or TiB",
+    )
+
+
+def _add_float64(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--float64",
+        action="store_true",
+        help="for a compressed document (refused for a dense one): write the exact float64 "
+        "decompressed values, what aggregation and audit use, instead of each tensor's "
+        "declared dtype; they count against --max-bytes",
     )

@@ -18,6 +18,7 @@ from ..errors import CIDError, FormatError, LimitExceededError
 from ..format import DocumentHeader, check_fits, encode, read_header
 from ..store import GradientStore
 from . import _exit
+from ._decompressed import dense_to_write
 from ._documents import command_limits, name_the_option, parse_meta, read_document
 from ._nodes import node_from_args
 from ._output import announce_written, check_target
@@ -125,12 +126,18 @@ def cmd_get(args: argparse.Namespace) -> int:
     check_target(args.output)  # before fetching: a directory or a terminal cannot take it
     bar = ProgressBar("get")
     try:
-        gradient = _with_store(
-            args, str(cid), lambda s, progress: s.get(cid, progress=progress), bar
+        document = _with_store(
+            args, str(cid), lambda s, progress: s.get_any(cid, progress=progress), bar
         )
     finally:
         bar.close()
+    try:
+        gradient, note = dense_to_write(document, args, str(cid))
+    except LimitExceededError as exc:
+        raise name_the_option(exc, args, str(cid)) from exc
     save_gradient(args.output, gradient)
+    if note is not None:
+        print(note, file=sys.stderr)
     announce_written(args.output)
     return _exit.SUCCESS
 

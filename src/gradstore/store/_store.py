@@ -28,14 +28,13 @@ from ..dag import (
 )
 from ..dag.assemble import LeafSpan
 from ..dag.cid import RAW
-from ..errors import DAGError, IntegrityError
+from ..errors import DAGError, IntegrityError, InvalidDocumentError
 from ..format import (
     DEFAULT_LIMITS,
     CompressedGradient,
     EncodedDocument,
     Gradient,
     Limits,
-    decode,
     decode_any,
     encode,
 )
@@ -145,10 +144,30 @@ class GradientStore:
     async def get(
         self, cid: CID | str, *, limits: Limits | None = None, progress: Progress | None = None
     ) -> Gradient:
-        """Fetch, verify and decode the gradient at ``cid`` (zero-copy views into one buffer)."""
+        """Fetch, verify and decode the gradient at ``cid`` (zero-copy views into one buffer).
+
+        A compressed document (gradstore/2) is refused with InvalidDocumentError: use
+        :meth:`get_any`.
+        """
+        got = await self.get_any(cid, limits=limits, progress=progress)
+        if isinstance(got, CompressedGradient):
+            raise InvalidDocumentError(
+                f"a compressed document (gradstore/2, codec {got.codec}): fetch it with "
+                "get_any(), which returns a CompressedGradient",
+                "$.format",
+            )
+        return got
+
+    async def get_any(
+        self, cid: CID | str, *, limits: Limits | None = None, progress: Progress | None = None
+    ) -> Gradient | CompressedGradient:
+        """:meth:`get` for either format, as ``decode_any``: a ``Gradient``, or a
+        ``CompressedGradient`` whose payloads are views into the fetched buffer, nothing
+        decompressed until asked (``decompress(max_bytes=...)`` gives the float64 values).
+        """
         lim = limits or self.limits
         buf = await self.fetch_document(cid, max_bytes=lim.max_bytes, progress=progress)
-        return decode(buf, lim)
+        return decode_any(buf, lim)
 
     async def verify(self, cid: CID | str, *, progress: Progress | None = None) -> VerifyReport:
         """Fetch every block, check its hash, decode strictly and recompute the root CID."""

@@ -34,6 +34,11 @@ class SyncGradientStore(Closing):
     ) -> Gradient:
         return self._runner.run(self.store.get(cid, limits=limits, progress=progress))
 
+    def get_any(
+        self, cid: CID | str, *, limits: Limits | None = None, progress: Progress | None = None
+    ) -> Gradient | CompressedGradient:
+        return self._runner.run(self.store.get_any(cid, limits=limits, progress=progress))
+
     def fetch_document(self, cid: CID | str, *, progress: Progress | None = None) -> np.ndarray:
         return self._runner.run(self.store.fetch_document(cid, progress=progress))
 

@@ -1,0 +1,82 @@
+"""The dense gradient ``get`` and ``decode`` write: a compressed document (gradstore/2)
+decompressed, to each tensor's declared dtype or (``--float64``) to the exact float64
+values; a dense document as it is, untouched.
+
+The declared dtype is what the user stored (float32 in, float32 out). Its dense bytes are
+already bounded by the decoder, which counts them against ``--max-bytes`` as it does a
+dense document's; the float64 values are bounded by ``CompressedGradient.decompress``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Final
+
+import numpy as np
+
+from ..errors import FormatError
+from ..format import CompressedGradient, CompressedTensor, Gradient
+from ._documents import command_limits
+from ._exit import UsageError
+from ._text import printable
+
+WINDOW: Final = 1 << 20
+"""Elements decompressed at a time to a declared dtype (8 MiB of float64): the float64
+values of a whole tensor are never held beside its output."""
+
+
+def dense_to_write(
+    document: Gradient | CompressedGradient, args: argparse.Namespace, subject: str
+) -> tuple[Gradient, str | None]:
+    """The gradient to write for ``document`` (fetched or read as ``subject``), and for a
+    compressed one the line for stderr that says it was decompressed (printed once the
+    file is written: a failure stays one error line)."""
+    if isinstance(document, Gradient):
+        if args.float64:
+            raise UsageError(
+                f"--float64 is for compressed documents; {subject} is a dense gradstore/1 "
+                "document, whose tensors are written exactly as stored: drop --float64"
+            )
+        return document, None
+    if args.float64:
+        dense = document.decompress(max_bytes=command_limits(args).max_bytes)
+        into = "float64"
+    else:
+        dense = Gradient(
+            {
+                name: _as_declared(t, f"{subject}: tensor {name!r}")
+                for name, t in document.tensors.items()
+            },
+            dict(document.meta),
+        )
+        into = "each tensor's declared dtype"
+    note = (
+        f"{printable(subject)}: compressed with codec {document.codec} (gradstore/2); "
+        f"decompressed to {into}"
+    )
+    return dense, note
+
+
+def _as_declared(tensor: CompressedTensor, what: str) -> np.ndarray[Any, Any]:
+    """``tensor`` decompressed and rounded once (to nearest, ties to even) to its dtype.
+
+    Refuses a value beyond the dtype's range (compress never writes one; a hostile
+    document may), rather than writing an infinity that was never stored.
+    """
+    from ..aggregate._rounding import round_into  # exact for bfloat16 and float8 too
+
+    out = np.empty(tensor.shape, tensor.dtype)
+    flat = out.reshape(-1)
+    work = np.empty(min(WINDOW, tensor.size), np.float64)
+    for start in range(0, tensor.size, WINDOW):
+        stop = min(start + WINDOW, tensor.size)
+        values = tensor.read(start, stop, work[: stop - start])
+        finite = bool(np.isfinite(values).all())
+        with np.errstate(over="ignore"):
+            round_into(flat[start:stop], values)
+        if finite and not np.isfinite(flat[start:stop]).all():
+            raise FormatError(
+                f"{what}: a decompressed value is beyond the range of its declared "
+                f"dtype {tensor.dtype}; --float64 writes the exact values"
+            )
+    return out
