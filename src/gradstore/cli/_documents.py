@@ -72,4 +72,4 @@ def read_document(args: argparse.Namespace, path: str, parse: Callable[[np.ndarr
     except FormatError as exc:
         if str(exc).startswith(f"not a {FORMAT_ID} document"):
             raise FormatError(f"{path}: {exc}") from exc
-        raise FormatError(f"{path}: not a valid gradstore/1 document: {exc}") from exc
+        raise FormatError(f"{path}: not a valid gradstore document: {exc}") from exc
