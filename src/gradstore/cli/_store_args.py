@@ -21,9 +21,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument("input", help="gradient as .npz or .safetensors")
     p.add_argument("-o", "--output", required=True, help="document file to write")
-    p.add_argument(
-        "--meta", action="append", default=[], metavar="K=V", help="meta entry (repeatable)"
-    )
+    _add_meta(p)
     p.set_defaults(run=lazy("_file_cmds", "cmd_encode", blas=False))
 
     p = sub.add_parser(
@@ -49,18 +47,14 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--raw", action="store_true", help="CID of the file's bytes, as `ipfs add --only-hash`"
     )
-    p.add_argument(
-        "--meta", action="append", default=[], metavar="K=V", help="meta entry (repeatable)"
-    )
+    _add_meta(p)
     p.set_defaults(run=lazy("_file_cmds", "cmd_cid", blas=False))
 
     p = sub.add_parser(
         "put", help="store an .npz or .safetensors gradient on the node, pinned; prints its CID"
     )
     p.add_argument("input", help="gradient as .npz or .safetensors")
-    p.add_argument(
-        "--meta", action="append", default=[], metavar="K=V", help="meta entry (repeatable)"
-    )
+    _add_meta(p)
     add_node_options(p)
     add_timeout_option(p)
     _add_max_bytes(p)
@@ -103,6 +97,12 @@ def register(sub: Any) -> None:
     add_timeout_option(p)
     _add_max_bytes(p)
     p.set_defaults(run=lazy("_store_cmds", "cmd_inspect", blas=False))
+
+
+def _add_meta(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--meta", action="append", default=[], metavar="K=V", help="meta entry (repeatable)"
+    )
 
 
 def _add_max_bytes(parser: argparse.ArgumentParser) -> None:

@@ -15,7 +15,15 @@ from typing import Any, TypeVar
 
 from ..dag import CID
 from ..errors import CIDError, FormatError, LimitExceededError
-from ..format import DocumentHeader, check_fits, encode, read_header
+from ..format import (
+    CompressedGradient,
+    DocumentHeader,
+    EncodedDocument,
+    Gradient,
+    check_fits,
+    encode,
+    read_header,
+)
 from ..store import GradientStore
 from . import _exit
 from ._decompressed import dense_to_write
@@ -71,27 +79,35 @@ def cmd_put(args: argparse.Namespace) -> int:
     with open_gradient(args.input, parse_meta(args.meta)) as source:
         doc = source.document()  # an .npz is read from here on, while its blocks are sent
         try:
-            check_fits(source.gradient, doc.size, command_limits(args))
-        except LimitExceededError as exc:
-            raise name_the_option(exc, args, f"put {args.input}") from exc
-        bar = ProgressBar("put")
-        try:
-            cid = _with_store(
-                args,
-                args.input,
-                lambda s, progress: s.put_document(doc, progress=progress),
-                bar,
-                waiting=lambda node: f"{node} to store {args.input}",
-            )
+            cid = _store(args, source.gradient, doc)
         except FormatError:
             failure = source.failure()  # the file's own refusal, as it is worded
             if failure is not None:
                 raise failure from None
             raise
-        finally:
-            bar.close()
     print(cid)
     return _exit.SUCCESS
+
+
+def _store(
+    args: argparse.Namespace, gradient: Gradient | CompressedGradient, doc: EncodedDocument
+) -> object:
+    """Check ``doc`` (of ``gradient``) against --max-bytes, then store it with a progress bar."""
+    try:
+        check_fits(gradient, doc.size, command_limits(args))
+    except LimitExceededError as exc:
+        raise name_the_option(exc, args, f"put {args.input}") from exc
+    bar = ProgressBar("put")
+    try:
+        return _with_store(
+            args,
+            args.input,
+            lambda s, progress: s.put_document(doc, progress=progress),
+            bar,
+            waiting=lambda node: f"{node} to store {args.input}",
+        )
+    finally:
+        bar.close()
 
 
 def _put_compressed(args: argparse.Namespace) -> object:
@@ -101,22 +117,7 @@ def _put_compressed(args: argparse.Namespace) -> object:
 
     gradient = load_gradient(args.input, parse_meta(args.meta))
     document, stored = compressed_update(args, gradient)  # --compress, --residual
-    doc = encode(document)
-    try:
-        check_fits(document, doc.size, command_limits(args))
-    except LimitExceededError as exc:
-        raise name_the_option(exc, args, f"put {args.input}") from exc
-    bar = ProgressBar("put")
-    try:
-        cid = _with_store(
-            args,
-            args.input,
-            lambda s, progress: s.put_document(doc, progress=progress),
-            bar,
-            waiting=lambda node: f"{node} to store {args.input}",
-        )
-    finally:
-        bar.close()
+    cid = _store(args, document, encode(document))
     stored()
     return cid
 
