@@ -92,8 +92,9 @@ def test_a_symlink_is_followed_and_kept(cli: Cli, tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["doc", "link.npz", "real.npz"]
 
 
-def test_a_fifo_is_written_through(cli: Cli, tmp_path: Path) -> None:
-    fifo = tmp_path / "pipe.npz"
+def _decode_into_a_fifo(cli: Cli, tmp_path: Path, name: str) -> bytes:
+    """Run ``decode -o FIFO`` while a thread reads the FIFO; what the reader received."""
+    fifo = tmp_path / name
     os.mkfifo(fifo)
     received: list[bytes] = []
     reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()))
@@ -103,24 +104,17 @@ def test_a_fifo_is_written_through(cli: Cli, tmp_path: Path) -> None:
     finally:
         reader.join(30)
     assert stat.S_ISFIFO(fifo.lstat().st_mode)
-    _same_as_sample(received[0])
+    return received[0]
+
+
+def test_a_fifo_is_written_through(cli: Cli, tmp_path: Path) -> None:
+    _same_as_sample(_decode_into_a_fifo(cli, tmp_path, "pipe.npz"))
 
 
 def test_safetensors_to_a_fifo_is_written_through(cli: Cli, tmp_path: Path) -> None:
-    pytest.importorskip("safetensors")
-    from safetensors.numpy import load
+    from safetensors.numpy import load  # the safetensors extra: scripts/test installs it
 
-    fifo = tmp_path / "pipe.safetensors"
-    os.mkfifo(fifo)
-    received: list[bytes] = []
-    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()))
-    reader.start()
-    try:
-        assert cli("decode", _doc(tmp_path), "-o", fifo).code == 0
-    finally:
-        reader.join(30)
-    assert stat.S_ISFIFO(fifo.lstat().st_mode)
-    back = load(received[0])
+    back = load(_decode_into_a_fifo(cli, tmp_path, "pipe.safetensors"))
     np.testing.assert_array_equal(back["layer1.weight"], sample_arrays()["layer1.weight"])
 
 
