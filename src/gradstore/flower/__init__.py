@@ -2,11 +2,12 @@
 
     from gradstore.flower import GradstoreStrategy, GradstoreClient, record_cid
 
-Server side, ``GradstoreStrategy(FedAvg(), node="http://127.0.0.1:5001")`` wraps any Flower
-strategy (FedAvg when none is given): every client reply becomes a verified gradstore/1
+Server side, ``GradstoreStrategy(FedAvg(), node="http://127.0.0.1:5001")`` wraps a Flower
+strategy that aggregates as FedAvg does (FedAvg when none is given; one with its own
+aggregation is refused, see ``_inner``): every client reply becomes a verified gradstore/1
 document, the arrays are aggregated by gradstore's deterministic aggregators in peer order,
 and each round leaves a signed round record, pinned, whose CID is in the round's metrics
-(``record_cid(metrics)``) and which ``scripts/verify_round.py`` re-derives. Client side,
+(``record_cid(metrics)``) and which ``gradstore audit round`` re-derives. Client side,
 ``GradstoreClient.from_context(context).reply(msg, arrays, num_examples)`` answers with a
 signed CID instead of the arrays, so they travel over IPFS, verified block by block.
 """

@@ -51,6 +51,7 @@ from ..messages.schema import check_job
 from ..node import Closing
 from ..store import GradientStore
 from ._arrays import arrays_to_tensors, tensors_to_arrays
+from ._inner import check_inner
 from ._loop import NodeLoop, NodeSource
 from ._protocol import (
     CONFIG_KEY,
@@ -100,6 +101,8 @@ class GradstoreStrategy(Strategy, Closing):
     ``GradstoreClient.model``), so Flower's messages carry no arrays either way.
     ``memory_bytes`` bounds the documents being verified at once and ``keep_bytes`` those
     kept in memory until the aggregation; the others are read back from the node.
+    ``inner``'s own ``aggregate_train`` never runs, so a strategy that has one of its own
+    (FedMedian, FedAdam, ...) is refused unless ``replace_aggregation`` (see ``_inner``).
     """
 
     def __init__(
@@ -124,8 +127,10 @@ class GradstoreStrategy(Strategy, Closing):
         fetch_attempts: int = 3,
         memory_bytes: int = DEFAULT_KEEP_BYTES,
         keep_bytes: int = DEFAULT_KEEP_BYTES,
+        replace_aggregation: bool = False,
     ) -> None:
         self.inner: Strategy = inner if inner is not None else FedAvg()
+        check_inner(self.inner, replace_aggregation=replace_aggregation)
         self.key = key if key is not None else SigningKey.generate()
         self.job = check_job("job", job)
         self.run_id = new_run_id()
