@@ -25,9 +25,8 @@ from ..format import (
     DocumentHeader,
     EncodedDocument,
     Gradient,
-    decode_any,
+    decode_with_header,
     encode,
-    read_header,
 )
 from ..store import GradientStore
 
@@ -84,7 +83,7 @@ async def fetch_with_header(
     except NodeError as exc:
         raise AuditError(f"{prefix}fetch", f"cannot fetch {what} {cid}: {exc}") from exc
     try:
-        return decode_any(buf, store.limits), read_header(buf, store.limits)
+        return decode_with_header(buf, store.limits)
     except (FormatError, LimitExceededError) as exc:
         said = f": {exc}" if str(exc).startswith("not a ") else f" is not a valid document: {exc}"
         raise AuditError(f"{prefix}decode", f"{what} {cid}{said}") from exc

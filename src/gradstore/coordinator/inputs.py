@@ -29,9 +29,8 @@ from ..format import (
     Gradient,
     Limits,
     TensorInfo,
-    decode_any,
+    decode_with_header,
     is_float,
-    read_header,
 )
 from ..node import Node
 from ..store import GradientStore
@@ -144,8 +143,7 @@ async def verify_input(
                 buf: Any = root
             else:
                 buf = await asyncio.wait_for(store.fetch_document(cid), timeout)
-            gradient = decode_any(buf, limits)
-            header = read_header(buf, limits)
+            gradient, header = decode_with_header(buf, limits)
         except IntegrityError as exc:
             raise InputRefused(f"integrity: {exc}") from None
         except LimitExceededError as exc:

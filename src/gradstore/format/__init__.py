@@ -11,7 +11,7 @@ back (bfloat16 and float8 through ``ml_dtypes``).
 
 from ._codec import CODECS, VALUE_FORMATS, Codec
 from ._compressed import CompressedGradient, CompressedTensor
-from ._decode import decode, decode_any
+from ._decode import decode, decode_any, decode_with_header
 from ._dtypes import DTYPES, EXTENDED, FLOATS, ITEMSIZE, is_float, numpy_dtype
 from ._dtypes import canonical_dtype as dtype_code
 from ._encode import COMPRESSED_FORMAT_ID, FORMAT_ID, EncodedDocument, encode
@@ -43,6 +43,7 @@ __all__ = [
     "check_fits",
     "decode",
     "decode_any",
+    "decode_with_header",
     "dtype_code",
     "encode",
     "is_float",

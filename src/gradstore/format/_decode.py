@@ -40,11 +40,18 @@ def decode(buf: BufferLike, limits: Limits = DEFAULT_LIMITS) -> Gradient:
 def decode_any(buf: BufferLike, limits: Limits = DEFAULT_LIMITS) -> Gradient | CompressedGradient:
     """:func:`decode` for either format: a ``Gradient``, or a ``CompressedGradient`` whose
     tensors hold views of their payloads (nothing is decompressed until read)."""
+    return decode_with_header(buf, limits)[0]
+
+
+def decode_with_header(
+    buf: BufferLike, limits: Limits = DEFAULT_LIMITS
+) -> tuple[Gradient | CompressedGradient, DocumentHeader]:
+    """:func:`decode_any` and the header it validated (tensor offsets, codec), from one walk."""
     mv = byte_view(buf)
     header = walk(mv, limits)
     if header.codec is None:
-        return _dense(mv, header)
-    return compressed_from(mv, header)
+        return _dense(mv, header), header
+    return compressed_from(mv, header), header
 
 
 def compressed_from(mv: memoryview, header: DocumentHeader) -> CompressedGradient:
