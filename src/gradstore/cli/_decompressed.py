@@ -10,19 +10,37 @@ dense document's; the float64 values are bounded by ``CompressedGradient.decompr
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any, Final
 
 import numpy as np
 
-from ..errors import FormatError
+from ..errors import FormatError, LimitExceededError
 from ..format import CompressedGradient, CompressedTensor, Gradient
-from ._documents import command_limits
+from ._documents import command_limits, name_the_option
 from ._exit import UsageError
+from ._output import announce_written
+from ._tensor_files import save_gradient
 from ._text import printable
 
 WINDOW: Final = 1 << 20
 """Elements decompressed at a time to a declared dtype (8 MiB of float64): the float64
 values of a whole tensor are never held beside its output."""
+
+
+def write_dense(
+    document: Gradient | CompressedGradient, args: argparse.Namespace, subject: str
+) -> None:
+    """Write ``document`` (read or fetched as ``subject``) to ``args.output`` as ``get`` and
+    ``decode`` do: decompressed if it is compressed, saying so on stderr once it is written."""
+    try:
+        gradient, note = dense_to_write(document, args, subject)
+    except LimitExceededError as exc:
+        raise name_the_option(exc, args, subject) from exc
+    save_gradient(args.output, gradient)
+    if note is not None:
+        print(note, file=sys.stderr)
+    announce_written(args.output)
 
 
 def dense_to_write(

@@ -7,17 +7,15 @@ with what hashing a file needs.
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Iterator
 
 from ..dag import file_cid
-from ..errors import LimitExceededError
 from ..format import decode_any, encode
 from . import _exit
-from ._decompressed import dense_to_write
-from ._documents import command_limits, name_the_option, parse_meta, read_document
+from ._decompressed import write_dense
+from ._documents import command_limits, parse_meta, read_document
 from ._output import announce_written, open_output
-from ._tensor_files import load_gradient, open_gradient, save_gradient
+from ._tensor_files import load_gradient, open_gradient
 
 _FILE_CHUNK = 16 << 20
 
@@ -33,14 +31,7 @@ def cmd_encode(args: argparse.Namespace) -> int:
 def cmd_decode(args: argparse.Namespace) -> int:
     limits = command_limits(args)
     document = read_document(args, args.input, lambda buf: decode_any(buf, limits))
-    try:
-        gradient, note = dense_to_write(document, args, args.input)
-    except LimitExceededError as exc:
-        raise name_the_option(exc, args, args.input) from exc
-    save_gradient(args.output, gradient)
-    if note is not None:
-        print(note, file=sys.stderr)
-    announce_written(args.output)
+    write_dense(document, args, args.input)
     return _exit.SUCCESS
 
 

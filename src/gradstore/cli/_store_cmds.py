@@ -26,13 +26,13 @@ from ..format import (
 )
 from ..store import GradientStore
 from . import _exit
-from ._decompressed import dense_to_write
+from ._decompressed import write_dense
 from ._documents import command_limits, name_the_option, parse_meta, read_document
 from ._nodes import node_from_args
-from ._output import announce_written, check_target
+from ._output import check_target
 from ._patience import Patience
 from ._progress import ProgressBar
-from ._tensor_files import load_gradient, open_gradient, save_gradient
+from ._tensor_files import load_gradient, open_gradient
 from ._text import printable
 
 T = TypeVar("T")
@@ -132,14 +132,7 @@ def cmd_get(args: argparse.Namespace) -> int:
         )
     finally:
         bar.close()
-    try:
-        gradient, note = dense_to_write(document, args, str(cid))
-    except LimitExceededError as exc:
-        raise name_the_option(exc, args, str(cid)) from exc
-    save_gradient(args.output, gradient)
-    if note is not None:
-        print(note, file=sys.stderr)
-    announce_written(args.output)
+    write_dense(document, args, str(cid))
     return _exit.SUCCESS
 
 
