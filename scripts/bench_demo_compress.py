@@ -27,13 +27,15 @@ from _bench_common import dump_json, kubo_binary, machine, start_daemons, table
 from gradstore.cli import main as gradstore
 from gradstore.node.daemon import stop_all
 
-#: (mode, model, extra demo options): the default demo (MLP, 64 hidden units) in both modes,
-#: the softmax model (the default before issue 11) and a wider MLP.
+#: (mode, model, extra demo options, which override the defaults): the default demo (MLP,
+#: 64 hidden units) in both modes, the softmax model (the default before issue 11), a wider
+#: MLP, and data-parallel training over more rounds (one SGD step per round).
 CONFIGS: list[tuple[str, str, list[str]]] = [
     ("federated", "mlp", []),
     ("federated", "softmax", []),
     ("federated", "mlp", ["--hidden", "128"]),
     ("data-parallel", "mlp", []),
+    ("data-parallel", "mlp", ["--rounds", "60"]),
 ]
 
 
@@ -42,9 +44,9 @@ def run(node_args: list[str], args: argparse.Namespace, config: Any, spec: str |
     with tempfile.TemporaryDirectory() as tmp:
         summary = Path(tmp) / "summary.json"
         argv = [
-            "demo", *node_args, "--quiet", "--mode", mode, "--model", model, *extra,
+            "demo", *node_args, "--quiet", "--mode", mode, "--model", model,
             "--peers", str(args.peers), "--rounds", str(args.rounds), "--seed", str(args.seed),
-            "--summary-json", str(summary),
+            "--summary-json", str(summary), *extra,
         ]  # fmt: skip
         if spec is not None:
             argv += ["--compress", spec]
