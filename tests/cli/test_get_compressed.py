@@ -244,3 +244,35 @@ def test_decode_refuses_a_value_beyond_the_declared_dtype(cli: Cli, tmp_path: Pa
     assert r.code == 0, r.err
     with np.load(tmp_path / "out.npz") as f:
         assert f["w"].tolist() == t.decompress().tolist()
+
+
+def test_a_nan_does_not_hide_an_overflow_beside_it(cli: Cli, tmp_path: Path) -> None:
+    """A NaN (which bf16 payloads may carry) in the same window as a value beyond float16's
+    range: the overflow is still refused, element by element, not written as infinity."""
+    ok = compress(Gradient({"w": np.array([2.0, 1e5, 3.0], np.float32)}), "bf16")
+    t = ok.tensors["w"]
+    bits = t.payload.view("<u2").copy()
+    bits[0] = 0x7FC0  # a bfloat16 NaN (compress refuses NaN; the decoder allows it)
+    hostile = CompressedGradient(
+        ok.codec, {"w": CompressedTensor(t.codec, "<f2", t.shape, bits.view(np.uint8))}
+    )
+    line = cli("decode", _document(tmp_path, hostile), "-o", tmp_path / "out.npz").one_error_line()
+    assert "'w'" in line and "beyond the range" in line
+    assert not (tmp_path / "out.npz").exists()
+
+
+def test_an_npz_refuses_extended_dtypes_before_anything_is_decompressed(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A small document standing for a large bfloat16 tensor, asked for as .npz: refused
+    from the header, without decompressing (which would cost up to --max-bytes of work)."""
+    big = Gradient({"x": np.zeros(1 << 20, ml_dtypes.bfloat16)})
+    doc = _document(tmp_path, compress(big, TOPK))
+
+    def read(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("decompressed before the .npz check")
+
+    monkeypatch.setattr(CompressedTensor, "read", read)
+    line = cli("decode", doc, "-o", tmp_path / "out.npz").one_error_line()
+    assert "bfloat16, which .npz cannot hold" in line and "--float64" in line
+    assert not (tmp_path / "out.npz").exists()

@@ -19,8 +19,9 @@ from ..errors import FormatError, LimitExceededError
 from ..format import CompressedGradient, CompressedTensor, Gradient
 from ._documents import command_limits, name_the_option
 from ._exit import UsageError
+from ._npz import check_npz_dtypes
 from ._output import announce_written
-from ._tensor_files import save_gradient
+from ._tensor_files import is_safetensors, save_gradient
 from ._text import printable
 
 WINDOW: Final = 1 << 20
@@ -33,6 +34,16 @@ def write_dense(
 ) -> None:
     """Write ``document`` (read or fetched as ``subject``) to ``args.output`` as ``get`` and
     ``decode`` do: decompressed if it is compressed, saying so on stderr once it is written."""
+    if (
+        isinstance(document, CompressedGradient)
+        and not args.float64
+        and not is_safetensors(args.output)
+    ):
+        check_npz_dtypes(  # refused before decompressing, not after
+            args.output,
+            ((n, t.dtype_code) for n, t in document.tensors.items()),
+            also=" (or pass --float64)",
+        )
     try:
         gradient, note = dense_to_write(document, args, subject)
     except LimitExceededError as exc:
@@ -89,10 +100,10 @@ def _as_declared(tensor: CompressedTensor, what: str) -> np.ndarray[Any, Any]:
     for start in range(0, tensor.size, WINDOW):
         stop = min(start + WINDOW, tensor.size)
         values = tensor.read(start, stop, work[: stop - start])
-        finite = bool(np.isfinite(values).all())
         with np.errstate(over="ignore"):
             round_into(flat[start:stop], values)
-        if finite and not np.isfinite(flat[start:stop]).all():
+        # element by element: a NaN stored elsewhere in the window must not hide an overflow
+        if (np.isfinite(values) & ~np.isfinite(flat[start:stop])).any():
             raise FormatError(
                 f"{what}: a decompressed value is beyond the range of its declared "
                 f"dtype {tensor.dtype}; --float64 writes the exact values"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from io import BufferedReader
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -88,13 +88,21 @@ def check_array(name: str, value: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
 
 def check_npz(target: str | Path, gradient: Gradient) -> None:
     """Refuse, before anything is opened, tensors an ``.npz`` cannot hold."""
-    for name, array in gradient.tensors.items():
-        code = dtype_code(np.asarray(array).dtype)
+    check_npz_dtypes(
+        target, ((n, dtype_code(np.asarray(a).dtype)) for n, a in gradient.tensors.items())
+    )
+
+
+def check_npz_dtypes(
+    target: str | Path, dtypes: Iterable[tuple[str, str | None]], also: str = ""
+) -> None:
+    """Refuse (tensor name, dtype code) pairs an ``.npz`` cannot hold; ``also`` adds a way out."""
+    for name, code in dtypes:
         if code in EXTENDED:
             raise FormatError(
                 f"{target}: tensor {name!r} is {code}, which .npz cannot hold "
                 "(NumPy's .npy would write raw bytes and lose the type): "
-                "write a .safetensors file instead"
+                f"write a .safetensors file instead{also}"
             )
 
 
