@@ -280,3 +280,54 @@ def test_bad_specs_are_refused(spec: str, match: str) -> None:
 def test_a_ratio_keeps_at_least_one() -> None:
     assert parse_spec("topk:0.0001,chunk=16").k == 1
     assert math.isclose(parse_spec("topk:0.015").k / 4096, 0.015, rel_tol=0.01)
+
+
+EDGES = {  # each dtype's largest value, and values just below the points where codecs round up
+    "<f2": [65504.0, 65408.0, 65407.0, 65280.0],
+    "<f4": [float(np.finfo(np.float32).max), float(np.finfo(np.float32).max) * (1 - 2**-20)],
+    "bfloat16": [float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)],
+    "float8_e4m3fn": [448.0, 416.0],
+    "float8_e5m2": [57344.0, 49152.0],
+}
+
+
+@pytest.mark.parametrize("code", list(EDGES))
+@pytest.mark.parametrize(
+    "spec", ["bf16", "fp16", "int8", "int8:4", "topk:0.5", "topk:0.5,values=int8",
+             "topk:0.5,values=2bit"],
+)  # fmt: skip
+def test_what_compress_accepts_decompresses_within_its_dtype(spec: str, code: str) -> None:
+    """The promise `get` relies on: a compressed tensor comes back, rounded once to its
+    declared dtype, without an infinity (or NaN) that was never stored; else compress refuses."""
+    from gradstore.aggregate._rounding import round_into
+    from gradstore.format import numpy_dtype
+
+    dt = numpy_dtype(code)
+    assert dt is not None
+    for edge in EDGES[code]:
+        x = np.array([edge, -edge / 3, edge / 7, 1.0, -edge], dt)
+        try:
+            t = compress({"x": x}, spec).tensors["x"]
+        except CompressionError as exc:
+            assert "'x'" in str(exc)
+            continue
+        out = np.empty(x.shape, dt)
+        with np.errstate(over="ignore"):
+            round_into(out, t.decompress())
+        assert np.isfinite(out.astype(np.float64)).all(), (spec, code, edge, out)
+
+
+def test_the_two_codecs_that_round_past_a_dtype_refuse_only_there() -> None:
+    f16 = np.array([65504.0, 1.0], np.float16)
+    with pytest.raises(CompressionError, match=r"'h'.*65536, beyond float16's largest"):
+        compress({"h": f16}, "bf16")
+    with pytest.raises(CompressionError, match=r"'h'.*65536"):
+        compress({"h": f16}, "topk:0.5")
+    back = compress({"h": f16}, "int8").tensors["h"].decompress()  # 65504 * (1 + 2^-25)
+    assert back.astype(np.float16)[0] == 65504.0  # rounds back to float16's largest, not inf
+    ok = compress({"h": np.array([65280.0], np.float16)}, "bf16").tensors["h"]
+    assert ok.decompress().tolist() == [65280.0]  # just below the tie: kept
+    f32 = np.array([np.finfo(np.float32).max, 1.0], np.float32)
+    for spec in ("int8", "topk:0.5,values=int8", "topk:0.5,values=2bit"):
+        with pytest.raises(CompressionError, match=r"'m'.*float32's largest"):
+            compress({"m": f32}, spec)

@@ -89,8 +89,9 @@ def dense_to_write(
 def _as_declared(tensor: CompressedTensor, what: str) -> np.ndarray[Any, Any]:
     """``tensor`` decompressed and rounded once (to nearest, ties to even) to its dtype.
 
-    Refuses a value beyond the dtype's range (compress never writes one; a hostile
-    document may), rather than writing an infinity that was never stored.
+    Refuses a value beyond the dtype's range (``compress`` refuses the inputs that would
+    give one, see ``compress._tensor.overflow_problem``; a hostile document may hold one),
+    rather than writing an infinity that was never stored.
     """
     from ..aggregate._rounding import round_into  # exact for bfloat16 and float8 too
 
