@@ -127,6 +127,24 @@ def test_a_character_device_is_written_through_not_replaced(cli: Cli, tmp_path: 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["doc", "null"]
 
 
+@pytest.mark.parametrize("name", ["new.npz", "new.safetensors"])
+def test_a_new_file_gets_the_mode_the_umask_allows_whatever_the_format(
+    cli: Cli, tmp_path: Path, name: str
+) -> None:
+    # safetensors writes its own file; the one put in place must not be left 0600
+    old = os.umask(0o022)
+    try:
+        assert cli("decode", _doc(tmp_path), "-o", tmp_path / name).code == 0
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o644
+
+
+def test_a_missing_folder_is_named_not_a_temporary_file(cli: Cli, tmp_path: Path) -> None:
+    line = cli("decode", _doc(tmp_path), "-o", tmp_path / "nowhere" / "x.npz").one_error_line()
+    assert str(tmp_path / "nowhere") in line and ".part" not in line
+
+
 def test_a_directory_is_refused_before_any_work(cli: Cli, tmp_path: Path) -> None:
     node = tmp_path / "node"
     cid = cli("put", write_npz(tmp_path / "g.npz", **sample_arrays()), "--local", node).line

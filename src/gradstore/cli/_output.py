@@ -88,11 +88,15 @@ def open_output(target: str | Path, *, terminal: bool = False) -> Iterator[Outpu
         with open(real, "wb") as stream:
             yield Output(cast(BinaryIO, _Sequential(stream)), None)
         return
+    if not real.parent.is_dir():  # (mkstemp's error would name its temporary file)
+        raise FileNotFoundError(errno.ENOENT, "no such directory", str(real.parent))
     fd, tmp = tempfile.mkstemp(dir=real.parent, prefix=f".{real.name}.", suffix=".part")
+    wanted = stat.S_IMODE(mode) if mode is not None else 0o666 & ~_umask()
     try:
         with os.fdopen(fd, "wb") as stream:
-            os.fchmod(fd, stat.S_IMODE(mode) if mode is not None else 0o666 & ~_umask())
+            os.fchmod(fd, wanted)
             yield Output(stream, Path(tmp))
+        os.chmod(tmp, wanted)  # a writer that replaced the file (safetensors) made it 0600
         os.replace(tmp, real)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
