@@ -95,6 +95,13 @@ def test_a_subclass_overriding_aggregate_train_is_refused_unless_replacement_is_
         assert isinstance(s.inner, FedAdam)
 
 
+def test_an_aggregate_train_set_on_the_instance_is_seen_too() -> None:
+    inner = FedAvg()
+    inner.aggregate_train = lambda server_round, replies: (None, None)  # type: ignore[method-assign]
+    with pytest.raises(ValueError, match="FedAvg combines the arrays"):
+        GradstoreStrategy(inner, node=NOWHERE)
+
+
 @pytest.mark.parametrize("inner", [None, FedAvg(), FedProx(proximal_mu=0.1), PickyFedAvg()])
 def test_strategies_that_aggregate_as_fedavg_does_are_wrapped(inner: Strategy | None) -> None:
     with GradstoreStrategy(inner, node=NOWHERE) as s:

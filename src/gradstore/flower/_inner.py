@@ -35,7 +35,9 @@ def gradstore_equivalent(inner: Any) -> str | None:
 
 def check_inner(inner: Strategy, *, replace_aggregation: bool) -> None:
     """Raise ValueError if wrapping ``inner`` would silently drop its own aggregation."""
-    if replace_aggregation or type(inner).aggregate_train is FedAvg.aggregate_train:
+    # the bound method's function: catches an aggregate_train set on the instance too
+    own = getattr(inner.aggregate_train, "__func__", None)
+    if replace_aggregation or own is FedAvg.aggregate_train:
         return
     name = type(inner).__name__
     equivalent = gradstore_equivalent(inner)
