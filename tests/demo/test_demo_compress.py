@@ -23,7 +23,7 @@ SEED = 5
 @pytest.mark.parametrize("mode", ["federated", "data-parallel"])
 def test_compressed_demo_sends_compressed_updates_and_audits(tmp_path: Path, mode: str) -> None:
     node = LocalNode(tmp_path / "node")
-    spec = "topk:0.015,values=int8"
+    spec = "topk:0.027,values=2bit"  # what the docs recommend for the demo
     rounds = 3
 
     async def go() -> tuple[object, object]:

@@ -91,7 +91,7 @@ def register(sub: Any) -> None:
         metavar="SPEC",
         default=None,
         help="peers send compressed updates with error feedback: federated peers their model "
-        "delta, data-parallel peers their gradient (e.g. topk:0.015,values=int8, int8, bf16)",
+        "delta, data-parallel peers their gradient (e.g. topk:0.027,values=2bit, int8, bf16)",
     )
     add_node_options(p, api_help="Kubo RPC endpoint to use if it answers")
     out = p.add_argument_group("output")
