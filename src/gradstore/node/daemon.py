@@ -18,11 +18,11 @@ import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Final, Self
 
 import httpx
 
+from .._closing import Closing
 from ..errors import NodeError
 from ._config import DEFAULT_DAEMON_SETTINGS, DaemonSettings
 from .kubo import KuboNode
@@ -125,7 +125,7 @@ def _set_config(config: dict[str, Any], dotted: str, value: Any) -> None:
     node[leaf] = value
 
 
-class KuboDaemon:
+class KuboDaemon(Closing):
     """An isolated Kubo daemon on loopback: ``with KuboDaemon() as d: KuboNode(d.api_url)``.
 
     ``repo`` defaults to a fresh temporary directory, removed by ``stop()``.
@@ -312,16 +312,12 @@ class KuboDaemon:
                 return addr if "/p2p/" in addr else f"{addr}/p2p/{self.peer_id}"
         raise NodeError(f"{self!r} has no loopback swarm address: {self.swarm_addrs}")
 
+    def close(self) -> None:
+        """``stop()``: what leaving ``with KuboDaemon(...) as d:`` does."""
+        self.stop()
+
     def __enter__(self) -> Self:
         return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 def stop_all(daemons: Iterable[KuboDaemon], grace: float | None = None) -> None:
