@@ -15,10 +15,13 @@ So:
 3. ``finish`` stores the root with ``dag/put --pin`` (no walk), then checks the
    canaries. A GC can only run between requests, and it deletes every unpinned
    block, so it would have taken the canary of every request before it. All
-   canaries present means no block sent here was collected; then they are
-   removed. A missing canary makes ``finish`` return False and the caller
-   sends the DAG again the slow, walking way (and ``abandon`` drops the pin if
-   that fails too).
+   canaries present means no block sent here was collected. A missing canary
+   makes ``finish`` return False and the caller sends the DAG again the slow,
+   walking way (and ``abandon`` drops the pin if that fails too).
+4. the canaries stay, unpinned (32 bytes each, one per request), for the
+   node's next GC. Removing them at once (``block/rm``) makes Kubo check each
+   against every pinned DAG, walking them all: on a node that keeps many rounds
+   that cost grows without bound, where the walk avoided above is bounded.
 
 ``CanaryGuardedImport`` needs only the few public calls of ``GuardedTarget``
 (``KuboNode`` has them), so this module and ``kubo`` do not import each other.
@@ -28,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import AsyncIterable, AsyncIterator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..dag.block import Block
@@ -54,8 +57,6 @@ class GuardedTarget(Protocol):
         ...
 
     async def has_block(self, cid: CID) -> bool: ...
-
-    async def block_rm(self, cids: Sequence[CID]) -> None: ...
 
     async def dag_stat(self, cid: CID, *, offline: bool = False) -> dict[str, Any]: ...
 
@@ -102,13 +103,8 @@ class CanaryGuardedImport:
         if pin:
             self._pinned = root.cid
         intact = True
-        for canary in self.canaries:
+        for canary in self.canaries:  # left for the node's GC: see the module docstring
             intact = intact and await self.node.has_block(canary)
-        try:
-            if self.canaries:
-                await self.node.block_rm(self.canaries)
-        except NodeError as exc:  # an unpinned 32-byte block left over is harmless
-            log.debug("could not remove put canaries %s: %s", self.canaries, exc)
         return intact
 
     async def abandon(self) -> None:

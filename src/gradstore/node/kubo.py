@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
 import httpx
@@ -433,10 +433,6 @@ class KuboNode(AsyncClosing):
         )
         items = rpc.parse_ndjson("dag/put", answer)  # an error after the CID line raises here
         return rpc.parse_dag_put(items[0] if len(items) == 1 else items)
-
-    async def block_rm(self, cids: Sequence[CID]) -> None:
-        """``block/rm`` of unpinned blocks; blocks already gone are not an error."""
-        await self._call("block/rm", rpc.block_rm_params(cids))
 
     async def cat(
         self, cid: CID, *, offset: int = 0, length: int | None = None

@@ -52,7 +52,6 @@ from .multipart import (
 from .params import (
     Params,
     block_put_params,
-    block_rm_params,
     cat_params,
     dag_import_params,
     dag_put_params,
@@ -70,7 +69,6 @@ __all__ = [
     "Params",
     "api_url",
     "block_put_params",
-    "block_rm_params",
     "cat_params",
     "dag_import_params",
     "dag_put_params",

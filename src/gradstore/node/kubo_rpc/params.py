@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from ...dag.cid import CID, codec_name
 from .multibase import multibase_u
 
@@ -41,11 +39,6 @@ def dag_put_params(codec: int, *, pin: bool) -> Params:
     """
     name = codec_name(codec)
     return [("input-codec", name), ("store-codec", name), ("pin", flag(pin))]
-
-
-def block_rm_params(cids: Sequence[CID]) -> Params:
-    """``block/rm`` of ``cids``; blocks already gone are not an error."""
-    return [*(("arg", str(c)) for c in cids), ("force", "true"), ("quiet", "true")]
 
 
 def cat_params(cid: CID, offset: int = 0, length: int | None = None) -> Params:
