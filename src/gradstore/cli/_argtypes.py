@@ -1,4 +1,4 @@
-"""argparse value types shared by the parsers (light: imported for --help)."""
+"""argparse value types and options shared by the parsers (light: imported for --help)."""
 
 from __future__ import annotations
 
@@ -29,3 +29,15 @@ def seconds(text: str) -> float:
     if not value >= 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {text!r}")
     return value
+
+
+def add_max_bytes(parser: argparse.ArgumentParser) -> None:
+    """``--max-bytes N``: the largest document a command reads or writes (``command_limits``)."""
+    parser.add_argument(
+        "--max-bytes",
+        type=byte_count,
+        default=None,
+        metavar="N",
+        help="refuse documents larger than N bytes (default 1 GiB); "
+        "N may end in KiB, MiB, GiB or TiB",
+    )

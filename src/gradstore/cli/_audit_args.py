@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ._argtypes import byte_count
+from ._argtypes import add_max_bytes
 from ._lazy import lazy
 from ._nodes import add_node_options, add_timeout_option
 
@@ -69,12 +69,6 @@ def _pins(parser: argparse.ArgumentParser) -> None:
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--max-bytes",
-        type=byte_count,
-        default=None,
-        metavar="N",
-        help="largest gradient document to fetch (default 1 GiB)",
-    )
+    add_max_bytes(parser)
     add_node_options(parser)
     add_timeout_option(parser)

@@ -12,12 +12,12 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from ..audit import RoundReport, verify_cid, verify_history, verify_round
-from ..format import DEFAULT_LIMITS, Limits
 from ..job import load_job
 from ..messages import public_key_from_did
 from ..node import Node
 from ..store import GradientStore
 from . import _exit
+from ._documents import command_limits
 from ._exit import UsageError
 from ._nodes import node_from_args
 from ._patience import Patience
@@ -29,8 +29,7 @@ Work = Callable[[Node, GradientStore, Callable[[int, int], None]], Awaitable[T]]
 
 def _run(args: argparse.Namespace, what: str, work: Work[T]) -> T:
     """``work(node, store, progress)`` on the chosen node, patiently (``--timeout``)."""
-    max_bytes = args.max_bytes or DEFAULT_LIMITS.max_bytes
-    limits = Limits(max_bytes=max_bytes, max_elements=max(DEFAULT_LIMITS.max_elements, max_bytes))
+    limits = command_limits(args)
 
     async def go() -> T:
         node = node_from_args(args, wait_s=args.timeout)

@@ -6,12 +6,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ._argtypes import byte_count
+from ._argtypes import add_max_bytes
 from ._compress_args import add_compress_options
 from ._lazy import lazy
 from ._nodes import add_node_options, add_timeout_option
 
-MAX_BYTES_DEFAULT_TEXT = "1 GiB"
 """What --help says about --max-bytes (``format.DEFAULT_LIMITS`` is not imported for --help)."""
 
 
@@ -36,7 +35,7 @@ def register(sub: Any) -> None:
         required=True,
         help="file to write: .safetensors by its extension, else .npz",
     )
-    _add_max_bytes(p)
+    add_max_bytes(p)
     _add_float64(p)
     p.set_defaults(run=lazy("_file_cmds", "cmd_decode", blas=False))
 
@@ -57,7 +56,7 @@ def register(sub: Any) -> None:
     _add_meta(p)
     add_node_options(p)
     add_timeout_option(p)
-    _add_max_bytes(p)
+    add_max_bytes(p)
     add_compress_options(p, peer=False)
     p.set_defaults(run=lazy("_store_cmds", "cmd_put", blas=False))
 
@@ -75,7 +74,7 @@ def register(sub: Any) -> None:
     )
     add_node_options(p)
     add_timeout_option(p)
-    _add_max_bytes(p)
+    add_max_bytes(p)
     _add_float64(p)
     p.set_defaults(run=lazy("_store_cmds", "cmd_get", blas=False))
 
@@ -85,7 +84,7 @@ def register(sub: Any) -> None:
     p.add_argument("cid")
     add_node_options(p)
     add_timeout_option(p)
-    _add_max_bytes(p)
+    add_max_bytes(p)
     p.set_defaults(run=lazy("_store_cmds", "cmd_verify", blas=False))
 
     p = sub.add_parser(
@@ -95,24 +94,13 @@ def register(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     add_node_options(p)
     add_timeout_option(p)
-    _add_max_bytes(p)
+    add_max_bytes(p)
     p.set_defaults(run=lazy("_store_cmds", "cmd_inspect", blas=False))
 
 
 def _add_meta(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--meta", action="append", default=[], metavar="K=V", help="meta entry (repeatable)"
-    )
-
-
-def _add_max_bytes(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--max-bytes",
-        type=byte_count,
-        default=None,
-        metavar="N",
-        help=f"refuse documents larger than N bytes (default {MAX_BYTES_DEFAULT_TEXT}); "
-        "N may end in KiB, MiB, GiB or TiB",
     )
 
 
