@@ -106,3 +106,12 @@ def test_an_aggregate_train_set_on_the_instance_is_seen_too() -> None:
 def test_strategies_that_aggregate_as_fedavg_does_are_wrapped(inner: Strategy | None) -> None:
     with GradstoreStrategy(inner, node=NOWHERE) as s:
         assert isinstance(s.inner, FedAvg)
+
+
+def test_a_misplaced_aggregation_parameter_is_refused_when_the_strategy_is_built() -> None:
+    from gradstore.errors import AggregationError
+
+    with pytest.raises(AggregationError, match="trim_ratio does not apply to method 'fedavg'"):
+        GradstoreStrategy(node=NOWHERE, trim_ratio=0.2)
+    with pytest.raises(AggregationError, match="unknown aggregation method 'avg'"):
+        GradstoreStrategy(node=NOWHERE, method="avg")

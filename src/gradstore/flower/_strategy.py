@@ -27,7 +27,7 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Strategy
 
-from ..aggregate import METHODS, AggregationParams, global_norm
+from ..aggregate import METHODS, global_norm
 from ..aggregate.methods import MethodName
 from ..coordinator.closing import close_round
 from ..coordinator.inputs import ByteBudget, InputRefused, VerifiedInput, verify_input
@@ -156,14 +156,7 @@ class GradstoreStrategy(Strategy, Closing):
             clip_output_norm=clip_output_norm,
             limits=limits,
         )
-        AggregationParams(  # refuse an unknown method or a misplaced parameter now
-            method=method,
-            trim_ratio=trim_ratio,
-            byzantine=byzantine,
-            select=select,
-            clip_input_norm=clip_input_norm,
-            clip_output_norm=clip_output_norm,
-        )
+        self._job.params_for([])  # refuse a misplaced parameter now, not at round 1
         self.history: dict[int, FlowerRound] = {}
         self._secret = secrets.token_bytes(32)
         self._prev: CID | None = None
