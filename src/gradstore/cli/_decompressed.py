@@ -34,18 +34,8 @@ def write_dense(
 ) -> None:
     """Write ``document`` (read or fetched as ``subject``) to ``args.output`` as ``get`` and
     ``decode`` do: decompressed if it is compressed, saying so on stderr once it is written."""
-    if (
-        isinstance(document, CompressedGradient)
-        and not args.float64
-        and not is_safetensors(args.output)
-    ):
-        check_npz_dtypes(  # refused before decompressing, not after
-            args.output,
-            ((n, t.dtype_code) for n, t in document.tensors.items()),
-            also=" (or pass --float64)",
-        )
     try:
-        gradient, note = dense_to_write(document, args, subject)
+        gradient, note = _dense_to_write(document, args, subject)
     except LimitExceededError as exc:
         raise name_the_option(exc, args, subject) from exc
     save_gradient(args.output, gradient)
@@ -54,7 +44,7 @@ def write_dense(
     announce_written(args.output)
 
 
-def dense_to_write(
+def _dense_to_write(
     document: Gradient | CompressedGradient, args: argparse.Namespace, subject: str
 ) -> tuple[Gradient, str | None]:
     """The gradient to write for ``document`` (fetched or read as ``subject``), and for a
@@ -71,6 +61,12 @@ def dense_to_write(
         dense = document.decompress(max_bytes=command_limits(args).max_bytes)
         into = "float64"
     else:
+        if not is_safetensors(args.output):  # refused before decompressing, not after
+            check_npz_dtypes(
+                args.output,
+                ((n, t.dtype_code) for n, t in document.tensors.items()),
+                also=" (or pass --float64)",
+            )
         dense = Gradient(
             {
                 name: _as_declared(t, f"{subject}: tensor {name!r}")
