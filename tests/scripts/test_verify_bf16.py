@@ -3,7 +3,7 @@
 The round's record names the output an independent computation gives: float64
 accumulation in record order, then one rounding to bfloat16 done here with exact
 fractions (ties to even). The audit must reach the same CID, and must reject a record
-whose output was rounded through float32 (ml_dtypes' cast), which differs only in the
+whose output was rounded through float32 (ml_dtypes' cast before 0.7), which differs only in the
 elements where double rounding bites.
 """
 
@@ -80,7 +80,7 @@ def test_verify_round_recomputes_a_bf16_fedavg_bit_for_bit(kubo: KuboDaemon) -> 
         for x0, x1 in zip(*xs, strict=True)
     ]
     honest = np.array([_round_bf16(v) for v in exact]).astype(BF16).reshape(40, 100)
-    twice = np.array(exact).astype(BF16).reshape(40, 100)  # ml_dtypes: through float32
+    twice = np.array(exact).astype(np.float32).astype(BF16).reshape(40, 100)  # rounded twice
     differ = int((honest.view(np.uint16) != twice.view(np.uint16)).sum())
     assert differ >= 100, "the inputs must exercise double rounding"
 

@@ -1,8 +1,8 @@
 """The one rounding of every aggregate: a float64 block to the output dtype, to nearest, ties to even.
 
 NumPy's casts from float64 to float16, float32 and float64 round once and correctly, so
-they are used as they are. ``ml_dtypes``' casts to bfloat16 and float8 go through float32
-and round twice (``1 + 2**-8 + 2**-30`` becomes 1.0 instead of ``1 + 2**-7``), so those
+they are used as they are. ``ml_dtypes``' casts to bfloat16 and float8 went through float32
+before its 0.7 and rounded twice (``1 + 2**-8 + 2**-30`` becomes 1.0 instead of ``1 + 2**-7``), so those
 are rounded here, exactly, in float64 arithmetic: scale by a power of two so the kept
 bits are the integer part, ``rint`` (ties to even), scale back. The result is then
 representable and the final cast changes nothing (docs/design.md, "Tensor dtypes").

@@ -1,7 +1,7 @@
 """Rounding to bfloat16 and float16 once, to nearest with ties to even, from any float.
 
 NumPy's casts to float16 round once and correctly; ``ml_dtypes``' casts from float64 to
-bfloat16 go through float32 and round twice, so bfloat16 is rounded here: float32 input by
+bfloat16 went through float32 and rounded twice before its 0.7, so bfloat16 is rounded here: float32 input by
 the usual integer trick on its bits, float64 input by scaling so the kept bits are the
 integer part and ``rint`` (the method of ``aggregate/_rounding.py``), never via float32.
 """
