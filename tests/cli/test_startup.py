@@ -7,6 +7,7 @@ listed by Python's own ``-X importtime`` (``PYTHONPROFILEIMPORTTIME``).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import subprocess
 import sys
@@ -109,6 +110,19 @@ def test_put_and_get_never_import_numba_nor_get_multiformats(
     assert "multiformats" not in modules  # the CID argument is parsed with the stdlib
     with np.load(tmp_path / "out.npz") as back:
         assert np.array_equal(back["w"], np.arange(1000, dtype=np.float32))
+
+
+def test_node_commands_go_without_httpx_own_command_line(tmp_path: Path) -> None:
+    """``import httpx`` loads httpx's CLI (click, rich: 35-40 ms) when both are installed;
+    no gradstore command runs it, so none loads it."""
+    assert importlib.util.find_spec("click") and importlib.util.find_spec("rich"), (
+        "the extras bring click and rich (Flower needs them): without them this test proves nothing"
+    )
+    out, modules = _imports("put", str(_npz(tmp_path)), "--local", str(tmp_path / "node"))
+    assert out.startswith("bafk")
+    assert "httpx" in modules  # the node layer does load httpx itself
+    found = sorted(m for m in modules if m.split(".")[0] in {"rich", "click"})
+    assert not found, f"gradstore put imported {found[:10]}"
 
 
 @pytest.mark.parametrize(("given", "expected"), [(None, "1"), ("3", "3")])
