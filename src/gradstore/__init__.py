@@ -12,9 +12,9 @@ start, ``gradstore --help``) does not load NumPy and httpx for nothing.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
+from ._lazy_exports import lazy_exports
 from ._version import __version__
 
 if TYPE_CHECKING:
@@ -72,17 +72,7 @@ _HOMES: dict[str, str] = {
 """Where each re-exported name lives (the TYPE_CHECKING imports above say the same)."""
 
 
-def __getattr__(name: str) -> object:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_HOMES})
+__getattr__, __dir__ = lazy_exports(__name__, _HOMES)
 
 
 __all__ = [

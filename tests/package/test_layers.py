@@ -17,6 +17,7 @@ RANK = {
     "_version": 0,
     "errors": 0,
     "_closing": 0,
+    "_lazy_exports": 0,
     "format": 1,
     "compress": 2,
     "dag": 2,

@@ -32,11 +32,3 @@ def test_the_version_has_one_source() -> None:
 
     assert gradstore.__version__ is __version__
     assert version("gradstore") == __version__  # pyproject reads it from _version.py
-
-
-def test_every_lazy_name_has_a_home_and_nothing_else_does() -> None:
-    homes = gradstore._HOMES
-    assert set(homes) == set(gradstore.__all__) - {"__version__"}
-    for name, home in homes.items():
-        assert getattr(gradstore, name).__module__.startswith(f"gradstore.{home}"), name
-    assert set(gradstore.__all__) <= set(dir(gradstore))

@@ -14,8 +14,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Sequence
 from typing import Any
 
-import numpy as np
-
 from ..errors import CIDError, DAGError
 from .block import Block
 from .cid import CID
@@ -115,7 +113,7 @@ class CarReader:
         self.roots: list[CID] | None = None
         self._varint = 0
         self._varint_bytes = 0
-        self._body: np.ndarray | None = None  # the header or section being filled
+        self._body: bytearray | None = None  # the header or section being filled
         self._fill = 0
         self._offset = 0  # bytes consumed so far, for error messages
         self._closed = False
@@ -140,7 +138,7 @@ class CarReader:
                 self._offset += take
                 if self._fill == len(self._body):
                     body, self._body = self._body, None
-                    block = self._finish(body.data)
+                    block = self._finish(memoryview(body))
                     if block is not None:
                         out.append(block)
                 continue
@@ -165,7 +163,7 @@ class CarReader:
                 assert block is not None
                 out.append(block)
             else:
-                self._body = np.empty(length, dtype=np.uint8)
+                self._body = bytearray(length)
                 self._fill = 0
         return out
 

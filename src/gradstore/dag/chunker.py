@@ -11,8 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from .profile import CHUNK_SIZE
 
 if TYPE_CHECKING:
@@ -33,12 +31,12 @@ def chunks(pieces: Iterable[Buffer], size: int = CHUNK_SIZE) -> Iterator[memoryv
     """Yield fixed ``size`` chunks of the concatenation of ``pieces``; the last is the remainder.
 
     A chunk inside one piece is a zero-copy slice of it; a chunk that straddles
-    pieces is copied into a fresh NumPy buffer (never reused, so a consumer may
-    keep every chunk it was given). Empty input yields nothing.
+    pieces is copied into a fresh buffer (never reused, so a consumer may keep
+    every chunk it was given). Empty input yields nothing.
     """
     if size <= 0:
         raise ValueError(f"chunk size must be positive, got {size}")
-    pending: np.ndarray | None = None  # a partly filled chunk straddling pieces
+    pending: bytearray | None = None  # a partly filled chunk straddling pieces
     fill = 0
     for piece in pieces:
         view = as_bytes_view(piece)
@@ -51,15 +49,15 @@ def chunks(pieces: Iterable[Buffer], size: int = CHUNK_SIZE) -> Iterator[memoryv
             pos = take
             if fill < size:
                 continue
-            yield pending.data
+            yield memoryview(pending)
             pending = None
             fill = 0
         while n - pos >= size:
             yield view[pos : pos + size]
             pos += size
         if pos < n:
-            pending = np.empty(size, dtype=np.uint8)
+            pending = bytearray(size)
             fill = n - pos
             pending[:fill] = view[pos:]
     if pending is not None:
-        yield pending.data[:fill]
+        yield memoryview(pending)[:fill]

@@ -7,20 +7,65 @@ zero-copy ``np.frombuffer`` views, within caller-set :class:`Limits`; ``decode_a
 also takes compressed documents (their payloads decompress to float64 on request).
 ``dtype_code``/``numpy_dtype`` map NumPy dtypes to the document's type strings and
 back (bfloat16 and float8 through ``ml_dtypes``).
+
+Names are loaded on first use (``_lazy_exports``): the dtype tables, limits and the
+document's layout need no NumPy, and a command that only moves bytes does not load it.
 """
 
-from ._codec import CODECS, VALUE_FORMATS, Codec
-from ._compressed import CompressedGradient, CompressedTensor
-from ._decode import decode, decode_any, decode_with_header
-from ._dtypes import DTYPES, EXTENDED, FLOATS, ITEMSIZE, is_float, numpy_dtype
-from ._dtypes import canonical_dtype as dtype_code
-from ._encode import COMPRESSED_FORMAT_ID, FORMAT_ID, EncodedDocument, encode
-from ._fits import check_fits
-from ._gradient import Gradient
-from ._header import DocumentHeader, TensorInfo, read_header
-from ._limits import DEFAULT_LIMITS, Limits
-from ._names import name_problem
-from ._payload import read_range, sparse_range
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._lazy_exports import lazy_exports
+
+if TYPE_CHECKING:
+    from ._codec import CODECS, VALUE_FORMATS, Codec
+    from ._compressed import CompressedGradient, CompressedTensor
+    from ._decode import decode, decode_any, decode_with_header
+    from ._dtype_codes import DTYPES, EXTENDED, FLOATS, ITEMSIZE
+    from ._dtypes import canonical_dtype as dtype_code
+    from ._dtypes import is_float, numpy_dtype
+    from ._encode import encode
+    from ._fits import check_fits
+    from ._gradient import Gradient
+    from ._header import DocumentHeader, TensorInfo, read_header
+    from ._layout import COMPRESSED_FORMAT_ID, FORMAT_ID, EncodedDocument
+    from ._limits import DEFAULT_LIMITS, Limits
+    from ._names import name_problem
+    from ._payload import read_range, sparse_range
+
+_HOMES = {
+    "CODECS": "_codec",
+    "VALUE_FORMATS": "_codec",
+    "Codec": "_codec",
+    "CompressedGradient": "_compressed",
+    "CompressedTensor": "_compressed",
+    "decode": "_decode",
+    "decode_any": "_decode",
+    "decode_with_header": "_decode",
+    "DTYPES": "_dtype_codes",
+    "EXTENDED": "_dtype_codes",
+    "FLOATS": "_dtype_codes",
+    "ITEMSIZE": "_dtype_codes",
+    "dtype_code": "_dtypes:canonical_dtype",
+    "is_float": "_dtypes",
+    "numpy_dtype": "_dtypes",
+    "encode": "_encode",
+    "check_fits": "_fits",
+    "Gradient": "_gradient",
+    "DocumentHeader": "_header",
+    "TensorInfo": "_header",
+    "read_header": "_header",
+    "COMPRESSED_FORMAT_ID": "_layout",
+    "FORMAT_ID": "_layout",
+    "EncodedDocument": "_layout",
+    "DEFAULT_LIMITS": "_limits",
+    "Limits": "_limits",
+    "name_problem": "_names",
+    "read_range": "_payload",
+    "sparse_range": "_payload",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _HOMES)
 
 __all__ = [
     "CODECS",

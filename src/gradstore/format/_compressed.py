@@ -14,7 +14,8 @@ import numpy as np
 
 from ..errors import InvalidDocumentError, LimitExceededError
 from ._codec import Codec
-from ._dtypes import FLOATS, ITEMSIZE, numpy_dtype
+from ._dtype_codes import FLOATS, ITEMSIZE
+from ._dtypes import numpy_dtype
 from ._gradient import Gradient, _same_meta
 from ._limits import DEFAULT_LIMITS
 from ._payload import read_range, sparse_range, validate

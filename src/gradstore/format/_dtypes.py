@@ -15,29 +15,9 @@ from typing import Any, Final
 import numpy as np
 
 from ..errors import InvalidDocumentError, MissingExtraError
+from ._dtype_codes import DTYPES, EXTENDED, ML_DTYPES_EXTRA, NUMPY_CODES
 
-#: The extended floats: document name -> bytes per element. In memory they need ``ml_dtypes``.
-EXTENDED: Final[dict[str, int]] = {"bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
-
-#: The optional extra that brings ``ml_dtypes``.
-ML_DTYPES_EXTRA: Final = "ml-dtypes"
-
-#: Every type string allowed in ``dtype`` (docs/design.md, "Tensor dtypes"), in this order.
-DTYPES: Final[tuple[str, ...]] = (
-    "<f2", "<f4", "<f8", "|i1", "|u1", "<i2", "<u2", "<i4", "<u4", "<i8", "<u8", "|b1",
-    *EXTENDED,
-)  # fmt: skip
-
-#: The floating-point type strings: the dtypes a compressed tensor may stand for.
-FLOATS: Final[tuple[str, ...]] = ("<f2", "<f4", "<f8", *EXTENDED)
-
-_NUMPY: Final = {s: np.dtype(s) for s in DTYPES if s not in EXTENDED}
-
-#: Bytes per element of every allowed type string (known without importing ml_dtypes).
-ITEMSIZE: Final[dict[str, int]] = {
-    **{s: dt.itemsize for s, dt in _NUMPY.items()},
-    **EXTENDED,
-}
+_NUMPY: Final = {s: np.dtype(s) for s in NUMPY_CODES}
 
 
 @cache

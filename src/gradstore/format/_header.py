@@ -9,8 +9,9 @@ import numpy as np
 
 from ..errors import InvalidDocumentError, LimitExceededError, MalformedDocumentError
 from ._codec import PARAMS, Codec
-from ._dtypes import DTYPES, FLOATS, ITEMSIZE, numpy_dtype
-from ._encode import (
+from ._dtype_codes import DTYPES, FLOATS, ITEMSIZE
+from ._dtypes import numpy_dtype
+from ._layout import (
     ALIGN,
     COMPRESSED_FORMAT_ID,
     FORMAT_ID,

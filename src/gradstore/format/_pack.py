@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import math
 import struct
+import sys
 from collections.abc import Mapping
-from typing import Any
-
-import numpy as np
+from typing import Any, NamedTuple
 
 from ..errors import InvalidDocumentError
 from ._limits import DEFAULT_LIMITS
@@ -112,23 +111,40 @@ def pack_meta(meta: Mapping[str, Any]) -> bytes:
     try:
         if not isinstance(meta, Mapping):
             raise PathError(f"meta must be a dict, got {type(meta).__name__}")
-        _pack_value(meta, out, 0)
+        _pack_value(meta, out, 0, _scalar_types())
     except PathError as e:
         raise InvalidDocumentError(e.message, render("$.meta", e.segments)) from None
     return bytes(out)
 
 
-def _pack_value(v: Any, out: bytearray, depth: int) -> None:
+class _Scalars(NamedTuple):
+    """The bool, int and float types meta may hold."""
+
+    bools: tuple[Any, ...]  # (Any: isinstance then keeps the value's type open for int())
+    ints: tuple[Any, ...]
+    floats: tuple[Any, ...]
+
+
+def _scalar_types() -> _Scalars:
+    """Python's, and NumPy's scalars once NumPy is loaded: none can exist before, and a
+    command that never loads NumPy (``gradstore cid``) must not load it for this."""
+    np = sys.modules.get("numpy")
+    if np is None:
+        return _Scalars((bool,), (int,), (float,))
+    return _Scalars((bool, np.bool_), (int, np.integer), (float, np.floating))
+
+
+def _pack_value(v: Any, out: bytearray, depth: int, scalars: _Scalars) -> None:
     if v is None:
         out.append(0xC0)
-    elif isinstance(v, bool | np.bool_):
+    elif isinstance(v, scalars.bools):
         out.append(0xC3 if v else 0xC2)
-    elif isinstance(v, int | np.integer):
+    elif isinstance(v, scalars.ints):
         try:
             out += pack_int(int(v))
         except ValueError as e:
             raise PathError(str(e)) from None
-    elif isinstance(v, float | np.floating):
+    elif isinstance(v, scalars.floats):
         f = float(v)
         if not math.isfinite(f):
             raise PathError(f"meta floats must be finite, got {f}")
@@ -148,7 +164,7 @@ def _pack_value(v: Any, out: bytearray, depth: int) -> None:
         out += array_header(len(v))
         for i, item in enumerate(v):
             try:
-                _pack_value(item, out, depth + 1)
+                _pack_value(item, out, depth + 1, scalars)
             except PathError as e:
                 e.segments.append(i)
                 raise
@@ -167,7 +183,7 @@ def _pack_value(v: Any, out: bytearray, depth: int) -> None:
         for raw, key, item in items:
             out += str_header(len(raw)) + raw
             try:
-                _pack_value(item, out, depth + 1)
+                _pack_value(item, out, depth + 1, scalars)
             except PathError as e:
                 e.segments.append(key)
                 raise
