@@ -1,18 +1,19 @@
-"""put and cid read an ``.npz`` while its document is hashed: the same CID as reading it whole,
-never a byte before it is read, and a damaged file fails before any root exists."""
+"""put and cid read an ``.npz`` of plain arrays while its document is hashed: the same CID as
+reading it whole, a few stretches of it in memory at a time, and a damaged file fails
+before any root exists."""
 
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
+import os
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from gradstore.cli import _npz_directory, _npz_stream, _stored_zip
+from gradstore.cli import _npz_stream, _stored_zip
 from gradstore.cli._npz import load_npz
 from gradstore.cli._npz_stream import NpzStream
 from gradstore.dag import file_cid
@@ -53,9 +54,8 @@ def test_the_cid_is_that_of_the_file_read_whole(
     np.savez(path, **_float_arrays(), **extra)
     expected = file_cid(encode(load_npz(path)))
     with NpzStream(path) as npz:
-        doc = npz.document()
-        assert (type(doc).__name__ == "_StreamedDocument") is (not extra)
-        assert file_cid(doc) == expected
+        assert npz.streamed is (not extra)
+        assert file_cid(npz.document()) == expected
     with NpzStream(path) as npz:  # the pieces, as the store sends them
         assert b"".join(bytes(p) for p in npz.document()) == encode(load_npz(path)).tobytes()
 
@@ -67,38 +67,48 @@ def test_compressed_files_are_read_whole(tmp_path: Path) -> None:
         assert file_cid(npz.document()) == file_cid(encode(load_npz(path)))
 
 
-def test_hashing_starts_before_the_file_is_read_and_waits_for_each_byte(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The reader is held after its first stretch: the document hands that stretch on, and
-    no further, until the reader goes on."""
-    monkeypatch.setattr(_stored_zip, "CHUNK", 1 << 16)
-    monkeypatch.setattr(_npz_stream, "STEP", 1 << 16)
-    path = tmp_path / "g.npz"
-    np.savez(path, w=np.random.default_rng(SEED).standard_normal(1 << 17))  # 1 MiB of float64
-    go_on = threading.Event()
-    real = _npz_stream._Progress.announce
-
-    def held(self: Any, index: int, n: int) -> None:
-        real(self, index, n)
-        if n >= 1 << 16:
-            go_on.wait(30)
-
-    monkeypatch.setattr(_npz_stream._Progress, "announce", held)
+def test_a_big_file_is_hashed_a_few_stretches_at_a_time(tmp_path: Path) -> None:
+    """Memory stays bounded by the stretches in flight, not the file (64 MiB here): reading
+    it into arrays first took all of it, in fresh pages that cost more than the reading."""
+    path = tmp_path / "big.npz"
+    np.savez(path, w=np.random.default_rng(SEED).standard_normal(8 << 20))  # 64 MiB
     with NpzStream(path) as npz:
-        pieces = iter(npz.document())
-        header = next(pieces)
-        first = next(pieces)  # the first stretch of data, while the reader is held
-        assert first.nbytes <= 1 << 16
-        want = np.load(path)["w"].view(np.uint8)
-        assert bytes(first) == want[: first.nbytes].tobytes()
-        waiting = threading.Thread(target=lambda: next(pieces))
-        waiting.start()
-        waiting.join(0.3)
-        assert waiting.is_alive()  # the next stretch is not in yet: it waits
-        go_on.set()
-        waiting.join(30)
-        assert header.nbytes > 0
+        assert npz.streamed
+        expected = file_cid(encode(load_npz(path)))
+        tracemalloc.start()
+        try:
+            got = file_cid(npz.document())
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert got == expected
+    assert peak < 24 << 20, f"{peak >> 20} MiB traced for a 64 MiB file"
+
+
+def test_a_file_cut_short_after_it_was_opened_is_refused_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "g.npz"
+    np.savez(path, w=np.arange(1 << 20, dtype=np.float32))
+    with NpzStream(path) as npz:
+        doc = npz.document()
+        os.truncate(path, path.stat().st_size // 2)
+        with pytest.raises(FormatError, match=r"g\.npz: truncated: the file ends"):
+            file_cid(doc)
+        assert npz.failure() is not None
+
+
+def test_an_empty_member_with_a_damaged_header_fails_its_crc(tmp_path: Path) -> None:
+    """No data of it is ever read: its CRC-32 is checked before the document is given."""
+    path = tmp_path / "g.npz"
+    np.savez(path, a=np.zeros(0, np.float32), b=np.ones(3, np.float32))
+    data = bytearray(path.read_bytes())
+    at = data.index(b"(0,), }") + len(b"(0,), }")  # the spaces NumPy pads the header with
+    assert data[at] == 0x20
+    data[at] = 0x09  # a tab: the header still parses, the bytes are not the ones stored
+    path.write_bytes(bytes(data))
+    with NpzStream(path) as npz:
+        assert npz.streamed
+        with pytest.raises(FormatError, match="member 'a' fails its CRC-32 check"):
+            npz.document()
 
 
 def _damage(path: Path) -> None:
@@ -107,20 +117,9 @@ def _damage(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
-def test_a_damaged_file_fails_cid_and_put_and_nothing_is_pinned(
-    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The CRC-32 check is made late (every byte is in, hashed and sent by then): the last
-    byte still waits for it, so no root is ever computed, pinned or printed."""
-    real = _npz_directory.read_into
-
-    def late_check(f: Any, out: memoryview, crc: int = 0, **kw: Any) -> int:
-        value = real(f, out, crc, **kw)
-        if len(out) > 1000:  # the data, not the .npy header
-            time.sleep(0.5)
-        return value
-
-    monkeypatch.setattr(_npz_directory, "read_into", late_check)
+def test_a_damaged_file_fails_cid_and_put_and_nothing_is_pinned(cli: Cli, tmp_path: Path) -> None:
+    """The CRC-32 check comes before the member's last stretch is handed on (every other
+    byte is hashed and sent by then): no root is ever computed, pinned or printed."""
     path = tmp_path / "g.npz"
     np.savez(path, w=np.random.default_rng(SEED).standard_normal(400_000).astype(np.float32))
     _damage(path)

@@ -18,6 +18,9 @@ import pytest
 
 from gradstore import __version__
 from gradstore.cli._main import build_parser
+from gradstore.cli._npz import load_npz
+from gradstore.dag import file_cid
+from gradstore.format import encode
 from gradstore.node import KuboDaemon
 
 from .conftest import Cli
@@ -85,15 +88,29 @@ def _npz(tmp_path: Path) -> Path:
     return path
 
 
-def test_cid_imports_no_node_layer_no_event_loop_and_no_numba(tmp_path: Path) -> None:
-    """``gradstore cid`` hashes a file: it loads what that needs and nothing else."""
+def test_cid_of_plain_arrays_imports_no_numpy_no_node_layer_and_no_event_loop(
+    tmp_path: Path,
+) -> None:
+    """``gradstore cid`` hashes a file: it loads what that needs and nothing else (an
+    ``.npz`` of plain arrays is streamed into its document byte for byte)."""
     out, modules = _imports("cid", str(_npz(tmp_path)))
     assert out.startswith("bafk")  # one raw block
-    assert "numpy" in modules  # the listing sees the NumPy it does need
-    unwanted = {"httpx", "asyncio", "numba", "multiformats", "gradstore.node", "gradstore.store"}
+    assert "gradstore.cli._npz_stream" in modules  # the listing sees what it does load
+    unwanted = {"numpy", "httpx", "asyncio", "numba", "multiformats", "gradstore.node"}
     found = sorted(m for m in modules if m in unwanted or m.split(".")[0] in unwanted)
     assert not found, f"gradstore cid imported {found[:10]}"
-    assert "numpy.ma" not in modules  # format's masked-array check does not load it
+
+
+def test_cid_of_other_arrays_loads_numpy_and_gives_the_same_cid(tmp_path: Path) -> None:
+    """A bool array's bytes must be checked: that file is read through NumPy, as before."""
+    plain, bools = tmp_path / "p.npz", tmp_path / "b.npz"
+    np.savez(plain, w=np.arange(4, dtype=np.uint8))
+    np.savez(bools, w=np.arange(4, dtype=np.uint8), f=np.array([True, False]))
+    _, modules = _imports("cid", str(bools))
+    assert "numpy" in modules and "numpy.ma" not in modules  # (no masked-array check)
+    for path in (plain, bools):  # streamed, and read through NumPy: the CID read whole
+        out, _ = _imports("cid", str(path))
+        assert out == f"{file_cid(encode(load_npz(path)))}\n"
 
 
 @pytest.mark.kubo
@@ -103,6 +120,7 @@ def test_put_and_get_never_import_numba_nor_get_multiformats(
     """numba compiles aggregation kernels: moving a gradient in or out must not load it."""
     cid, modules = _imports("put", str(_npz(tmp_path)), "--api", kubo.api_url)
     assert "httpx" in modules and not {m for m in modules if m.startswith("numba")}
+    assert "numpy" not in modules  # a plain array is moved as bytes
     _, modules = _imports(
         "get", cid.strip(), "-o", str(tmp_path / "out.npz"), "--api", kubo.api_url
     )
@@ -123,6 +141,12 @@ def test_node_commands_go_without_httpx_own_command_line(tmp_path: Path) -> None
     assert "httpx" in modules  # the node layer does load httpx itself
     found = sorted(m for m in modules if m.split(".")[0] in {"rich", "click"})
     assert not found, f"gradstore put imported {found[:10]}"
+
+
+def test_put_of_plain_arrays_imports_no_numpy(tmp_path: Path) -> None:
+    out, modules = _imports("put", str(_npz(tmp_path)), "--local", str(tmp_path / "node"))
+    assert out.startswith("bafk") and "gradstore.store._put" in modules
+    assert not {m for m in modules if m.split(".")[0] == "numpy"}
 
 
 @pytest.mark.parametrize(("given", "expected"), [(None, "1"), ("3", "3")])

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gradstore.store._store import _Aborted, _Filled
+from gradstore.store._fetch import _Aborted, _Filled
 
 
 class _CountingCondition(threading.Condition):

@@ -9,13 +9,14 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable
-from typing import Any, TypeVar
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import FormatError, LimitExceededError
 from ..format import DEFAULT_LIMITS, FORMAT_ID, Limits
 from ._exit import UsageError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 T = TypeVar("T")
 
@@ -64,6 +65,8 @@ def read_document(args: argparse.Namespace, path: str, parse: Callable[[np.ndarr
 
     The file's bytes go into a NumPy buffer (no big ``bytes`` object).
     """
+    import numpy as np
+
     buf = np.fromfile(path, dtype=np.uint8)
     try:
         return parse(buf)

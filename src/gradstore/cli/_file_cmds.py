@@ -1,7 +1,8 @@
 """encode, decode, cid: the store commands that need no node (their parsers: ``_store_args``).
 
-They import neither the node layer nor httpx nor asyncio: a ``gradstore cid`` starts
-with what hashing a file needs.
+They import neither the node layer nor httpx nor asyncio, and what needs NumPy only in
+the command that uses it: a ``gradstore cid`` of an ``.npz`` of plain arrays starts with
+what hashing a file needs.
 """
 
 from __future__ import annotations
@@ -10,9 +11,7 @@ import argparse
 from collections.abc import Iterator
 
 from ..dag import file_cid
-from ..format import decode_any, encode
 from . import _exit
-from ._decompressed import write_dense
 from ._documents import command_limits, parse_meta, read_document
 from ._output import announce_written, open_output
 from ._tensor_files import load_gradient, open_gradient
@@ -21,6 +20,8 @@ _FILE_CHUNK = 16 << 20
 
 
 def cmd_encode(args: argparse.Namespace) -> int:
+    from ..format import encode
+
     doc = encode(load_gradient(args.input, parse_meta(args.meta)))
     with open_output(args.output) as out:
         doc.write_to(out.stream)
@@ -29,6 +30,9 @@ def cmd_encode(args: argparse.Namespace) -> int:
 
 
 def cmd_decode(args: argparse.Namespace) -> int:
+    from ..format import decode_any
+    from ._decompressed import write_dense
+
     limits = command_limits(args)
     document = read_document(args, args.input, lambda buf: decode_any(buf, limits))
     write_dense(document, args, args.input)

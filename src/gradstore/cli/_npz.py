@@ -7,9 +7,8 @@ compressed members (``np.savez_compressed``) are read through ``zipfile`` and Nu
 
 from __future__ import annotations
 
-import contextlib
 import zipfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from io import BufferedReader
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -18,7 +17,7 @@ import numpy as np
 
 from ..errors import FormatError
 from ..format import EXTENDED, Gradient, dtype_code
-from ._npz_directory import NPY, NPY_MAGIC, PICKLE_REFUSED, Member, fill, read_directory
+from ._npz_directory import NPY, NPY_MAGIC, Member, fill, npz_errors, read_directory
 from ._stored_zip import StoredZipWriter
 
 
@@ -33,24 +32,6 @@ def load_npz(path: str | Path, meta: dict[str, Any] | None = None) -> Gradient:
     if not tensors:
         raise FormatError(f"{path}: the .npz holds no arrays")
     return Gradient(tensors, dict(meta or {}))
-
-
-@contextlib.contextmanager
-def npz_errors(path: str | Path) -> Iterator[None]:
-    """Every refusal of an ``.npz`` as one ``FormatError`` that names the file."""
-    try:
-        yield
-    except FormatError as exc:
-        raise FormatError(f"{path}: {exc}") from exc
-    except ValueError as exc:
-        if PICKLE_REFUSED in str(exc):
-            raise FormatError(
-                f"{path}: holds an object array (pickled Python objects); "
-                "gradstore loads plain numeric arrays only (allow_pickle=False)"
-            ) from exc
-        raise FormatError(f"{path}: not a readable .npz of plain arrays ({exc})") from exc
-    except (OSError, zipfile.BadZipFile, EOFError, RuntimeError) as exc:
-        raise FormatError(f"{path}: not a readable .npz of plain arrays ({exc})") from exc
 
 
 def _read_members(zf: zipfile.ZipFile, f: BufferedReader) -> dict[str, np.ndarray[Any, Any]]:

@@ -5,26 +5,51 @@ members within the file and not overlapping each other, no encryption) and parse
 stored member's ``.npy`` header, so shapes and dtypes are known and the arrays can be
 allocated at once; ``fill`` then reads a stored member's data into its array,
 CRC-32 checked (``_stored_zip``). Compressed members are left to ``zipfile``.
+
+A plain array's header (``_npy``) is parsed without NumPy, so a file of plain arrays is
+described, and can be streamed into its document, before NumPy is loaded (if ever).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import zipfile
-from collections.abc import Callable
+from collections.abc import Iterator
 from dataclasses import dataclass
 from io import BufferedReader
-from typing import Any
-
-import numpy as np
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ..errors import FormatError
+from ._npy import MAX_HEADER, parse_plain
 from ._stored_zip import member_data_offset, read_into
+
+if TYPE_CHECKING:
+    import numpy as np
 
 PICKLE_REFUSED = "Object arrays cannot be loaded"  # NumPy's message when allow_pickle=False bites
 NPY_MAGIC = b"\x93NUMPY"
 NPY = ".npy"
+
+
+@contextlib.contextmanager
+def npz_errors(path: str | Path) -> Iterator[None]:
+    """Every refusal of an ``.npz`` as one ``FormatError`` that names the file."""
+    try:
+        yield
+    except FormatError as exc:
+        raise FormatError(f"{path}: {exc}") from exc
+    except ValueError as exc:
+        if PICKLE_REFUSED in str(exc):
+            raise FormatError(
+                f"{path}: holds an object array (pickled Python objects); "
+                "gradstore loads plain numeric arrays only (allow_pickle=False)"
+            ) from exc
+        raise FormatError(f"{path}: not a readable .npz of plain arrays ({exc})") from exc
+    except (OSError, zipfile.BadZipFile, EOFError, RuntimeError) as exc:
+        raise FormatError(f"{path}: not a readable .npz of plain arrays ({exc})") from exc
 
 
 @dataclass(frozen=True)
@@ -39,7 +64,22 @@ class Member:
     header_len: int = 0
     shape: tuple[int, ...] = ()
     fortran_order: bool = False
-    dtype: np.dtype[Any] | None = None
+    parsed_dtype: np.dtype[Any] | None = None  # as NumPy's reader parsed it (not plain)
+    plain: str | None = None  # a plain array's dtype string (parsed without NumPy)
+
+    @property
+    def dtype(self) -> np.dtype[Any] | None:
+        """The array's NumPy dtype (None for a compressed member)."""
+        if self.plain is not None:
+            import numpy as np
+
+            return np.dtype(self.plain)
+        return self.parsed_dtype
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of array data after the ``.npy`` header (stored members)."""
+        return self.info.file_size - self.header_len
 
     @property
     def count(self) -> int:
@@ -51,6 +91,8 @@ class Member:
 
     def empty(self) -> np.ndarray[Any, Any]:
         """A flat array for this member's data (nothing touched: no memory is used yet)."""
+        import numpy as np
+
         assert self.dtype is not None
         return np.empty(self.count, dtype=self.dtype)
 
@@ -93,10 +135,33 @@ def read_directory(zf: zipfile.ZipFile, f: BufferedReader) -> list[Member]:
 
 
 def _stored(f: BufferedReader, info: zipfile.ZipInfo, name: str, start: int) -> Member:
-    """A stored member with its ``.npy`` header parsed (its data is not read)."""
+    """A stored member with its ``.npy`` header parsed (its data is not read): by ``_npy``
+    if it is a plain array's, else by NumPy's reader."""
     f.seek(start)
-    if info.file_size < len(NPY_MAGIC) or f.read(len(NPY_MAGIC)) != NPY_MAGIC:
+    head = f.read(min(info.file_size, MAX_HEADER + 16))
+    if len(head) < len(NPY_MAGIC) or head[: len(NPY_MAGIC)] != NPY_MAGIC:
         raise FormatError(f"member {name!r} is not a .npy array")
+    plain = parse_plain(head)
+    if plain is not None:
+        member = Member(name, info, True, start, plain.length, plain.shape, plain=plain.dtype)
+        nbytes = plain.nbytes
+    else:
+        member = _parsed_by_numpy(f, info, name, start)
+        assert member.parsed_dtype is not None
+        nbytes = member.count * member.parsed_dtype.itemsize
+    if any(d < 0 for d in member.shape):
+        raise FormatError(f"member {name!r} has a negative dimension in {member.shape}")
+    if member.header_len + nbytes != info.file_size:
+        raise FormatError(
+            f"member {name!r}: its .npy header declares {nbytes} bytes of data, "
+            f"the member holds {info.file_size - member.header_len}"
+        )
+    return member
+
+
+def _parsed_by_numpy(f: BufferedReader, info: zipfile.ZipInfo, name: str, start: int) -> Member:
+    import numpy as np
+
     f.seek(start)
     version = np.lib.format.read_magic(f)
     if version == (1, 0):
@@ -107,36 +172,21 @@ def _stored(f: BufferedReader, info: zipfile.ZipInfo, name: str, start: int) -> 
         raise FormatError(f"member {name!r} is a .npy of version {version}, not 1.0 or 2.0")
     if dtype.hasobject:
         raise ValueError(f"{PICKLE_REFUSED} when allow_pickle=False")
-    if any(d < 0 for d in shape):
-        raise FormatError(f"member {name!r} has a negative dimension in {shape}")
-    member = Member(name, info, True, start, f.tell() - start, shape, fortran_order, dtype)
-    nbytes = member.count * dtype.itemsize
-    if member.header_len + nbytes != info.file_size:
-        raise FormatError(
-            f"member {name!r}: its .npy header declares {nbytes} bytes of data, "
-            f"the member holds {info.file_size - member.header_len}"
-        )
-    return member
+    return Member(name, info, True, start, f.tell() - start, shape, fortran_order, dtype)
 
 
-def fill(
-    f: BufferedReader,
-    member: Member,
-    flat: np.ndarray[Any, Any],
-    progress: Callable[[int], None] | None = None,
-) -> None:
-    """Read a stored member's data into ``flat`` (``member.empty()``) and check its CRC-32.
+def fill(f: BufferedReader, member: Member, flat: np.ndarray[Any, Any]) -> None:
+    """Read a stored member's data into ``flat`` (``member.empty()``) and check its CRC-32."""
+    import numpy as np  # (loaded: flat is an array)
 
-    ``progress(n)``: the first ``n`` bytes of ``flat`` are in and may be used; the last
-    byte is announced only once the CRC-32 check has passed.
-    """
     f.seek(member.start)
     crc = read_into(f, memoryview(bytearray(member.header_len)))
-    total = flat.nbytes
-    if total:
-        announce = None if progress is None else (lambda n: progress(min(n, total - 1)))
-        crc = read_into(f, flat.view(np.uint8).data, crc, progress=announce)
+    if flat.nbytes:
+        crc = read_into(f, flat.view(np.uint8).data, crc)
+    check_crc(member, crc)
+
+
+def check_crc(member: Member, crc: int) -> None:
+    """Refuse a member whose bytes do not have the CRC-32 its zip entry records."""
     if crc != member.info.CRC:
         raise FormatError(f"member {member.name!r} fails its CRC-32 check (the file is damaged)")
-    if progress is not None:
-        progress(total)

@@ -1,155 +1,63 @@
-"""An ``.npz`` read by a thread while its document is already being hashed (put, cid).
+"""An ``.npz`` of plain arrays read into its document while the document is read (put, cid).
 
-``put`` and ``cid`` used to read the whole file, then hash (and upload) its document.
-Here the arrays are allocated from the ``.npy`` headers, ``encode`` builds the document
-over them at once (its data pieces are views of those arrays), and a thread fills them
-from the file; the document's iterator hands each stretch of data on only once it is
-in, so reading, hashing and uploading overlap.
+A plain array (``_npy``) is stored in a document byte for byte, so the document of a file
+of plain arrays is the file's own bytes under other headers: its header pieces come from
+the ``.npy`` headers, and iterating it reads each member's data from the file, in
+stretches of ``STEP`` bytes that end on the document's chunk boundaries (the chunker then
+slices them without copying). Nothing is held but the stretches in flight, so ``put`` of
+a file of any size uses a few MiB and never touches fresh memory for all of it at once
+(on these machines that costs more than reading the file), and NumPy is not loaded.
 
-What is handed on is exactly what ``load_npz`` would have given:
+Every member's CRC-32 is checked before the last stretch of its data is handed on (an
+empty member's before the document is), so a damaged file fails the command before the
+document's last chunk: before any root CID exists. Iterating again reads the file again
+(``put`` resends a DAG that Kubo's garbage collector cut into).
 
-- only arrays that ``encode`` takes as they are (C order, little-endian, NumPy's numeric
-  types but ``bool``, whose bytes ``encode`` inspects) are streamed, and the document's
-  data pieces must be views of exactly those arrays; anything else is read whole first;
-- every member's CRC-32 is checked before its last byte is handed on, and the iterator
-  ends only once every member is in and checked: a damaged file fails the command
-  before the document's last chunk, so before any root CID exists.
+Any other file (a compressed member, bool, big-endian or Fortran-order arrays, ...) is
+read whole through NumPy (``load_npz``) and encoded as before.
 """
 
 from __future__ import annotations
 
-import functools
-import threading
+import contextlib
+import os
 import zipfile
+import zlib
 from collections.abc import Iterator
 from io import BufferedReader
 from pathlib import Path
-from typing import Any, BinaryIO
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from .._closing import Closing
 from ..dag import CHUNK_SIZE
 from ..errors import FormatError
-from ..format import EncodedDocument, Gradient, encode
-from ._npz import check_array, load_npz, npz_errors
-from ._npz_directory import Member, fill, read_directory
+from ..format import EncodedDocument, Limits, check_layout, dense_layout
+from ._npz_directory import Member, check_crc, npz_errors, read_directory
 
-STEP = 8 * CHUNK_SIZE
-"""Data is handed on in stretches ending on multiples of this in the document (whole
-chunks: the chunker then slices them without copying)."""
+if TYPE_CHECKING:
+    from ..format import Gradient
 
-_STREAMED_KINDS = "fiu"
-
-
-class _Stopped(Exception):
-    """Ends the reading thread early (the command is over)."""
-
-
-class _Progress:
-    """How much of each array is in, shared by the reading thread and the document's reader."""
-
-    def __init__(self, count: int) -> None:
-        self._cond = threading.Condition()
-        self._filled = [0] * count
-        self._done = False
-        self._error: BaseException | None = None
-        self._stop = False
-
-    def announce(self, index: int, n: int) -> None:
-        with self._cond:
-            if self._stop:
-                raise _Stopped
-            self._filled[index] = n
-            self._cond.notify_all()
-
-    def finish(self, error: BaseException | None) -> None:
-        with self._cond:
-            self._done = True
-            self._error = error
-            self._cond.notify_all()
-
-    def stop(self) -> None:
-        with self._cond:
-            self._stop = True
-
-    @property
-    def error(self) -> BaseException | None:
-        with self._cond:
-            return self._error
-
-    def wait_for(self, index: int, n: int) -> None:
-        """Until the first ``n`` bytes of array ``index`` are in; the reader's error if it failed."""
-        with self._cond:
-            self._cond.wait_for(lambda: self._error is not None or self._filled[index] >= n)
-            if self._error is not None:
-                raise self._error
-
-    def wait_all(self) -> None:
-        """Until every array is in and checked; the reader's error if it failed."""
-        with self._cond:
-            self._cond.wait_for(lambda: self._done)
-            if self._error is not None:
-                raise self._error
-
-
-class _StreamedDocument(EncodedDocument):
-    """``doc`` whose data pieces (``plan``: piece -> array index) wait for their bytes."""
-
-    __slots__ = ("_plan", "_progress")
-
-    def __init__(
-        self, doc: EncodedDocument, plan: list[tuple[memoryview, int]], progress: _Progress
-    ) -> None:
-        super().__init__([piece for piece, _ in plan], doc.size)
-        self._plan = plan
-        self._progress = progress
-
-    def __iter__(self) -> Iterator[memoryview]:
-        pos = 0  # document offset of the piece
-        for piece, index in self._plan:
-            size = piece.nbytes
-            if index < 0:  # a header piece
-                yield piece
-            else:
-                at = 0
-                while at < size:
-                    end = min(size, (pos + at) // STEP * STEP + STEP - pos)
-                    self._progress.wait_for(index, end)
-                    yield piece[at:end]
-                    at = end
-            pos += size
-        self._progress.wait_all()  # every CRC-32 checked before the iteration ends
-
-    def write_to(self, f: BinaryIO) -> int:
-        self._progress.wait_all()
-        return super().write_to(f)
-
-    def tobytes(self) -> bytes:
-        self._progress.wait_all()
-        return super().tobytes()
+STEP = 4 * CHUNK_SIZE
+"""Data is read in stretches ending on multiples of this in the document (whole chunks)."""
 
 
 class NpzStream(Closing):
     """``with NpzStream(path, meta) as npz: use(npz.document())``; see the module docstring.
 
-    ``gradient`` has the file's arrays, filled while the document is read.
+    Opening reads the zip directory and the ``.npy`` headers only (``FormatError`` names
+    the file for anything refused).
     """
 
     def __init__(self, path: str | Path, meta: dict[str, Any] | None = None) -> None:
         self.path = path
         self._meta = dict(meta or {})
         self._file: BufferedReader | None = None
-        self._thread: threading.Thread | None = None
-        self._members: list[Member] = []
-        self._flats: list[np.ndarray[Any, Any]] = []
-        self._progress = _Progress(0)
-        self.gradient = self._open()
-
-    def _open(self) -> Gradient:
-        f = open(self.path, "rb")  # noqa: SIM115 (closed in close()): OSError names the file
+        self._members: dict[str, Member] = {}
+        self._gradient: Gradient | None = None
+        self._failure: BaseException | None = None
+        f = open(path, "rb")  # noqa: SIM115 (closed in close()): OSError names the file
         try:
-            with npz_errors(self.path):
+            with npz_errors(path):
                 if not zipfile.is_zipfile(f):
                     raise FormatError("not an .npz file (not a zip archive of .npy arrays)")
                 with zipfile.ZipFile(f) as zf:
@@ -157,100 +65,115 @@ class NpzStream(Closing):
         except BaseException:
             f.close()
             raise
-        if not members or not all(_streamable(m) for m in members):
-            f.close()
-            return load_npz(self.path, self._meta)  # read whole (or refused, as it says)
-        self._file = f
-        # in the document's order (encode sorts names by their UTF-8 bytes): read as used
-        self._members = sorted(members, key=lambda m: m.name.encode("utf-8", "surrogatepass"))
-        self._flats = [m.empty() for m in self._members]
-        self._progress = _Progress(len(self._members))
-        tensors = {m.name: m.shaped(a) for m, a in zip(self._members, self._flats, strict=True)}
-        return Gradient(tensors, self._meta)
+        if members and all(m.plain is not None for m in members):
+            self._file = f
+            self._members = {m.name: m for m in members}
+            return
+        f.close()
+        from ._npz import load_npz  # NumPy: read whole, or refused as it says
+
+        self._gradient = load_npz(path, self._meta)
+
+    @property
+    def streamed(self) -> bool:
+        """Whether the document is read from the file as it is iterated (plain arrays)."""
+        return self._gradient is None
 
     def document(self) -> EncodedDocument:
-        """The gradient's document; reading starts now (once), the iterator waits for it."""
-        doc = encode(self.gradient)
-        if self._file is None:
-            return doc
-        self._start()
-        plan = self._plan(doc)
-        if plan is None:  # encode did not take the arrays as they are: read, then encode
-            self.wait()
-            return encode(self.gradient)
-        return _StreamedDocument(doc, plan, self._progress)
+        """The gradient's document (the format's refusals of names and meta raise here)."""
+        if self._gradient is not None:
+            from ..format import encode
 
-    def _plan(self, doc: EncodedDocument) -> list[tuple[memoryview, int]] | None:
-        """Each piece with the index of the array it is a view of (-1: a header piece);
-        None if a data piece is anything else (a copy ``encode`` made)."""
-        where = {
-            (a.__array_interface__["data"][0], a.nbytes): i
-            for i, a in enumerate(self._flats)
-            if a.nbytes
-        }
-        plan: list[tuple[memoryview, int]] = []
-        for piece in doc:
-            if isinstance(piece.obj, bytes):
-                plan.append((piece, -1))
-                continue
-            key = (
-                np.frombuffer(piece, dtype=np.uint8).__array_interface__["data"][0],
-                piece.nbytes,
-            )
-            index = where.pop(key, None)
-            if index is None:
-                return None
-            plan.append((piece, index))
-        return plan if not where else None
+            return encode(self._gradient)
+        layout, size = dense_layout(
+            self._meta, {n: (m.plain or "", m.shape, m.nbytes) for n, m in self._members.items()}
+        )
+        for member in self._members.values():
+            if not member.nbytes:  # no stretch of data will check it
+                with self._refusals():
+                    check_crc(member, self._crc_of_header(member))
+        return _FileDocument(self, layout, size)
 
-    def _start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._read, name="gradstore-npz", daemon=True)
-            self._thread.start()
+    def check(self, size: int, limits: Limits) -> None:
+        """Refuse (``LimitExceededError``) a document of ``size`` bytes over ``limits``."""
+        if self._gradient is not None:
+            from ..format import check_fits
 
-    def _read(self) -> None:
-        assert self._file is not None
-        error: BaseException | None = None
-        try:
-            with npz_errors(self.path):
-                for i, (member, flat) in enumerate(zip(self._members, self._flats, strict=True)):
-                    fill(self._file, member, flat, functools.partial(self._progress.announce, i))
-                    check_array(member.name, flat)
-        except _Stopped:
-            error = FormatError(f"{self.path}: reading stopped")
-        except BaseException as exc:  # handed to whoever reads the document
-            error = exc
-        self._progress.finish(error)
+            check_fits(self._gradient, size, limits)
+        else:
+            shapes = [(name, m.shape) for name, m in self._members.items()]
+            check_layout(size, self._meta, shapes, limits)
 
     def failure(self) -> BaseException | None:
         """The file's refusal, if reading it failed (what a failed command should report)."""
-        return self._progress.error
-
-    def wait(self) -> None:
-        """Until every array is in and checked (raises the file's refusal)."""
-        if self._file is None:
-            return
-        self._start()
-        self._progress.wait_all()
+        return self._failure
 
     def close(self) -> None:
-        """Stop reading (if it still is) and close the file."""
-        self._progress.stop()
-        if self._thread is not None:
-            self._thread.join()
+        """Close the file."""
         if self._file is not None:
             self._file.close()
 
+    def data(self, name: str, pos: int) -> Iterator[memoryview]:
+        """Member ``name``'s data, whose first byte is at document offset ``pos``, in
+        stretches; its CRC-32 checked before the last is handed on."""
+        member = self._members[name]
+        with self._refusals():
+            crc = self._crc_of_header(member)
+        total = member.nbytes
+        base = member.start + member.header_len
+        at = 0
+        while at < total:
+            end = min(total, (pos + at) // STEP * STEP + STEP - pos)
+            with self._refusals():
+                stretch = self._pread(base + at, end - at)
+                crc = zlib.crc32(stretch, crc)
+                if end == total:
+                    check_crc(member, crc)
+            at = end
+            yield memoryview(stretch)
 
-def _streamable(member: Member) -> bool:
-    """Whether ``encode`` takes this member's array as it is (see the module docstring)."""
-    dt = member.dtype
-    return (
-        member.stored
-        and dt is not None
-        and dt.kind in _STREAMED_KINDS
-        and dt.byteorder in "<=|"
-        and dt.fields is None
-        and dt.subdtype is None
-        and not (member.fortran_order and len(member.shape) > 1)
-    )
+    @contextlib.contextmanager
+    def _refusals(self) -> Iterator[None]:
+        """Refusals name the file, and are kept for ``failure``."""
+        try:
+            with npz_errors(self.path):
+                yield
+        except Exception as exc:
+            self._failure = exc
+            raise
+
+    def _crc_of_header(self, member: Member) -> int:
+        return zlib.crc32(self._pread(member.start, member.header_len))
+
+    def _pread(self, offset: int, n: int) -> bytes:
+        assert self._file is not None
+        data = os.pread(self._file.fileno(), n, offset)
+        while len(data) < n:  # a short read: rare on a file, but allowed
+            more = os.pread(self._file.fileno(), n - len(data), offset + len(data))
+            if not more:
+                raise FormatError(f"truncated: the file ends {n - len(data)} bytes early")
+            data += more
+        return data
+
+
+class _FileDocument(EncodedDocument):
+    """The document of an ``NpzStream``'s plain members: its header pieces, and each
+    member's data read from the file as the iteration reaches it."""
+
+    __slots__ = ("_layout", "_stream")
+
+    def __init__(self, stream: NpzStream, layout: list[bytes | str], size: int) -> None:
+        super().__init__([], size)
+        self._stream = stream
+        self._layout = layout
+
+    def __iter__(self) -> Iterator[memoryview]:
+        pos = 0
+        for piece in self._layout:
+            if isinstance(piece, bytes):
+                yield memoryview(piece)
+                pos += len(piece)
+            else:
+                for stretch in self._stream.data(piece, pos):
+                    yield stretch
+                    pos += stretch.nbytes

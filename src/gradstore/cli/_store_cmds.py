@@ -1,6 +1,8 @@
 """put, get, verify, inspect: the store commands that talk to a node (their parsers: ``_store_args``).
 
 encode, decode and cid need no node: they are in ``_file_cmds``, which imports none of this.
+What needs NumPy (decoding, writing tensor files, compressing) is imported by the
+commands that use it: ``put`` of an ``.npz`` of plain arrays runs without NumPy.
 """
 
 from __future__ import annotations
@@ -11,22 +13,13 @@ import json
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..dag import CID
 from ..errors import CIDError, FormatError, LimitExceededError
-from ..format import (
-    CompressedGradient,
-    DocumentHeader,
-    EncodedDocument,
-    Gradient,
-    check_fits,
-    encode,
-    read_header,
-)
+from ..format import EncodedDocument, Limits
 from ..store import GradientStore
 from . import _exit
-from ._decompressed import write_dense
 from ._documents import command_limits, name_the_option, parse_meta, read_document
 from ._nodes import node_from_args
 from ._output import check_target
@@ -34,6 +27,9 @@ from ._patience import Patience
 from ._progress import ProgressBar
 from ._tensor_files import load_gradient, open_gradient
 from ._text import printable
+
+if TYPE_CHECKING:
+    from ..format import DocumentHeader
 
 T = TypeVar("T")
 
@@ -79,7 +75,7 @@ def cmd_put(args: argparse.Namespace) -> int:
     with open_gradient(args.input, parse_meta(args.meta)) as source:
         doc = source.document()  # an .npz is read from here on, while its blocks are sent
         try:
-            cid = _store(args, source.gradient, doc)
+            cid = _store(args, doc, source.check)
         except FormatError:
             failure = source.failure()  # the file's own refusal, as it is worded
             if failure is not None:
@@ -90,11 +86,12 @@ def cmd_put(args: argparse.Namespace) -> int:
 
 
 def _store(
-    args: argparse.Namespace, gradient: Gradient | CompressedGradient, doc: EncodedDocument
+    args: argparse.Namespace, doc: EncodedDocument, check: Callable[[int, Limits], None]
 ) -> object:
-    """Check ``doc`` (of ``gradient``) against --max-bytes, then store it with a progress bar."""
+    """``check(doc.size, limits)`` the document against --max-bytes (``check_fits`` of its
+    gradient), then store it with a progress bar."""
     try:
-        check_fits(gradient, doc.size, command_limits(args))
+        check(doc.size, command_limits(args))
     except LimitExceededError as exc:
         raise name_the_option(exc, args, f"put {args.input}") from exc
     bar = ProgressBar("put")
@@ -113,16 +110,19 @@ def _store(
 def _put_compressed(args: argparse.Namespace) -> object:
     """``put --compress``: the whole gradient is read, compressed (with --residual's
     error feedback), checked against the limits and stored."""
+    from ..format import check_fits, encode
     from ._compress_cmd import compressed_update
 
     gradient = load_gradient(args.input, parse_meta(args.meta))
     document, stored = compressed_update(args, gradient)  # --compress, --residual
-    cid = _store(args, document, encode(document))
+    cid = _store(args, encode(document), lambda size, limits: check_fits(document, size, limits))
     stored()
     return cid
 
 
 def cmd_get(args: argparse.Namespace) -> int:
+    from ._decompressed import write_dense
+
     cid = CID.parse(args.cid)
     check_target(args.output)  # before fetching: a directory or a terminal cannot take it
     bar = ProgressBar("get")
@@ -147,6 +147,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    from ..format import read_header
+
     target: str = args.target
     if Path(target).is_file():
         source = target

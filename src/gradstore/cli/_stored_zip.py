@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from io import BufferedReader
@@ -72,31 +72,20 @@ def member_data_offset(f: BufferedReader, header_offset: int, name: bytes) -> in
     return header_offset + _LOCAL.size + name_len + extra_len
 
 
-def read_into(
-    f: BufferedReader,
-    out: memoryview,
-    crc: int = 0,
-    *,
-    progress: Callable[[int], None] | None = None,
-) -> int:
+def read_into(f: BufferedReader, out: memoryview, crc: int = 0) -> int:
     """Fill ``out`` from ``f``'s position; return the running CRC-32 of ``crc`` and the bytes.
 
-    A chunk's CRC is computed in a second thread while the next chunk is read;
-    ``progress(n)`` is told each time the first ``n`` bytes are in. Raises
+    A chunk's CRC is computed in a second thread while the next chunk is read. Raises
     ``FormatError`` if the file ends first.
     """
     if len(out) <= CHUNK:
         _fill(f, out)
-        if progress is not None:
-            progress(len(out))
         return zlib.crc32(out, crc)
     pending: Future[int] | None = None
     with ThreadPoolExecutor(1, thread_name_prefix="gradstore-crc") as pool:
         for start in range(0, len(out), CHUNK):
             chunk = out[start : start + CHUNK]
             _fill(f, chunk)
-            if progress is not None:
-                progress(start + len(chunk))
             if pending is not None:
                 crc = pending.result()
             pending = pool.submit(zlib.crc32, chunk, crc)

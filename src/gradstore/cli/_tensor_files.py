@@ -3,6 +3,10 @@
 The same tensors (names, dtypes, shapes, values) give the same gradient, and so the same
 CID, from either kind of file; neither keeps the gradient's meta. Files are written
 through ``_output`` (``-`` is stdout, as an ``.npz``; special files are written in place).
+
+The readers and writers (NumPy, safetensors) are imported when a file is read or written
+whole: ``put`` and ``cid`` of an ``.npz`` of plain arrays stream it (``_npz_stream``)
+without them.
 """
 
 from __future__ import annotations
@@ -10,15 +14,16 @@ from __future__ import annotations
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._closing import Closing
 from ..errors import FormatError
-from ..format import EncodedDocument, Gradient, encode, name_problem
-from ._npz import check_npz, load_npz, write_npz
+from ..format import EncodedDocument, Limits, name_problem
 from ._npz_stream import NpzStream
 from ._output import check_target, open_output
-from ._safetensors import load_safetensors, safetensors_arrays, write_safetensors
+
+if TYPE_CHECKING:
+    from ..format import Gradient
 
 SAFETENSORS_SUFFIX = ".safetensors"
 
@@ -31,7 +36,11 @@ def is_safetensors(path: str | Path) -> bool:
 def load_gradient(path: str | Path, meta: dict[str, Any] | None = None) -> Gradient:
     """The tensors of a .safetensors or .npz file, with ``meta``."""
     if is_safetensors(path):
+        from ._safetensors import load_safetensors
+
         return load_safetensors(path, meta)
+    from ._npz import load_npz
+
     return load_npz(path, meta)
 
 
@@ -42,7 +51,15 @@ class LoadedGradient(Closing):
         self.gradient = gradient
 
     def document(self) -> EncodedDocument:
+        from ..format import encode
+
         return encode(self.gradient)
+
+    def check(self, size: int, limits: Limits) -> None:
+        """Refuse (``LimitExceededError``) a document of ``size`` bytes over ``limits``."""
+        from ..format import check_fits
+
+        check_fits(self.gradient, size, limits)
 
     def failure(self) -> BaseException | None:
         return None
@@ -54,10 +71,11 @@ class LoadedGradient(Closing):
 def open_gradient(
     path: str | Path, meta: dict[str, Any] | None = None
 ) -> NpzStream | LoadedGradient:
-    """The tensors of a file for ``put`` and ``cid``: an ``.npz`` is read while its document
-    is hashed (``_npz_stream``), a ``.safetensors`` file whole. Use it in a ``with``."""
+    """The tensors of a file for ``put`` and ``cid``: an ``.npz`` of plain arrays is read
+    while its document is hashed (``_npz_stream``), any other file whole. Use it in a
+    ``with``."""
     if is_safetensors(path):
-        return LoadedGradient(load_safetensors(path, meta))
+        return LoadedGradient(load_gradient(path, meta))
     return NpzStream(path, meta)
 
 
@@ -74,10 +92,14 @@ def save_gradient(target: str | Path, gradient: Gradient) -> None:
         if problem is not None:  # the format refuses these; a Gradient built here may not
             raise FormatError(f"{target}: tensor name {name!r} {problem}")
     if not is_safetensors(target):
+        from ._npz import check_npz, write_npz
+
         check_npz(target, gradient)
         with open_output(target) as out:
             write_npz(out.stream, gradient)
         return
+    from ._safetensors import safetensors_arrays, write_safetensors
+
     arrays = safetensors_arrays(target, gradient)
     with open_output(target) as out:
         if out.path is not None:

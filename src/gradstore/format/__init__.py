@@ -26,10 +26,10 @@ if TYPE_CHECKING:
     from ._dtypes import canonical_dtype as dtype_code
     from ._dtypes import is_float, numpy_dtype
     from ._encode import encode
-    from ._fits import check_fits
+    from ._fits import check_fits, check_layout
     from ._gradient import Gradient
     from ._header import DocumentHeader, TensorInfo, read_header
-    from ._layout import COMPRESSED_FORMAT_ID, FORMAT_ID, EncodedDocument
+    from ._layout import COMPRESSED_FORMAT_ID, FORMAT_ID, EncodedDocument, dense_layout
     from ._limits import DEFAULT_LIMITS, Limits
     from ._names import name_problem
     from ._payload import read_range, sparse_range
@@ -52,6 +52,7 @@ _HOMES = {
     "numpy_dtype": "_dtypes",
     "encode": "_encode",
     "check_fits": "_fits",
+    "check_layout": "_fits",
     "Gradient": "_gradient",
     "DocumentHeader": "_header",
     "TensorInfo": "_header",
@@ -59,6 +60,7 @@ _HOMES = {
     "COMPRESSED_FORMAT_ID": "_layout",
     "FORMAT_ID": "_layout",
     "EncodedDocument": "_layout",
+    "dense_layout": "_layout",
     "DEFAULT_LIMITS": "_limits",
     "Limits": "_limits",
     "name_problem": "_names",
@@ -86,9 +88,11 @@ __all__ = [
     "Limits",
     "TensorInfo",
     "check_fits",
+    "check_layout",
     "decode",
     "decode_any",
     "decode_with_header",
+    "dense_layout",
     "dtype_code",
     "encode",
     "is_float",

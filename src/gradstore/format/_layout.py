@@ -95,6 +95,19 @@ def dense_head(meta: Mapping[str, Any], count: int) -> bytearray:
     return head
 
 
+def dense_layout(
+    meta: Mapping[str, Any], tensors: Mapping[str, tuple[str, tuple[int, ...], int]]
+) -> tuple[list[bytes | str], int]:
+    """The gradstore/1 document of ``tensors`` (name -> dtype string, shape, data bytes)
+    without their data: its header pieces (``bytes``) and, where a tensor's data goes, its
+    name (none for an empty tensor); and its size. Names are checked and sorted as by
+    ``encode``; the dtypes and sizes are the caller's to get right."""
+    named = sorted_names(tensors)
+    slots = [TensorSlot(raw, name, *described) for raw, name, described in named]
+    pieces, size = tensor_layout(dense_head(meta, len(slots)), slots)
+    return [p if isinstance(p, bytes) else named[p][1] for p in pieces], size
+
+
 def sorted_names(tensors: Mapping[str, T]) -> list[tuple[bytes, str, T]]:
     """(UTF-8 name, name, value) of every tensor, sorted by the UTF-8 bytes."""
     if not isinstance(tensors, dict):

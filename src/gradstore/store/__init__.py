@@ -1,10 +1,33 @@
-"""GradientStore: put/get/verify gradstore/1 (and compressed gradstore/2) documents over any Node."""
+"""GradientStore: put/get/verify gradstore/1 (and compressed gradstore/2) documents over any Node.
 
-from ._put import Progress
-from ._store import GradientStore, VerifyReport
-from ._stored import StoredDocument, StoredGradient
-from ._stored_compressed import StoredCompressed, StoredSparse
-from ._sync import SyncGradientStore
+Names are loaded on first use (``_lazy_exports``): ``GradientStore.put_document`` needs no
+NumPy, and ``gradstore put`` does not load it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._lazy_exports import lazy_exports
+
+if TYPE_CHECKING:
+    from ._put import Progress
+    from ._store import GradientStore, VerifyReport
+    from ._stored import StoredDocument, StoredGradient
+    from ._stored_compressed import StoredCompressed, StoredSparse
+    from ._sync import SyncGradientStore
+
+_HOMES = {
+    "Progress": "_put",
+    "GradientStore": "_store",
+    "VerifyReport": "_store",
+    "StoredDocument": "_stored",
+    "StoredGradient": "_stored",
+    "StoredCompressed": "_stored_compressed",
+    "StoredSparse": "_stored_compressed",
+    "SyncGradientStore": "_sync",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _HOMES)
 
 __all__ = [
     "GradientStore",
