@@ -126,6 +126,7 @@ def test_put_and_get_never_import_numba_nor_get_multiformats(
     )
     assert "httpx" in modules and not {m for m in modules if m.startswith("numba")}
     assert "multiformats" not in modules  # the CID argument is parsed with the stdlib
+    assert "numpy" not in modules  # a dense document of numbers is written as bytes
     with np.load(tmp_path / "out.npz") as back:
         assert np.array_equal(back["w"], np.arange(1000, dtype=np.float32))
 

@@ -329,9 +329,10 @@ def test_leaf_spans_tile_the_file_and_verify_in_place() -> None:
         assert sum(s.size for s in spans) == len(data)
         assert [s.cid for s in spans] == [b.cid for b in blocks[:-1]]
         assert asm.buffer is not None
-        asm.buffer[:] = data
+        buf = np.frombuffer(asm.buffer, np.uint8)  # (a memoryview: written as an array here)
+        buf[:] = data
         if flip is not None:
-            asm.buffer[flip] ^= 1
+            buf[flip] ^= 1
         for s in spans:
             if flip is not None and s.offset <= flip < s.offset + s.size:
                 with pytest.raises(IntegrityError) as info:
@@ -352,8 +353,26 @@ def test_repeated_leaves_get_one_span_per_place() -> None:
     spans = asm.leaf_spans()
     assert spans is not None and len(spans) == 3 and len({s.cid for s in spans}) == 1
     assert asm.buffer is not None
-    asm.buffer[:] = 0
+    asm.buffer[:] = bytes(len(asm.buffer))
     for s in spans:
         assert not asm.done
         asm.verify_in_place(s)
     assert asm.done
+
+
+def test_a_declared_size_costs_no_memory_until_bytes_arrive() -> None:
+    """The coordinator and ranged readers take only a root to learn a document's size: a
+    root declaring 1 GiB must not make the process hold 1 GiB (nor zero-fill it)."""
+    import resource
+
+    leaves = [CID.hash(RAW, i.to_bytes(4, "little")) for i in range(1024)]
+    data = encode_unixfs_file(1024 << 20, [1 << 20] * 1024)
+    node = encode_pbnode([PBLink(c, "", 1 << 20) for c in leaves], data)
+    root = Block(CID.hash(DAG_PB, node), node)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    asm = FileAssembler(root.cid, max_size=2 << 30)
+    asm.add(root)
+    assert asm.buffer is not None and asm.buffer.nbytes == 1024 << 20
+    assert len(asm.wanted()) == 1024
+    grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert grew < 64 << 10, f"peak memory grew {grew >> 10} MiB for a 1 GiB declaration"

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -22,7 +23,7 @@ from ..store import GradientStore
 from . import _exit
 from ._documents import command_limits, name_the_option, parse_meta, read_document
 from ._nodes import node_from_args
-from ._output import check_target
+from ._output import announce_written, check_target
 from ._patience import Patience
 from ._progress import ProgressBar
 from ._tensor_files import load_gradient, open_gradient
@@ -59,11 +60,19 @@ def _with_store(
         finally:
             await node.aclose()
 
-    try:
+    with _refusals(args, subject):
         return asyncio.run(run())
+
+
+@contextlib.contextmanager
+def _refusals(args: argparse.Namespace, subject: str) -> Iterator[None]:
+    """Size refusals name ``--max-bytes``; format refusals name ``subject`` (a CID of
+    something else: say which)."""
+    try:
+        yield
     except LimitExceededError as exc:
         raise name_the_option(exc, args, subject) from exc
-    except FormatError as exc:  # a CID of something else: say which
+    except FormatError as exc:
         raise FormatError(f"{subject}: {exc}") from exc
 
 
@@ -121,18 +130,31 @@ def _put_compressed(args: argparse.Namespace) -> object:
 
 
 def cmd_get(args: argparse.Namespace) -> int:
-    from ._decompressed import write_dense
+    """Fetch and verify; a dense document of NumPy's types goes to an ``.npz`` as bytes
+    (``_document_npz``: no NumPy), anything else is decoded (decompressed) and written."""
+    from ..format import read_header
+    from ._document_npz import write_document_npz, writes_as_bytes
+    from ._tensor_files import is_safetensors
 
     cid = CID.parse(args.cid)
     check_target(args.output)  # before fetching: a directory or a terminal cannot take it
     bar = ProgressBar("get")
     try:
-        document = _with_store(
-            args, str(cid), lambda s, progress: s.get_any(cid, progress=progress), bar
+        buf = _with_store(
+            args, str(cid), lambda s, progress: s.fetch_view(cid, progress=progress), bar
         )
     finally:
         bar.close()
-    write_dense(document, args, str(cid))
+    with _refusals(args, str(cid)):
+        header = read_header(buf, command_limits(args))
+    if writes_as_bytes(header) and not args.float64 and not is_safetensors(args.output):
+        write_document_npz(args.output, header, buf)
+        announce_written(args.output)
+        return _exit.SUCCESS
+    from ..format import from_header
+    from ._decompressed import write_dense
+
+    write_dense(from_header(buf, header), args, str(cid))
     return _exit.SUCCESS
 
 

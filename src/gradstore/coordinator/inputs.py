@@ -114,7 +114,7 @@ async def root_block(node: Node, cid: CID, limits: Limits, timeout: float) -> tu
         raise InputRefused(f"malformed: {exc}") from None
     buffer = assembler.buffer
     assert buffer is not None
-    return int(buffer.size), data
+    return buffer.nbytes, data
 
 
 async def verify_input(

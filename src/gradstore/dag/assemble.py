@@ -1,4 +1,4 @@
-"""Verified reassembly of one UnixFS file into one preallocated NumPy buffer.
+"""Verified reassembly of one UnixFS file into one preallocated buffer.
 
 Every block is hashed against its CID before anything is read from it; the
 DAG is parsed strictly and every size it declares is checked against the
@@ -7,13 +7,18 @@ node yields an error, never a wrong byte. Blocks may come in any order in
 which parents precede their children (Kubo's ``dag/export`` pre-order, or
 block-by-block fetching driven by ``wanted()``); a CID used at several places
 in the file (identical chunks, e.g. zeros) is needed only once.
+
+The buffer is anonymous memory the kernel hands out page by page as it is written (an
+``mmap``), so declaring a size costs nothing until bytes arrive (the coordinator reads
+only a root to learn a size), and no NumPy is needed (``view``; ``result`` gives the same
+bytes as a NumPy array). Not NumPy's allocator: it asks for huge pages, and where the
+kernel must compact memory to find them a fresh 256 MiB buffer took 0.5 s instead of 0.1.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
-import numpy as np
+import mmap
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..errors import DAGError, LimitExceededError
 from .block import Block
@@ -21,6 +26,11 @@ from .cid import CID, DAG_PB, RAW, verify_block
 from .dagpb import decode_pbnode
 from .profile import MAX_LINKS
 from .unixfs import DataType, decode_unixfs
+
+if TYPE_CHECKING:
+    import numpy as np
+
+_MAPPED = 1 << 20  # buffers from this size on are mapped; smaller ones are bytearrays
 
 # A balanced 1024-link tree of 1 MiB chunks is 4 levels deep at 1 PiB; 32
 # levels leaves room for other layouts (trickle) and bounds the work.
@@ -57,15 +67,20 @@ class FileAssembler:
         *,
         max_links: int = MAX_LINKS,
         max_depth: int = MAX_DEPTH,
+        prefault: bool = False,
     ) -> None:
+        """``prefault``: the caller will write every byte (a whole-file fetch), so the
+        buffer's pages are mapped in one system call when it is allocated, not one fault
+        per 4 KiB as bytes arrive (0.06 s for 256 MiB here, against 0.1-0.5 s)."""
         self.root = CID.parse(root)
+        self.prefault = prefault
         self.max_size = max_size
         self.max_links = max_links
         self.max_depth = max_depth
         self._pending: dict[CID, list[_Place]] = {self.root: [_Place(0, -1, 0)]}
         self._leaves: dict[CID, tuple[int, int]] = {}  # received raw leaf -> where its bytes sit
         self._nodes: dict[CID, _Node] = {}  # received dag-pb nodes, to place again if reused
-        self._buf: np.ndarray | None = None
+        self._buf: memoryview | None = None
         self._budget = 0  # placements left; set from the root's filesize
         self._in_place: dict[CID, int] = {}  # leaf -> places still to verify in the buffer
 
@@ -79,7 +94,15 @@ class FileAssembler:
         return self._buf is not None and not self._pending
 
     def result(self) -> np.ndarray:
-        """The file's bytes (uint8, 1-D). DAGError while blocks are missing."""
+        """The file's bytes as a NumPy array (uint8, 1-D, no copy). DAGError while blocks
+        are missing."""
+        import numpy as np
+
+        return np.frombuffer(self.view(), dtype=np.uint8)
+
+    def view(self) -> memoryview:
+        """The file's bytes (a writable memoryview, format 'B'). DAGError while blocks are
+        missing."""
         if self._buf is None or self._pending:
             missing = next(iter(self._pending))
             raise DAGError(
@@ -89,7 +112,7 @@ class FileAssembler:
         return self._buf
 
     @property
-    def buffer(self) -> np.ndarray | None:
+    def buffer(self) -> memoryview | None:
         """The file's buffer once the root has arrived (bytes not yet placed are undefined)."""
         return self._buf
 
@@ -127,7 +150,7 @@ class FileAssembler:
         """
         buf = self._buf
         assert buf is not None and span.cid in self._in_place
-        verify_block(span.cid, buf[span.offset : span.offset + span.size].data)
+        verify_block(span.cid, buf[span.offset : span.offset + span.size])
         left = self._in_place[span.cid] - 1
         self._in_place[span.cid] = left
         if left == 0:
@@ -150,13 +173,19 @@ class FileAssembler:
         else:
             raise DAGError(f"block {cid} is {cid.codec_name}, not part of a UnixFS file")
 
-    def _allocate(self, size: int) -> np.ndarray:
+    def _allocate(self, size: int) -> memoryview:
         if size > self.max_size:
             raise LimitExceededError(
                 f"file {self.root} declares {size} bytes, over the {self.max_size}-byte limit"
             )
         self._budget = 4 * self.max_links + size // 1024
-        self._buf = np.empty(size, dtype=np.uint8)
+        if size < _MAPPED:
+            self._buf = memoryview(bytearray(size))
+        else:
+            flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+            if self.prefault:
+                flags |= getattr(mmap, "MAP_POPULATE", 0)  # (Linux)
+            self._buf = memoryview(mmap.mmap(-1, size, flags=flags))
         return self._buf
 
     def _add_leaf(self, cid: CID, data: bytes | memoryview, places: list[_Place]) -> None:
@@ -165,7 +194,7 @@ class FileAssembler:
             if place.size not in (-1, n):
                 raise DAGError(f"leaf {cid} has {n} bytes, its parent declares {place.size}")
         buf = self._buf if self._buf is not None else self._allocate(n)
-        src = np.frombuffer(data, dtype=np.uint8)
+        src = memoryview(data).cast("B")
         for place in places:
             buf[place.offset : place.offset + n] = src
         del self._pending[cid]
@@ -226,7 +255,7 @@ class FileAssembler:
             node, place = stack.pop()
             off = place.offset
             if node.data:
-                buf[off : off + len(node.data)] = np.frombuffer(node.data, dtype=np.uint8)
+                buf[off : off + len(node.data)] = node.data
                 off += len(node.data)
             depth = place.depth + 1
             if node.children and depth > self.max_depth:

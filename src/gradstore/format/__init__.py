@@ -21,8 +21,8 @@ from .._lazy_exports import lazy_exports
 if TYPE_CHECKING:
     from ._codec import CODECS, VALUE_FORMATS, Codec
     from ._compressed import CompressedGradient, CompressedTensor
-    from ._decode import decode, decode_any, decode_with_header
-    from ._dtype_codes import DTYPES, EXTENDED, FLOATS, ITEMSIZE
+    from ._decode import decode, decode_any, decode_with_header, from_header
+    from ._dtype_codes import DTYPES, EXTENDED, FLOATS, ITEMSIZE, NUMPY_CODES
     from ._dtypes import canonical_dtype as dtype_code
     from ._dtypes import is_float, numpy_dtype
     from ._encode import encode
@@ -43,10 +43,12 @@ _HOMES = {
     "decode": "_decode",
     "decode_any": "_decode",
     "decode_with_header": "_decode",
+    "from_header": "_decode",
     "DTYPES": "_dtype_codes",
     "EXTENDED": "_dtype_codes",
     "FLOATS": "_dtype_codes",
     "ITEMSIZE": "_dtype_codes",
+    "NUMPY_CODES": "_dtype_codes",
     "dtype_code": "_dtypes:canonical_dtype",
     "is_float": "_dtypes",
     "numpy_dtype": "_dtypes",
@@ -78,6 +80,7 @@ __all__ = [
     "FLOATS",
     "FORMAT_ID",
     "ITEMSIZE",
+    "NUMPY_CODES",
     "VALUE_FORMATS",
     "Codec",
     "CompressedGradient",
@@ -95,6 +98,7 @@ __all__ = [
     "dense_layout",
     "dtype_code",
     "encode",
+    "from_header",
     "is_float",
     "name_problem",
     "numpy_dtype",

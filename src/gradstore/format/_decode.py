@@ -49,9 +49,17 @@ def decode_with_header(
     """:func:`decode_any` and the header it validated (tensor offsets, codec), from one walk."""
     mv = byte_view(buf)
     header = walk(mv, limits)
+    return from_header(mv, header), header
+
+
+def from_header(buf: BufferLike, header: DocumentHeader) -> Gradient | CompressedGradient:
+    """The document ``read_header(buf)`` validated as ``header``, without walking it again."""
+    mv = byte_view(buf)
+    if header.size != mv.nbytes:
+        raise ValueError(f"the header is of a {header.size}-byte document, not {mv.nbytes}")
     if header.codec is None:
-        return _dense(mv, header), header
-    return compressed_from(mv, header), header
+        return _dense(mv, header)
+    return compressed_from(mv, header)
 
 
 def compressed_from(mv: memoryview, header: DocumentHeader) -> CompressedGradient:

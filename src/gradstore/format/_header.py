@@ -1,16 +1,17 @@
-"""Validate a whole gradstore/1 document and locate its tensors, without building arrays."""
+"""Validate a whole gradstore/1 document and locate its tensors, without building arrays.
+
+NumPy is loaded only where a tensor's bytes must be looked at (bool tensors, compressed
+payloads): a dense document of numbers is read without it (``gradstore get`` to ``.npz``).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Final, TypeAlias
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 from ..errors import InvalidDocumentError, LimitExceededError, MalformedDocumentError
 from ._codec import PARAMS, Codec
 from ._dtype_codes import DTYPES, FLOATS, ITEMSIZE
-from ._dtypes import numpy_dtype
 from ._layout import (
     ALIGN,
     COMPRESSED_FORMAT_ID,
@@ -28,11 +29,13 @@ from ._limits import DEFAULT_LIMITS, Limits
 from ._names import name_problem
 from ._pack import pack_str
 from ._paths import PathError, render
-from ._payload import validate
 from ._unpack import ARRAY, BIN, INT, MAP, STR, Reader
 
+if TYPE_CHECKING:
+    import numpy as np
+
 #: What decode/read_header take; any C-contiguous buffer (an mmap too) works at run time.
-BufferLike: TypeAlias = bytes | bytearray | memoryview | np.ndarray[Any, Any]
+BufferLike: TypeAlias = "bytes | bytearray | memoryview | np.ndarray[Any, Any]"
 
 NOT_A_DOCUMENT: Final = f"not a {FORMAT_ID} document"
 """How a refusal of bytes that are not a document at all begins."""
@@ -57,6 +60,8 @@ class TensorInfo:
     @property
     def array_dtype(self) -> np.dtype[Any]:
         """The NumPy dtype of the tensor's elements."""
+        from ._dtypes import numpy_dtype
+
         dt = numpy_dtype(self.dtype)
         assert dt is not None, self.dtype  # a header only holds allowed dtypes
         return dt
@@ -351,10 +356,17 @@ def _read_tensor(
         )
     r.take(nbytes)
     if codec is not None:
+        import numpy as np
+
+        from ._payload import validate
+
         payload = np.frombuffer(r.buf, np.uint8, nbytes, offset)
         validate(codec, payload, count, f"$.tensors[{i}].data")
-    if dtype == "|b1" and nbytes and np.max(np.frombuffer(r.buf, np.uint8, nbytes, offset)) > 1:
-        raise InvalidDocumentError("bool bytes must be 0 or 1", f"$.tensors[{i}].data")
+    if dtype == "|b1" and nbytes:
+        import numpy as np
+
+        if np.max(np.frombuffer(r.buf, np.uint8, nbytes, offset)) > 1:
+            raise InvalidDocumentError("bool bytes must be 0 or 1", f"$.tensors[{i}].data")
     return TensorInfo(name, dtype, tuple(dims), offset, nbytes), raw, count
 
 

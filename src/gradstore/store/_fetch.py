@@ -11,8 +11,6 @@ import asyncio
 import contextlib
 import threading
 
-import numpy as np
-
 from ..dag import CID, Block, CarReader, FileAssembler
 from ..dag.assemble import LeafSpan
 from ..dag.cid import RAW
@@ -24,9 +22,9 @@ _CAR_BATCH_BYTES = 8 << 20  # blocks of a CAR export are verified in a thread th
 _MAX_NODE_FETCHES = 64  # dag-pb nodes fetched at once by block/get (64 GiB files under the profile)
 
 
-async def fetch_document(
+async def fetch_view(
     node: Node, cid: CID | str, max_bytes: int, progress: Progress | None
-) -> np.ndarray:
+) -> memoryview:
     """Fetch the file bytes of ``cid``, every block verified, into one buffer.
 
     On a node with fast ``cat_into`` (Kubo over plain http), the dag-pb
@@ -35,11 +33,11 @@ async def fetch_document(
     is several times slower than ``cat``); otherwise from a CAR stream.
     """
     root = CID.parse(cid)
-    assembler = FileAssembler(root, max_bytes)
+    assembler = FileAssembler(root, max_bytes, prefault=True)
     if isinstance(node, SupportsCatInto) and node.bulk_reads:
         spans = await _fetch_inner_nodes(node, assembler)
         if assembler.done:
-            return assembler.result()
+            return assembler.view()
         if spans is not None:
             return await _cat_leaves(node, assembler, spans, progress)
     return await _fetch_car(node, root, assembler, progress)
@@ -47,7 +45,7 @@ async def fetch_document(
 
 async def _fetch_car(
     node: Node, root: CID, assembler: FileAssembler, progress: Progress | None
-) -> np.ndarray:
+) -> memoryview:
     """``fetch_document`` from the node's CAR export, every block verified as it arrives."""
     reader = CarReader()
     pending: list[Block] = []
@@ -68,9 +66,9 @@ async def _fetch_car(
         await asyncio.to_thread(_add_all, assembler, pending)
     if reader.roots is not None and root not in reader.roots and root.to_v1() not in reader.roots:
         raise IntegrityError(root, f"node exported roots {reader.roots}, expected {root}")
-    result = assembler.result()
+    result = assembler.view()
     if progress is not None:
-        progress(int(result.size), int(result.size))
+        progress(result.nbytes, result.nbytes)
     return result
 
 
@@ -144,7 +142,7 @@ async def _cat_leaves(
     assembler: FileAssembler,
     spans: list[LeafSpan],
     progress: Progress | None,
-) -> np.ndarray:
+) -> memoryview:
     """Fill the leaves from ``cat`` into the assembler's buffer, hashing each span as it lands."""
     buf = assembler.buffer
     assert buf is not None
@@ -165,7 +163,7 @@ async def _cat_leaves(
 
     async def read() -> int:
         try:
-            return await node.cat_into(assembler.root, buf.data, progress=filled.advance)
+            return await node.cat_into(assembler.root, buf, progress=filled.advance)
         finally:
             filled.end()
 
@@ -181,7 +179,7 @@ async def _cat_leaves(
     got = await reader
     if got != size:
         raise DAGError(f"file {assembler.root} is incomplete: the node sent {got} of {size} bytes")
-    result = assembler.result()
+    result = assembler.view()
     if progress is not None:
         progress(size, size)
     return result

@@ -84,10 +84,20 @@ class GradientStore:
         into the buffer, each leaf hashed there against its CID (Kubo's ``dag/export``
         is several times slower than ``cat``); otherwise from a CAR stream.
         """
-        from ._fetch import fetch_document
+        import numpy as np
+
+        view = await self.fetch_view(cid, max_bytes=max_bytes, progress=progress)
+        return np.frombuffer(view, dtype=np.uint8)
+
+    async def fetch_view(
+        self, cid: CID | str, *, max_bytes: int | None = None, progress: Progress | None = None
+    ) -> memoryview:
+        """:meth:`fetch_document`'s bytes as a memoryview: what a caller that moves bytes
+        (``gradstore get`` to an ``.npz``) takes without loading NumPy."""
+        from ._fetch import fetch_view
 
         limit = self.limits.max_bytes if max_bytes is None else max_bytes
-        return await fetch_document(self.node, cid, limit, progress)
+        return await fetch_view(self.node, cid, limit, progress)
 
     async def get(
         self, cid: CID | str, *, limits: Limits | None = None, progress: Progress | None = None

@@ -65,7 +65,7 @@ class StoredDocument:
                 await asyncio.to_thread(assembler.add, Block(c, data))
         buffer = assembler.buffer
         assert buffer is not None
-        return cls(node, cid, int(buffer.size), spans)
+        return cls(node, cid, buffer.nbytes, spans)
 
     async def _leaf(self, index: int) -> bytes:
         if self._cached is not None and self._cached[0] == index:
