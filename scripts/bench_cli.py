@@ -25,9 +25,10 @@ ratios are gradstore / ipfs. Targets (issue 12): at 64 MiB and above within
 1.25x, below within 3x, judged on the medians.
 
 "floors" time processes that do nothing useful: the Python interpreter alone,
-then importing NumPy (which every gradient command needs) and httpx (which the
-node layer talks to Kubo with), ``gradstore --version`` and ``ipfs version
---number``: the start-up costs no command can go below.
+importing NumPy (which put, get and cid of plain arrays no longer load), a process
+that imports asyncio and httpx (what the node layer talks to Kubo with) and sends
+Kubo one request, ``gradstore --version`` and ``ipfs version --number``: the
+start-up costs no command can go below (put and get: the third).
 
     .venv/bin/python scripts/bench_cli.py
     options: --sizes 1,64,256 --repeat 5 --ops put,get,cid --json --kubo PATH
@@ -218,13 +219,26 @@ def measure_size(bench: Bench, mib: int, ops: Sequence[str], repeat: int) -> dic
     return result
 
 
+ONE_REQUEST = """
+import sys
+sys.modules["httpx._main"] = None  # as gradstore's commands do (click, rich: unused)
+import asyncio, os, httpx
+async def main():
+    async with httpx.AsyncClient() as client:
+        (await client.post(sys.argv[1] + "/api/v0/version")).raise_for_status()
+asyncio.run(main())
+"""
+"""The least a put or get in Python with asyncio and httpx can take: start, import them,
+send one request to Kubo and read its answer."""
+
+
 def measure_floors(bench: Bench, repeat: int) -> dict[str, list[float]]:
     """Start-up alone: the interpreter, with what put/get/cid cannot do without, and Kubo's."""
     python = sys.executable
     floors: dict[str, list[str]] = {
         "python -c pass": [python, "-c", "pass"],
         "python -c 'import numpy'": [python, "-c", "import numpy"],
-        "python -c 'import numpy, httpx'": [python, "-c", "import numpy, httpx"],
+        "python: asyncio + httpx, 1 request": [python, "-c", ONE_REQUEST, bench.daemon.api_url],
         "gradstore --version": [*bench.gradstore, "--version"],
         "ipfs version --number": [str(bench.daemon.binary), "version", "--number"],
     }
