@@ -139,3 +139,50 @@ def test_a_file_that_is_refused_is_refused_as_before(tmp_path: Path) -> None:
     path.write_text("not a zip")
     with pytest.raises(FormatError, match=r"not an \.npz file"):
         NpzStream(path)
+
+
+def _npz_of(path: Path, members: dict[str, bytes]) -> Path:
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    return path
+
+
+def _npy(header: str, data: bytes = b"") -> bytes:
+    body = header.encode("latin1") + b"\n"
+    return b"\x93NUMPY\x01\x00" + len(body).to_bytes(2, "little") + body + data
+
+
+@pytest.mark.parametrize(
+    ("header", "data", "says"),
+    [
+        ("{'descr': '<f4', 'fortran_order': False, 'shape': (True, 3), }", 12, "other things"),
+        ("{'descr': '<f4', 'fortran_order': False, 'shape': (3,", 12, "unreadable .npy header"),
+        (
+            "{'descr': '<f4', 'fortran_order': False, 'shape': (0, 4611686018427387904), }",
+            0,
+            "too big",
+        ),
+    ],
+    ids=["bool-dimension", "python-2-fallback-fails", "zero-size-huge"],
+)
+def test_hostile_headers_are_one_clean_error_naming_the_file(
+    cli: Cli, tmp_path: Path, header: str, data: int, says: str
+) -> None:
+    path = _npz_of(tmp_path / "h.npz", {"a.npy": _npy(header, bytes(data))})
+    for command in ("cid", "put"):
+        extra = ["--local", tmp_path / "node"] if command == "put" else []
+        line = cli(command, path, *extra).one_error_line()
+        assert line.startswith(f"error: {path}: ") and "unexpected" not in line, line
+        assert says in line, line
+
+
+def test_a_tensor_name_the_format_refuses_is_refused_naming_the_file(
+    cli: Cli, tmp_path: Path
+) -> None:
+    path = tmp_path / "n.npz"
+    np.savez(path, **{"../x": np.ones(3, np.float32)})
+    line = cli("cid", path).one_error_line()
+    assert line.startswith(f"error: {path}: tensor name '../x'"), line

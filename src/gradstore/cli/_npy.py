@@ -34,6 +34,9 @@ PLAIN: Final = frozenset(
 ``|b1``."""
 
 _KEYS: Final = frozenset(("descr", "fortran_order", "shape"))
+MAX_RANK: Final = 32
+"""Higher ranks are left to NumPy: 32 dimensions is NumPy 1.26's limit (2.x allows 64)."""
+_MAX_INTP: Final = (1 << 63) - 1  # NumPy refuses arrays whose extent in bytes passes this
 
 
 @dataclass(frozen=True)
@@ -82,7 +85,20 @@ def parse_plain(raw: bytes) -> PlainHeader | None:
         return None
     if fortran and len(shape) > 1:  # another element order: NumPy transposes it
         return None
+    if len(shape) > MAX_RANK or not _numpy_can_hold(int(descr[2:]), shape):
+        return None
     return PlainHeader(descr, shape, start + text_len)
+
+
+def _numpy_can_hold(itemsize: int, shape: tuple[int, ...]) -> bool:
+    """Whether NumPy makes an array of this shape (a zero-size one too: NumPy multiplies
+    the other dimensions and refuses an extent past its index type)."""
+    extent = itemsize
+    for d in shape:
+        extent *= max(d, 1)
+        if extent > _MAX_INTP:
+            return False
+    return True
 
 
 def plain_header(dtype: str, shape: tuple[int, ...]) -> bytes:

@@ -163,15 +163,22 @@ def _parsed_by_numpy(f: BufferedReader, info: zipfile.ZipInfo, name: str, start:
     import numpy as np
 
     f.seek(start)
-    version = np.lib.format.read_magic(f)
-    if version == (1, 0):
-        shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(f)
-    elif version == (2, 0):
-        shape, fortran_order, dtype = np.lib.format.read_array_header_2_0(f)
-    else:
-        raise FormatError(f"member {name!r} is a .npy of version {version}, not 1.0 or 2.0")
+    try:
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(f)
+        elif version == (2, 0):
+            shape, fortran_order, dtype = np.lib.format.read_array_header_2_0(f)
+        else:
+            raise FormatError(f"member {name!r} is a .npy of version {version}, not 1.0 or 2.0")
+    except (FormatError, ValueError):
+        raise
+    except Exception as exc:  # NumPy's reader on hostile bytes (its Python 2 fallback: tokenize)
+        raise FormatError(f"member {name!r} has an unreadable .npy header ({exc})") from exc
     if dtype.hasobject:
         raise ValueError(f"{PICKLE_REFUSED} when allow_pickle=False")
+    if not all(type(d) is int for d in shape):  # NumPy's check lets bools through
+        raise FormatError(f"member {name!r} has a shape of other things than integers: {shape}")
     return Member(name, info, True, start, f.tell() - start, shape, fortran_order, dtype)
 
 

@@ -80,14 +80,18 @@ class NpzStream(Closing):
         return self._gradient is None
 
     def document(self) -> EncodedDocument:
-        """The gradient's document (the format's refusals of names and meta raise here)."""
+        """The gradient's document (the format's refusals of names and meta raise here,
+        naming the file)."""
         if self._gradient is not None:
             from ..format import encode
 
-            return encode(self._gradient)
-        layout, size = dense_layout(
-            self._meta, {n: (m.plain or "", m.shape, m.nbytes) for n, m in self._members.items()}
-        )
+            with npz_errors(self.path):
+                return encode(self._gradient)
+        with npz_errors(self.path):
+            layout, size = dense_layout(
+                self._meta,
+                {n: (m.plain or "", m.shape, m.nbytes) for n, m in self._members.items()},
+            )
         for member in self._members.values():
             if not member.nbytes:  # no stretch of data will check it
                 with self._refusals():

@@ -33,7 +33,7 @@ async def fetch_view(
     is several times slower than ``cat``); otherwise from a CAR stream.
     """
     root = CID.parse(cid)
-    assembler = FileAssembler(root, max_bytes, prefault=True)
+    assembler = FileAssembler(root, max_bytes)
     if isinstance(node, SupportsCatInto) and node.bulk_reads:
         spans = await _fetch_inner_nodes(node, assembler)
         if assembler.done:
