@@ -17,7 +17,8 @@ import numpy as np
 
 from ..errors import FormatError
 from ..format import EXTENDED, Gradient, dtype_code
-from ._npz_directory import NPY, NPY_MAGIC, Member, fill, npz_errors, read_directory
+from ._npy import MAGIC as NPY_MAGIC
+from ._npz_directory import NPY, Member, fill, npz_errors, read_directory
 from ._stored_zip import StoredZipWriter
 
 

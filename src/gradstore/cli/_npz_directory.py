@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import FormatError
+from ._npy import MAGIC as NPY_MAGIC
 from ._npy import MAX_HEADER, parse_plain
 from ._stored_zip import member_data_offset, read_into
 
@@ -30,7 +31,6 @@ if TYPE_CHECKING:
     import numpy as np
 
 PICKLE_REFUSED = "Object arrays cannot be loaded"  # NumPy's message when allow_pickle=False bites
-NPY_MAGIC = b"\x93NUMPY"
 NPY = ".npy"
 
 
