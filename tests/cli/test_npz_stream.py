@@ -16,6 +16,7 @@ import pytest
 from gradstore.cli import _npz_stream, _stored_zip
 from gradstore.cli._npz import load_npz
 from gradstore.cli._npz_stream import NpzStream
+from gradstore.cli._tensor_files import open_gradient
 from gradstore.dag import file_cid
 from gradstore.errors import FormatError
 from gradstore.format import encode
@@ -53,17 +54,18 @@ def test_the_cid_is_that_of_the_file_read_whole(
     path = tmp_path / "g.npz"
     np.savez(path, **_float_arrays(), **extra)
     expected = file_cid(encode(load_npz(path)))
-    with NpzStream(path) as npz:
-        assert npz.streamed is (not extra)
+    with open_gradient(path) as npz:
+        assert isinstance(npz, NpzStream) is (not extra)  # streamed, or read whole
         assert file_cid(npz.document()) == expected
-    with NpzStream(path) as npz:  # the pieces, as the store sends them
+    with open_gradient(path) as npz:  # the pieces, as the store sends them
         assert b"".join(bytes(p) for p in npz.document()) == encode(load_npz(path)).tobytes()
 
 
 def test_compressed_files_are_read_whole(tmp_path: Path) -> None:
     path = tmp_path / "z.npz"
     np.savez_compressed(path, **_float_arrays())
-    with NpzStream(path) as npz:
+    assert NpzStream.open(path) is None
+    with open_gradient(path) as npz:
         assert file_cid(npz.document()) == file_cid(encode(load_npz(path)))
 
 
@@ -72,8 +74,8 @@ def test_a_big_file_is_hashed_a_few_stretches_at_a_time(tmp_path: Path) -> None:
     it into arrays first took all of it, in fresh pages that cost more than the reading."""
     path = tmp_path / "big.npz"
     np.savez(path, w=np.random.default_rng(SEED).standard_normal(8 << 20))  # 64 MiB
-    with NpzStream(path) as npz:
-        assert npz.streamed
+    npz = _stream(path)
+    with npz:
         expected = file_cid(encode(load_npz(path)))
         tracemalloc.start()
         try:
@@ -88,7 +90,7 @@ def test_a_big_file_is_hashed_a_few_stretches_at_a_time(tmp_path: Path) -> None:
 def test_a_file_cut_short_after_it_was_opened_is_refused_naming_it(tmp_path: Path) -> None:
     path = tmp_path / "g.npz"
     np.savez(path, w=np.arange(1 << 20, dtype=np.float32))
-    with NpzStream(path) as npz:
+    with _stream(path) as npz:
         doc = npz.document()
         os.truncate(path, path.stat().st_size // 2)
         with pytest.raises(FormatError, match=r"g\.npz: truncated: the file ends"):
@@ -105,10 +107,9 @@ def test_an_empty_member_with_a_damaged_header_fails_its_crc(tmp_path: Path) -> 
     assert data[at] == 0x20
     data[at] = 0x09  # a tab: the header still parses, the bytes are not the ones stored
     path.write_bytes(bytes(data))
-    with NpzStream(path) as npz:
-        assert npz.streamed
-        with pytest.raises(FormatError, match="member 'a' fails its CRC-32 check"):
-            npz.document()
+    npz = _stream(path)
+    with npz, pytest.raises(FormatError, match="member 'a' fails its CRC-32 check"):
+        npz.document()
 
 
 def _damage(path: Path) -> None:
@@ -135,10 +136,17 @@ def test_a_file_that_is_refused_is_refused_as_before(tmp_path: Path) -> None:
     path = tmp_path / "g.npz"
     np.savez(path, w=np.zeros(2, "V2"))  # raw bytes: what NumPy writes for bfloat16
     with pytest.raises(FormatError, match="is raw bytes"):
-        NpzStream(path)
+        open_gradient(path)
     path.write_text("not a zip")
     with pytest.raises(FormatError, match=r"not an \.npz file"):
-        NpzStream(path)
+        open_gradient(path)
+
+
+def _stream(path: Path) -> NpzStream:
+    """The file as a stream (it must be one: plain arrays only)."""
+    npz = NpzStream.open(path)
+    assert npz is not None
+    return npz
 
 
 def _npz_of(path: Path, members: dict[str, bytes]) -> Path:
@@ -179,10 +187,11 @@ def test_hostile_headers_are_one_clean_error_naming_the_file(
         assert says in line, line
 
 
+@pytest.mark.parametrize("also", [{}, {"f": np.array([True])}], ids=["streamed", "read-whole"])
 def test_a_tensor_name_the_format_refuses_is_refused_naming_the_file(
-    cli: Cli, tmp_path: Path
+    cli: Cli, tmp_path: Path, also: dict[str, Any]
 ) -> None:
     path = tmp_path / "n.npz"
-    np.savez(path, **{"../x": np.ones(3, np.float32)})
+    np.savez(path, **{"../x": np.ones(3, np.float32)}, **also)
     line = cli("cid", path).one_error_line()
     assert line.startswith(f"error: {path}: tensor name '../x'"), line

@@ -284,7 +284,9 @@ def test_put_refuses_by_default_what_get_refuses_by_default(
     from gradstore.cli._tensor_files import LoadedGradient
 
     huge = Gradient({"w": np.zeros(1 << 30, np.uint8)})  # calloc'd: no memory is touched
-    monkeypatch.setattr(store_cmds, "open_gradient", lambda path, meta=None: LoadedGradient(huge))
+    monkeypatch.setattr(
+        store_cmds, "open_gradient", lambda path, meta=None: LoadedGradient(huge, path)
+    )
     line = cli("put", "huge.npz", "--api", unused_url()).one_error_line()  # no node contacted
     assert line.startswith("error: put huge.npz: document is 1073741") and "over max_bytes" in line
     assert "the limit is --max-bytes 1073741824; pass a larger --max-bytes N" in line

@@ -19,6 +19,8 @@ import struct
 from dataclasses import dataclass
 from typing import Final
 
+from ..format import ITEMSIZE, NUMPY_CODES
+
 MAGIC: Final = b"\x93NUMPY"
 _PREFIX_LEN: Final = len(MAGIC) + 2  # magic, major, minor
 _LENGTH: Final = {(1, 0): struct.Struct("<H"), (2, 0): struct.Struct("<I")}
@@ -27,9 +29,7 @@ MAX_HEADER: Final = 10_000
 """Longer headers are left to NumPy (which refuses them unless pickles are allowed)."""
 _GROWTH_DIGITS: Final = 21  # NumPy's spare room for the growing axis' length
 
-PLAIN: Final = frozenset(
-    ("<f2", "<f4", "<f8", "|i1", "|u1", "<i2", "<u2", "<i4", "<u4", "<i8", "<u8")
-)
+PLAIN: Final = frozenset(NUMPY_CODES) - {"|b1"}
 """The ``descr`` of every plain array: the document's dtype strings for NumPy's types, but
 ``|b1``."""
 
@@ -50,7 +50,7 @@ class PlainHeader:
     @property
     def nbytes(self) -> int:
         """Bytes of data the header declares."""
-        n = int(self.dtype[2:])
+        n = ITEMSIZE[self.dtype]
         for d in self.shape:
             n *= d
         return n
@@ -85,7 +85,7 @@ def parse_plain(raw: bytes) -> PlainHeader | None:
         return None
     if fortran and len(shape) > 1:  # another element order: NumPy transposes it
         return None
-    if len(shape) > MAX_RANK or not _numpy_can_hold(int(descr[2:]), shape):
+    if len(shape) > MAX_RANK or not _numpy_can_hold(ITEMSIZE[descr], shape):
         return None
     return PlainHeader(descr, shape, start + text_len)
 

@@ -14,7 +14,7 @@ document's last chunk: before any root CID exists. Iterating again reads the fil
 (``put`` resends a DAG that Kubo's garbage collector cut into).
 
 Any other file (a compressed member, bool, big-endian or Fortran-order arrays, ...) is
-read whole through NumPy (``load_npz``) and encoded as before.
+not streamed (``NpzStream.open`` gives None): ``_tensor_files`` reads it whole through NumPy.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import zlib
 from collections.abc import Iterator
 from io import BufferedReader
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._closing import Closing
 from ..dag import CHUNK_SIZE
@@ -34,27 +34,28 @@ from ..errors import FormatError
 from ..format import EncodedDocument, Limits, check_layout, dense_layout
 from ._npz_directory import Member, check_crc, npz_errors, read_directory
 
-if TYPE_CHECKING:
-    from ..format import Gradient
-
 STEP = 4 * CHUNK_SIZE
 """Data is read in stretches ending on multiples of this in the document (whole chunks)."""
 
 
 class NpzStream(Closing):
-    """``with NpzStream(path, meta) as npz: use(npz.document())``; see the module docstring.
+    """``with NpzStream.open(path, meta) as npz: use(npz.document())``; see the module
+    docstring."""
 
-    Opening reads the zip directory and the ``.npy`` headers only (``FormatError`` names
-    the file for anything refused).
-    """
-
-    def __init__(self, path: str | Path, meta: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, path: str | Path, meta: dict[str, Any], file: BufferedReader, members: list[Member]
+    ) -> None:
         self.path = path
-        self._meta = dict(meta or {})
-        self._file: BufferedReader | None = None
-        self._members: dict[str, Member] = {}
-        self._gradient: Gradient | None = None
+        self._meta = meta
+        self._file = file
+        self._members = {m.name: m for m in members}
         self._failure: BaseException | None = None
+
+    @classmethod
+    def open(cls, path: str | Path, meta: dict[str, Any] | None = None) -> NpzStream | None:
+        """The file as a stream, if every member is a plain array; None if it holds anything
+        else. Reads the zip directory and the ``.npy`` headers only (``FormatError`` names
+        the file for anything refused)."""
         f = open(path, "rb")  # noqa: SIM115 (closed in close()): OSError names the file
         try:
             with npz_errors(path):
@@ -66,27 +67,13 @@ class NpzStream(Closing):
             f.close()
             raise
         if members and all(m.plain is not None for m in members):
-            self._file = f
-            self._members = {m.name: m for m in members}
-            return
+            return cls(path, dict(meta or {}), f, members)
         f.close()
-        from ._npz import load_npz  # NumPy: read whole, or refused as it says
-
-        self._gradient = load_npz(path, self._meta)
-
-    @property
-    def streamed(self) -> bool:
-        """Whether the document is read from the file as it is iterated (plain arrays)."""
-        return self._gradient is None
+        return None
 
     def document(self) -> EncodedDocument:
         """The gradient's document (the format's refusals of names and meta raise here,
         naming the file)."""
-        if self._gradient is not None:
-            from ..format import encode
-
-            with npz_errors(self.path):
-                return encode(self._gradient)
         with npz_errors(self.path):
             layout, size = dense_layout(
                 self._meta,
@@ -100,13 +87,8 @@ class NpzStream(Closing):
 
     def check(self, size: int, limits: Limits) -> None:
         """Refuse (``LimitExceededError``) a document of ``size`` bytes over ``limits``."""
-        if self._gradient is not None:
-            from ..format import check_fits
-
-            check_fits(self._gradient, size, limits)
-        else:
-            shapes = [(name, m.shape) for name, m in self._members.items()]
-            check_layout(size, self._meta, shapes, limits)
+        shapes = [(name, m.shape) for name, m in self._members.items()]
+        check_layout(size, self._meta, shapes, limits)
 
     def failure(self) -> BaseException | None:
         """The file's refusal, if reading it failed (what a failed command should report)."""
@@ -114,8 +96,7 @@ class NpzStream(Closing):
 
     def close(self) -> None:
         """Close the file."""
-        if self._file is not None:
-            self._file.close()
+        self._file.close()
 
     def data(self, name: str, pos: int) -> Iterator[memoryview]:
         """Member ``name``'s data, whose first byte is at document offset ``pos``, in
@@ -150,7 +131,6 @@ class NpzStream(Closing):
         return zlib.crc32(self._pread(member.start, member.header_len))
 
     def _pread(self, offset: int, n: int) -> bytes:
-        assert self._file is not None
         data = os.pread(self._file.fileno(), n, offset)
         while len(data) < n:  # a short read: rare on a file, but allowed
             more = os.pread(self._file.fileno(), n - len(data), offset + len(data))

@@ -45,15 +45,20 @@ def load_gradient(path: str | Path, meta: dict[str, Any] | None = None) -> Gradi
 
 
 class LoadedGradient(Closing):
-    """A gradient read whole, with the interface of ``NpzStream`` (nothing to wait for)."""
+    """A gradient read whole from ``path``, with the interface of ``NpzStream``."""
 
-    def __init__(self, gradient: Gradient) -> None:
+    def __init__(self, gradient: Gradient, path: str | Path) -> None:
         self.gradient = gradient
+        self.path = path
 
     def document(self) -> EncodedDocument:
+        """The gradient's document (the format's refusals name the file)."""
         from ..format import encode
 
-        return encode(self.gradient)
+        try:
+            return encode(self.gradient)
+        except FormatError as exc:
+            raise FormatError(f"{self.path}: {exc}") from exc
 
     def check(self, size: int, limits: Limits) -> None:
         """Refuse (``LimitExceededError``) a document of ``size`` bytes over ``limits``."""
@@ -74,9 +79,8 @@ def open_gradient(
     """The tensors of a file for ``put`` and ``cid``: an ``.npz`` of plain arrays is read
     while its document is hashed (``_npz_stream``), any other file whole. Use it in a
     ``with``."""
-    if is_safetensors(path):
-        return LoadedGradient(load_gradient(path, meta))
-    return NpzStream(path, meta)
+    stream = None if is_safetensors(path) else NpzStream.open(path, meta)
+    return stream if stream is not None else LoadedGradient(load_gradient(path, meta), path)
 
 
 def save_gradient(target: str | Path, gradient: Gradient) -> None:
