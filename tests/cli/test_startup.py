@@ -101,6 +101,16 @@ def test_cid_of_plain_arrays_imports_no_numpy_no_node_layer_and_no_event_loop(
     assert not found, f"gradstore cid imported {found[:10]}"
 
 
+def test_encode_of_plain_arrays_streams_the_document_without_numpy(tmp_path: Path) -> None:
+    """``gradstore encode`` writes what ``cid`` hashes, read from the file as it is
+    written: no NumPy, and the bytes are the format's own encoding."""
+    npz, doc = _npz(tmp_path), tmp_path / "g.doc"
+    _, modules = _imports("encode", str(npz), "-o", str(doc))
+    assert "gradstore.cli._npz_stream" in modules
+    assert "numpy" not in modules
+    assert doc.read_bytes() == encode(load_npz(npz)).tobytes()
+
+
 def test_cid_of_other_arrays_loads_numpy_and_gives_the_same_cid(tmp_path: Path) -> None:
     """A bool array's bytes must be checked: that file is read through NumPy, as before."""
     plain, bools = tmp_path / "p.npz", tmp_path / "b.npz"

@@ -294,6 +294,43 @@ def test_put_refuses_by_default_what_get_refuses_by_default(
     assert build_parser().parse_args(["put", "x", "--max-bytes", "2GiB"]).max_bytes == 2 << 30
 
 
+@pytest.mark.parametrize("command", ["encode", "cid", "put"])
+def test_what_decode_and_get_refuse_is_refused_first_naming_the_file(
+    cli: Cli, tmp_path: Path, command: str
+) -> None:
+    """encode, cid and put check a document against the limits its readers apply: a tensor
+    of rank 33 (over max_rank, which no option raises) and a document over --max-bytes
+    give no document, no CID and no stored block, and the refusal names the file."""
+    deep = write_npz(tmp_path / "deep.npz", w=np.zeros((1,) * 33, np.float32))
+    args = {
+        "encode": ["-o", tmp_path / "out.doc"],
+        "cid": [],
+        "put": ["--local", tmp_path / "node"],
+    }
+    r = cli(command, deep, *args[command])
+    assert r.code == 1 and r.out == ""
+    assert r.one_error_line() == (
+        f"error: {command} {deep}: tensor 'w' has rank 33, over max_rank=32 "
+        "(a limit every reader applies by default, which no option raises)"
+    )
+    assert not (tmp_path / "out.doc").exists() and not (tmp_path / "node").exists()
+    # what decode and get refuse by default they refuse too, and what they read they accept
+    assert cli("decode", _document(tmp_path, deep), "-o", tmp_path / "x.npz").code == 1
+    flat = write_npz(tmp_path / "flat.npz", w=np.arange(1000, dtype=np.float32))
+    size = len(encode(load_gradient_for_test(flat)).tobytes())
+    line = cli(command, flat, *args[command], "--max-bytes", size - 1).one_error_line()
+    assert line.startswith(f"error: {command} {flat}: document is {size} bytes")
+    assert f"the limit is --max-bytes {size - 1}" in line
+    assert cli(command, flat, *args[command], "--max-bytes", size).code == 0
+
+
+def _document(tmp_path: Path, npz: Path) -> Path:
+    """The document of ``npz`` written by the format itself, whatever its limits."""
+    doc = tmp_path / f"{npz.stem}.doc"
+    doc.write_bytes(encode(load_gradient_for_test(npz)).tobytes())
+    return doc
+
+
 def load_gradient_for_test(path: Path) -> Gradient:
     with np.load(path) as npz:
         return Gradient({name: npz[name] for name in npz.files})

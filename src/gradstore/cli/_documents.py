@@ -49,15 +49,28 @@ def command_limits(args: argparse.Namespace) -> Limits:
 
 
 def name_the_option(exc: LimitExceededError, args: argparse.Namespace, what: str) -> Exception:
-    """A size refusal that says which option raises the limit, and what it is now."""
+    """A limit refusal that names ``what`` it refused and, for a size, the option that
+    raises the limit and its value now; the other limits (rank, tensor count, name and
+    meta sizes) are every reader's defaults, which no option changes: say so."""
     text = str(exc)
-    if not any(word in text for word in ("max_bytes", "-byte limit", "max_elements")):
-        return exc
-    limit = command_limits(args).max_bytes
-    return LimitExceededError(
-        f"{what}: {text} (the limit is --max-bytes {limit}; pass a larger --max-bytes N "
-        "to allow it)"
-    )
+    if any(word in text for word in ("max_bytes", "-byte limit", "max_elements")):
+        limit = command_limits(args).max_bytes
+        hint = f"the limit is --max-bytes {limit}; pass a larger --max-bytes N to allow it"
+    else:
+        hint = "a limit every reader applies by default, which no option raises"
+    return LimitExceededError(f"{what}: {text} ({hint})")
+
+
+def check_limits(
+    args: argparse.Namespace, what: str, check: Callable[[int, Limits], None], size: int
+) -> None:
+    """``check(size, limits)`` a document about to be written or stored against the limits
+    its readers apply (``command_limits``): what encode, cid and put accept, decode and
+    get read back. A refusal names ``what`` (``name_the_option``)."""
+    try:
+        check(size, command_limits(args))
+    except LimitExceededError as exc:
+        raise name_the_option(exc, args, what) from exc
 
 
 def read_document(args: argparse.Namespace, path: str, parse: Callable[[np.ndarray], T]) -> T:

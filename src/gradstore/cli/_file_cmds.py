@@ -12,19 +12,20 @@ from collections.abc import Iterator
 
 from ..dag import file_cid
 from . import _exit
-from ._documents import command_limits, parse_meta, read_document
+from ._documents import check_limits, command_limits, parse_meta, read_document
 from ._output import announce_written, open_output
-from ._tensor_files import load_gradient, open_gradient
+from ._tensor_files import open_gradient
 
 _FILE_CHUNK = 16 << 20
 
 
 def cmd_encode(args: argparse.Namespace) -> int:
-    from ..format import encode
-
-    doc = encode(load_gradient(args.input, parse_meta(args.meta)))
-    with open_output(args.output) as out:
-        doc.write_to(out.stream)
+    """Write the document; refused, as put refuses it, when decode could not read it back."""
+    with open_gradient(args.input, parse_meta(args.meta)) as source:
+        doc = source.document()
+        check_limits(args, f"encode {args.input}", source.check, doc.size)
+        with open_output(args.output) as out:
+            doc.write_to(out.stream)  # an .npz is read from here on
     announce_written(args.output)
     return _exit.SUCCESS
 
@@ -44,7 +45,9 @@ def cmd_cid(args: argparse.Namespace) -> int:
         print(file_cid(_file_pieces(args.input)))
     else:
         with open_gradient(args.input, parse_meta(args.meta)) as source:
-            print(file_cid(source.document()))
+            doc = source.document()
+            check_limits(args, f"cid {args.input}", source.check, doc.size)  # as put's
+            print(file_cid(doc))
     return _exit.SUCCESS
 
 

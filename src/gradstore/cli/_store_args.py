@@ -21,6 +21,7 @@ def register(sub: Any) -> None:
     p.add_argument("input", help="gradient as .npz or .safetensors")
     p.add_argument("-o", "--output", required=True, help="document file to write")
     _add_meta(p)
+    add_max_bytes(p)
     p.set_defaults(run=lazy("_file_cmds", "cmd_encode", blas=False))
 
     p = sub.add_parser(
@@ -47,6 +48,7 @@ def register(sub: Any) -> None:
         "--raw", action="store_true", help="CID of the file's bytes, as `ipfs add --only-hash`"
     )
     _add_meta(p)
+    add_max_bytes(p)
     p.set_defaults(run=lazy("_file_cmds", "cmd_cid", blas=False))
 
     p = sub.add_parser(

@@ -21,7 +21,13 @@ from ..errors import CIDError, FormatError, LimitExceededError
 from ..format import EncodedDocument, Limits
 from ..store import GradientStore
 from . import _exit
-from ._documents import command_limits, name_the_option, parse_meta, read_document
+from ._documents import (
+    check_limits,
+    command_limits,
+    name_the_option,
+    parse_meta,
+    read_document,
+)
 from ._nodes import node_from_args
 from ._output import announce_written, check_target
 from ._patience import Patience
@@ -99,10 +105,7 @@ def _store(
 ) -> object:
     """``check(doc.size, limits)`` the document against --max-bytes (``check_fits`` of its
     gradient), then store it with a progress bar."""
-    try:
-        check(doc.size, command_limits(args))
-    except LimitExceededError as exc:
-        raise name_the_option(exc, args, f"put {args.input}") from exc
+    check_limits(args, f"put {args.input}", check, doc.size)
     bar = ProgressBar("put")
     try:
         return _with_store(
