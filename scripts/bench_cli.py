@@ -27,8 +27,10 @@ ratios are gradstore / ipfs. Targets (issue 12): at 64 MiB and above within
 "floors" time processes that do nothing useful: the Python interpreter alone,
 importing NumPy (which put, get and cid of plain arrays no longer load), a process
 that imports asyncio and httpx (what the node layer talks to Kubo with) and sends
-Kubo one request, ``gradstore --version`` and ``ipfs version --number``: the
-start-up costs no command can go below (put and get: the third).
+Kubo one request, the same request through httpx's blocking client and through the
+standard library's ``http.client``, ``gradstore --version`` and ``ipfs version
+--number``: the start-up costs no command can go below (put and get: the third; the
+next two say what asyncio and httpx each cost of it).
 
     .venv/bin/python scripts/bench_cli.py
     options: --sizes 1,64,256 --repeat 5 --ops put,get,cid --json --kubo PATH
@@ -222,14 +224,32 @@ def measure_size(bench: Bench, mib: int, ops: Sequence[str], repeat: int) -> dic
 ONE_REQUEST = """
 import sys
 sys.modules["httpx._main"] = None  # as gradstore's commands do (click, rich: unused)
-import asyncio, os, httpx
+import asyncio, httpx
 async def main():
-    async with httpx.AsyncClient() as client:
+    async with httpx.AsyncClient(verify=False) as client:  # as KuboNode on http://
         (await client.post(sys.argv[1] + "/api/v0/version")).raise_for_status()
 asyncio.run(main())
 """
 """The least a put or get in Python with asyncio and httpx can take: start, import them,
 send one request to Kubo and read its answer."""
+
+ONE_REQUEST_SYNC = """
+import sys
+sys.modules["httpx._main"] = None
+import httpx
+with httpx.Client(verify=False) as client:
+    client.post(sys.argv[1] + "/api/v0/version").raise_for_status()
+"""
+"""The same request through httpx's blocking client, without asyncio (and anyio)."""
+
+ONE_REQUEST_STDLIB = """
+import sys, http.client, urllib.parse
+url = urllib.parse.urlsplit(sys.argv[1])
+conn = http.client.HTTPConnection(url.hostname, url.port)
+conn.request("POST", "/api/v0/version")
+assert conn.getresponse().read()
+"""
+"""The same request through the standard library alone: what httpx itself costs."""
 
 
 def measure_floors(bench: Bench, repeat: int) -> dict[str, list[float]]:
@@ -239,6 +259,8 @@ def measure_floors(bench: Bench, repeat: int) -> dict[str, list[float]]:
         "python -c pass": [python, "-c", "pass"],
         "python -c 'import numpy'": [python, "-c", "import numpy"],
         "python: asyncio + httpx, 1 request": [python, "-c", ONE_REQUEST, bench.daemon.api_url],
+        "python: httpx, 1 request": [python, "-c", ONE_REQUEST_SYNC, bench.daemon.api_url],
+        "python: http.client, 1 request": [python, "-c", ONE_REQUEST_STDLIB, bench.daemon.api_url],
         "gradstore --version": [*bench.gradstore, "--version"],
         "ipfs version --number": [str(bench.daemon.binary), "version", "--number"],
     }
