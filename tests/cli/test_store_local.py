@@ -118,6 +118,23 @@ def test_cid_raw_is_file_cid_of_the_bytes(cli: Cli, tmp_path: Path, size: int) -
 
 
 @pytest.mark.parametrize(
+    "options",
+    [["--meta", "round=3"], ["--max-bytes", "1KiB"], ["--meta", "a=1", "--max-bytes", "9"]],
+)
+def test_cid_raw_refuses_the_options_of_a_document(
+    cli: Cli, grad_npz: Path, options: list[str]
+) -> None:
+    """--raw hashes the bytes as they are: --meta (which would change a document's CID) and
+    --max-bytes (which bounds one) are refused as a usage error, not silently dropped."""
+    r = cli("cid", "--raw", grad_npz, *options)
+    assert r.out == ""
+    line = r.one_error_line(2)
+    named = [o for o in ("--meta", "--max-bytes") if o in options]
+    assert "--raw hashes the file's bytes as they are" in line
+    assert all(o in line for o in named)
+
+
+@pytest.mark.parametrize(
     ("item", "value"),
     [
         ("round=3", 3),

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from ..dag import file_cid
 from . import _exit
 from ._documents import check_limits, command_limits, parse_meta, read_document
+from ._exit import UsageError
 from ._output import announce_written, open_output
 from ._tensor_files import open_gradient
 
@@ -42,6 +43,13 @@ def cmd_decode(args: argparse.Namespace) -> int:
 
 def cmd_cid(args: argparse.Namespace) -> int:
     if args.raw:
+        ignored = [
+            opt for opt, given in (("--meta", args.meta), ("--max-bytes", args.max_bytes)) if given
+        ]
+        if ignored:  # they shape or bound a document, and --raw makes none
+            raise UsageError(
+                f"--raw hashes the file's bytes as they are: {' and '.join(ignored)} cannot apply"
+            )
         print(file_cid(_file_pieces(args.input)))
     else:
         with open_gradient(args.input, parse_meta(args.meta)) as source:
