@@ -15,9 +15,9 @@ from typing import Any, Final
 
 import numpy as np
 
-from ..errors import FormatError, LimitExceededError
+from ..errors import FormatError
 from ..format import CompressedGradient, CompressedTensor, Gradient
-from ._documents import command_limits, name_the_option
+from ._documents import command_limits, named_limits
 from ._exit import UsageError
 from ._npz import check_npz_dtypes
 from ._output import announce_written
@@ -34,10 +34,8 @@ def write_dense(
 ) -> None:
     """Write ``document`` (read or fetched as ``subject``) to ``args.output`` as ``get`` and
     ``decode`` do: decompressed if it is compressed, saying so on stderr once it is written."""
-    try:
+    with named_limits(args, subject):
         gradient, note = _dense_to_write(document, args, subject)
-    except LimitExceededError as exc:
-        raise name_the_option(exc, args, subject) from exc
     save_gradient(args.output, gradient)
     if note is not None:
         print(note, file=sys.stderr)

@@ -7,8 +7,9 @@ Light on purpose: the commands that need no node (``_file_cmds``) and those that
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import FormatError, LimitExceededError
@@ -48,17 +49,21 @@ def command_limits(args: argparse.Namespace) -> Limits:
     return Limits(max_bytes=max_bytes, max_elements=max(DEFAULT_LIMITS.max_elements, max_bytes))
 
 
-def name_the_option(exc: LimitExceededError, args: argparse.Namespace, what: str) -> Exception:
-    """A limit refusal that names ``what`` it refused and, for a size, the option that
+@contextlib.contextmanager
+def named_limits(args: argparse.Namespace, what: str) -> Iterator[None]:
+    """A limit refusal inside names ``what`` it refused and, for a size, the option that
     raises the limit and its value now; the other limits (rank, tensor count, name and
     meta sizes) are every reader's defaults, which no option changes: say so."""
-    text = str(exc)
-    if any(word in text for word in ("max_bytes", "-byte limit", "max_elements")):
-        limit = command_limits(args).max_bytes
-        hint = f"the limit is --max-bytes {limit}; pass a larger --max-bytes N to allow it"
-    else:
-        hint = "a limit every reader applies by default, which no option raises"
-    return LimitExceededError(f"{what}: {text} ({hint})")
+    try:
+        yield
+    except LimitExceededError as exc:
+        text = str(exc)
+        if any(word in text for word in ("max_bytes", "-byte limit", "max_elements")):
+            limit = command_limits(args).max_bytes
+            hint = f"the limit is --max-bytes {limit}; pass a larger --max-bytes N to allow it"
+        else:
+            hint = "a limit every reader applies by default, which no option raises"
+        raise LimitExceededError(f"{what}: {text} ({hint})") from exc
 
 
 def check_limits(
@@ -66,11 +71,9 @@ def check_limits(
 ) -> None:
     """``check(size, limits)`` a document about to be written or stored against the limits
     its readers apply (``command_limits``): what encode, cid and put accept, decode and
-    get read back. A refusal names ``what`` (``name_the_option``)."""
-    try:
+    get read back. A refusal names ``what`` (``named_limits``)."""
+    with named_limits(args, what):
         check(size, command_limits(args))
-    except LimitExceededError as exc:
-        raise name_the_option(exc, args, what) from exc
 
 
 def read_document(args: argparse.Namespace, path: str, parse: Callable[[np.ndarray], T]) -> T:
@@ -82,9 +85,8 @@ def read_document(args: argparse.Namespace, path: str, parse: Callable[[np.ndarr
 
     buf = np.fromfile(path, dtype=np.uint8)
     try:
-        return parse(buf)
-    except LimitExceededError as exc:
-        raise name_the_option(exc, args, path) from exc
+        with named_limits(args, path):
+            return parse(buf)
     except FormatError as exc:
         if str(exc).startswith(f"not a {FORMAT_ID} document"):
             raise FormatError(f"{path}: {exc}") from exc

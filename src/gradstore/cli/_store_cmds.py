@@ -17,14 +17,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..dag import CID
-from ..errors import CIDError, FormatError, LimitExceededError
+from ..errors import CIDError, FormatError
 from ..format import EncodedDocument, Limits
 from ..store import GradientStore
 from . import _exit
 from ._documents import (
     check_limits,
     command_limits,
-    name_the_option,
+    named_limits,
     parse_meta,
     read_document,
 )
@@ -75,9 +75,8 @@ def _refusals(args: argparse.Namespace, subject: str) -> Iterator[None]:
     """Size refusals name ``--max-bytes``; format refusals name ``subject`` (a CID of
     something else: say which)."""
     try:
-        yield
-    except LimitExceededError as exc:
-        raise name_the_option(exc, args, subject) from exc
+        with named_limits(args, subject):
+            yield
     except FormatError as exc:
         raise FormatError(f"{subject}: {exc}") from exc
 
