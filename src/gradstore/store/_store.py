@@ -77,13 +77,8 @@ class GradientStore:
     async def fetch_document(
         self, cid: CID | str, *, max_bytes: int | None = None, progress: Progress | None = None
     ) -> np.ndarray:
-        """Fetch the file bytes of ``cid``, every block verified, into one buffer.
-
-        On a node with fast ``cat_into`` (Kubo over plain http), the dag-pb
-        nodes come from ``block/get`` and the leaves' bytes from ``cat`` straight
-        into the buffer, each leaf hashed there against its CID (Kubo's ``dag/export``
-        is several times slower than ``cat``); otherwise from a CAR stream.
-        """
+        """Fetch the file bytes of ``cid``, every block verified, into one buffer, as a
+        NumPy array (uint8, 1-D, no copy); how, in ``_fetch.fetch_view``."""
         import numpy as np
 
         view = await self.fetch_view(cid, max_bytes=max_bytes, progress=progress)
