@@ -137,6 +137,116 @@ def test_what_cannot_be_a_tensor_is_refused_by_name(value: Any, message: str) ->
         to_gradient([("w", torch.zeros(1))])  # type: ignore[arg-type]
 
 
+def _shrunk(tensor: torch.Tensor, nbytes: int) -> torch.Tensor:
+    """``tensor`` after its storage is cut to ``nbytes``, as FSDP frees a parameter (views
+    taken before keep their shapes and offsets)."""
+    tensor.untyped_storage().resize_(nbytes)
+    return tensor
+
+
+def _shrunk_cases() -> dict[str, torch.Tensor]:
+    base = torch.arange(64, dtype=torch.float32)
+    grid = torch.arange(64.0).view(8, 8)
+    rows = torch.zeros(4, 8, dtype=torch.bfloat16)
+    views = {"a slice of it": base[8:16], "a transpose of it": grid.t(), "a bfloat16 row": rows[3]}
+    _shrunk(base, 40)  # elements 8..15 were bytes 32..64
+    _shrunk(grid, 200)
+    _shrunk(rows, 62)  # row 3 was bytes 48..64
+    freed = torch.nn.Linear(300, 200)
+    freed.weight.untyped_storage().resize_(0)  # FSDP's free of an unsharded parameter
+    return {
+        "to 0 bytes": _shrunk(torch.arange(1 << 16, dtype=torch.float32), 0),
+        "to 16 bytes": _shrunk(torch.arange(16, dtype=torch.float32), 16),
+        **views,
+        "a freed parameter": freed.weight,
+    }
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["to 0 bytes", "to 16 bytes", "a slice of it", "a transpose of it", "a bfloat16 row",
+     "a freed parameter"],
+)  # fmt: skip
+def test_a_tensor_past_its_shrunk_storage_is_refused_before_it_is_read(case: str) -> None:
+    # Reading one would publish freed heap bytes, or crash: the refusal comes first.
+    tensor = _shrunk_cases()[case]
+    have = tensor.untyped_storage().nbytes()
+    with pytest.raises(InvalidDocumentError, match=f"storage of {have} bytes") as info:
+        to_gradient({"ok": torch.zeros(2), "bad": tensor})
+    assert "'bad'" in str(info.value) and "resize_(0)" in str(info.value)
+
+
+def test_views_within_their_storage_are_kept_as_before() -> None:
+    base = torch.arange(64, dtype=torch.float32)
+    square = torch.arange(36, dtype=torch.float64).view(6, 6)
+    views = {
+        "slice": base[8:16],
+        "strided": base[1::3],
+        "transpose": square.t(),
+        "column": square[:, 5],  # its last element is the storage's last
+        "expanded": base[:3].view(3, 1).expand(3, 5),  # stride 0
+        "empty at the end": base[64:],  # offset 64 of 64 elements, nothing to read
+        "scalar": base[63],
+    }
+    g = to_gradient(views)
+    for name, view in views.items():
+        assert g.tensors[name].tolist() == view.tolist(), name
+    # a storage shrunk to exactly what a view reaches keeps that view readable
+    whole = torch.arange(64, dtype=torch.float32)
+    kept = whole[8:16]
+    _shrunk(whole, 64)
+    assert to_gradient({"kept": kept}).tensors["kept"].tolist() == list(range(8, 16))
+
+
+def _subclasses() -> dict[str, torch.Tensor]:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    class Tagged(torch.Tensor):
+        pass
+
+    with FakeTensorMode():
+        fake = torch.zeros(3)
+    return {
+        "FakeTensor": fake,
+        "Tagged": torch.zeros(3).as_subclass(Tagged),
+        "UninitializedParameter": torch.nn.UninitializedParameter(),
+    }
+
+
+@pytest.mark.parametrize("case", ["FakeTensor", "Tagged", "UninitializedParameter"])
+def test_tensor_subclasses_are_refused_by_name(case: str) -> None:
+    with pytest.raises(InvalidDocumentError, match=f"is a .*{case}, a tensor subclass") as info:
+        to_gradient({"ok": torch.zeros(1), "bad": _subclasses()[case]})
+    assert "'bad'" in str(info.value)
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype")
+@pytest.mark.parametrize("layout", [torch.strided, torch.jagged], ids=str)
+def test_nested_tensors_are_refused_by_name(layout: torch.layout) -> None:
+    nested = torch.nested.nested_tensor([torch.zeros(2), torch.ones(3)], layout=layout)
+    with pytest.raises(InvalidDocumentError, match="'bad' is a nested tensor"):
+        to_gradient({"ok": torch.zeros(1), "bad": nested})
+
+
+def test_a_functorch_wrapper_is_refused_by_name() -> None:
+    seen: list[InvalidDocumentError] = []
+
+    def loss(x: torch.Tensor) -> torch.Tensor:
+        with pytest.raises(InvalidDocumentError, match="'bad' has no storage of its own") as e:
+            to_gradient({"bad": x})  # inside torch.func.grad, x wraps the real tensor
+        seen.append(e.value)
+        return x.sum()
+
+    torch.func.grad(loss)(torch.zeros(3))
+    assert len(seen) == 1
+
+
+def test_parameters_are_plain_tensors_and_shared() -> None:
+    weight = torch.nn.Parameter(torch.arange(6, dtype=torch.float32))
+    array = to_gradient({"w": weight}).tensors["w"]
+    assert array.ctypes.data == weight.data_ptr() and array.tolist() == list(range(6))
+
+
 def test_put_and_get_through_kubo_share_the_fetched_buffer(kubo: KuboDaemon) -> None:
     torch.manual_seed(SEED)
     state = {

@@ -48,6 +48,9 @@ _NUMPY_CARRIER: Final = {
     4: np.dtype(np.int32),
     8: np.dtype(np.int64),
 }
+#: The tensor types whose data is the memory of their storage (a Parameter holds a plain
+#: Tensor's; one made from a subclass has the subclass's type).
+_PLAIN: Final = (torch.Tensor, torch.nn.Parameter)
 #: dtypes for which ``Tensor.numpy()`` / ``torch.from_numpy`` work directly.
 _DIRECT: Final = frozenset(
     (torch.float16, torch.float32, torch.float64, torch.int8, torch.uint8, torch.int16,
@@ -65,6 +68,16 @@ def tensor_to_numpy(tensor: torch.Tensor, name: str = "tensor") -> np.ndarray[An
         raise InvalidDocumentError(
             f"tensor {name!r} must be a torch.Tensor, got {type(tensor).__name__}"
         )
+    if tensor.is_nested:
+        raise InvalidDocumentError(
+            f"tensor {name!r} is a nested tensor; pass its components as separate tensors"
+        )
+    if type(tensor) not in _PLAIN:
+        raise InvalidDocumentError(
+            f"tensor {name!r} is a {type(tensor).__module__}.{type(tensor).__qualname__}, "
+            "a tensor subclass whose data may not be its own memory; pass a plain "
+            "torch.Tensor (a DTensor: .full_tensor())"
+        )
     code = CODES.get(tensor.dtype)
     if code is None:
         raise InvalidDocumentError(
@@ -75,6 +88,7 @@ def tensor_to_numpy(tensor: torch.Tensor, name: str = "tensor") -> np.ndarray[An
         raise InvalidDocumentError(f"tensor {name!r} is {tensor.layout}; make it dense first")
     if tensor.is_meta:
         raise InvalidDocumentError(f"tensor {name!r} is on the meta device: it holds no data")
+    _check_extent(tensor, name)
     t = tensor.detach()
     if t.device.type != "cpu":
         t = t.to("cpu")  # a CUDA (or other device) tensor: one copy to host memory
@@ -87,6 +101,32 @@ def tensor_to_numpy(tensor: torch.Tensor, name: str = "tensor") -> np.ndarray[An
     target = numpy_dtype(code)
     assert target is not None
     return t.view(_CARRIER[t.element_size()]).numpy().view(target)
+
+
+def _check_extent(tensor: torch.Tensor, name: str) -> None:
+    """Refuse a tensor whose elements reach past the end of its storage, before any is read.
+
+    FSDP frees a parameter with ``untyped_storage().resize_(0)`` and leaves the tensor's
+    shape as it was: reading it would read freed heap memory, or crash.
+    """
+    try:
+        have = tensor.untyped_storage().nbytes()
+    except (RuntimeError, NotImplementedError):  # a functorch (vmap, grad) wrapper
+        raise InvalidDocumentError(
+            f"tensor {name!r} has no storage of its own (a functorch or other wrapper tensor)"
+        ) from None
+    if tensor.numel() == 0:
+        return
+    last = tensor.storage_offset() + sum(
+        (size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride(), strict=True)
+    )
+    need = (last + 1) * tensor.element_size()
+    if need > have:
+        raise InvalidDocumentError(
+            f"tensor {name!r} reaches {need} bytes into a storage of {have} bytes (a "
+            "parameter freed with untyped_storage().resize_(0), as FSDP does?): its data "
+            "is gone"
+        )
 
 
 def numpy_to_tensor(
