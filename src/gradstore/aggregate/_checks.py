@@ -15,7 +15,7 @@ from typing import Any, TypeAlias
 import numpy as np
 
 from ..errors import AggregationError
-from ..format import dtype_code, is_float
+from ..format import all_finite, dtype_code, is_float
 
 #: One peer's gradient: tensor name -> array.
 Tensors: TypeAlias = Mapping[str, np.ndarray[Any, Any]]
@@ -122,7 +122,7 @@ def non_finite_error(
     """The error for a NaN/Inf found while aggregating: the input that holds one, else overflow."""
     for index, tensors in enumerate(inputs):
         for tensor in layout.names:
-            if not np.isfinite(tensors[tensor]).all():
+            if not all_finite(np.asarray(tensors[tensor])):
                 return AggregationError(
                     f"input {index}: tensor {tensor!r} contains NaN or infinity"
                 )

@@ -14,7 +14,7 @@ from typing import Any, Final
 import numpy as np
 
 from ..errors import AggregationError
-from ..format import is_float
+from ..format import all_finite, is_float
 from ._checks import Tensors, dtype_name
 from ._rounding import round_into
 
@@ -88,7 +88,7 @@ def input_norms(inputs: Sequence[Tensors]) -> list[float]:
                 )
         norm = global_norm(tensors)
         if not math.isfinite(norm):
-            bad = [name for name in sorted(tensors) if not np.isfinite(tensors[name]).all()]
+            bad = [name for name in sorted(tensors) if not all_finite(np.asarray(tensors[name]))]
             if bad:
                 raise AggregationError(f"input {index}: tensor {bad[0]!r} contains NaN or infinity")
             raise AggregationError(f"input {index}: its L2 norm overflows float64")

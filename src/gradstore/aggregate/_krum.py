@@ -72,16 +72,19 @@ def chunk_gram(
     factors = None if scales is None else [np.float64(s) for s in scales]
     buf = (scratch or Scratch()).get("rows", (n, BLOCK), _F64)
     gram = np.zeros((n - 1, n - 1), _F64)
-    for lo, hi in blocks(start, stop, BLOCK):
-        rows = buf[:, : hi - lo]
-        for i in range(n):
-            if factors is None:
-                np.copyto(rows[i], flats[i][name][lo:hi])
-            else:
-                np.multiply(flats[i][name][lo:hi], factors[i], out=rows[i], dtype=_F64)
-        centred = rows[1:]
-        np.subtract(centred, rows[0], out=centred)
-        gram += np.dot(centred, centred.T)  # np.dot releases the GIL; matmul did not
+    # NaN/Inf show in the Gram matrix (distances_from_gram): no warnings on the way, where
+    # the streamed path calls this outside ``run`` and a signalling NaN warns when widened
+    with np.errstate(over="ignore", invalid="ignore"):
+        for lo, hi in blocks(start, stop, BLOCK):
+            rows = buf[:, : hi - lo]
+            for i in range(n):
+                if factors is None:
+                    np.copyto(rows[i], flats[i][name][lo:hi])
+                else:
+                    np.multiply(flats[i][name][lo:hi], factors[i], out=rows[i], dtype=_F64)
+            centred = rows[1:]
+            np.subtract(centred, rows[0], out=centred)
+            gram += np.dot(centred, centred.T)  # np.dot releases the GIL; matmul did not
     return gram
 
 

@@ -248,19 +248,7 @@ async def _accumulated(
                     flags[block] = _add_sparse(a, positions, values, factor, index == 0)
                     continue
                 x = await source.read(name, start, stop)
-                t = x
-                if index == 0:
-                    if factor is None:
-                        np.copyto(a, x)
-                    else:
-                        np.multiply(x, factor, a)
-                    t = a
-                elif factor is None:
-                    np.add(a, x, a, dtype=_F64)
-                else:
-                    t = tmp[: stop - start]
-                    np.multiply(x, factor, t)
-                    np.add(a, t, a)
+                t = _add_dense(a, x, factor, index == 0, tmp[: stop - start])
                 if flags[block]:  # it stays possible only where this term is -0.0 too
                     flags[block] = _has_negzero(t)
     out = layout.empty()
@@ -273,6 +261,33 @@ async def _accumulated(
                 raise NonFiniteResult(name)
         del acc[name]
     return out
+
+
+def _add_dense(
+    a: np.ndarray[Any, Any],
+    x: np.ndarray[Any, Any],
+    factor: np.float64 | None,
+    first: bool,
+    tmp: np.ndarray[Any, Any],
+) -> np.ndarray[Any, Any]:
+    """Add ``factor * x`` to ``a`` (the first input: set ``a`` to it); the term added.
+
+    Quietly: a NaN or overflow shows in the rounded output's check, and a signalling NaN
+    would otherwise make NumPy warn when it is widened.
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        if first:
+            if factor is None:
+                np.copyto(a, x)
+            else:
+                np.multiply(x, factor, a)
+            return a
+        if factor is None:
+            np.add(a, x, a, dtype=_F64)
+            return x
+        np.multiply(x, factor, tmp)
+        np.add(a, tmp, a)
+        return tmp
 
 
 def _add_sparse(

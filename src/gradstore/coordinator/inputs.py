@@ -18,8 +18,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Final
 
-import numpy as np
-
 from ..aggregate import compressed_norm, global_norm
 from ..dag import CID, RAW, Block, FileAssembler
 from ..errors import DAGError, FormatError, IntegrityError, LimitExceededError
@@ -29,8 +27,8 @@ from ..format import (
     Gradient,
     Limits,
     TensorInfo,
+    all_finite,
     decode_with_header,
-    is_float,
 )
 from ..node import Node
 from ..store import GradientStore
@@ -191,6 +189,6 @@ def _check(
                 return schema, f"non-finite: tensor {name!r} holds NaN or Inf", None
         return schema, None, compressed_norm(gradient) if clip else None
     for name, arr in gradient.tensors.items():
-        if is_float(arr.dtype) and not bool(np.isfinite(arr).all()):
+        if not all_finite(arr):
             return schema, f"non-finite: tensor {name!r} holds NaN or Inf", None
     return schema, None, global_norm(gradient.tensors) if clip else None

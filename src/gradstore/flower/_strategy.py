@@ -41,9 +41,9 @@ from ..format import (
     Gradient,
     Limits,
     TensorInfo,
+    all_finite,
     dtype_code,
     encode,
-    is_float,
 )
 from ..job import JobConfig
 from ..messages import SigningKey
@@ -542,7 +542,7 @@ def _check(gradient: Gradient, expected: Schema | None) -> tuple[Schema, str | N
             f"schema-mismatch: expected {schema_text(expected)}, got {schema_text(schema)}"
         )
     for name, arr in gradient.tensors.items():
-        if is_float(arr.dtype) and not bool(np.isfinite(arr).all()):
+        if not all_finite(arr):
             return schema, f"non-finite: tensor {name!r} holds NaN or Inf"
     return schema, None
 

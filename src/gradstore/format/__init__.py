@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from ._dtypes import canonical_dtype as dtype_code
     from ._dtypes import is_float, numpy_dtype
     from ._encode import encode
+    from ._finite import all_finite
     from ._fits import check_fits, check_layout
     from ._gradient import Gradient
     from ._header import DocumentHeader, TensorInfo, read_header
@@ -53,6 +54,7 @@ _HOMES = {
     "is_float": "_dtypes",
     "numpy_dtype": "_dtypes",
     "encode": "_encode",
+    "all_finite": "_finite",
     "check_fits": "_fits",
     "check_layout": "_fits",
     "Gradient": "_gradient",
@@ -90,6 +92,7 @@ __all__ = [
     "Gradient",
     "Limits",
     "TensorInfo",
+    "all_finite",
     "check_fits",
     "check_layout",
     "decode",

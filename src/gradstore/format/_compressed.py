@@ -16,6 +16,7 @@ from ..errors import InvalidDocumentError, LimitExceededError
 from ._codec import Codec
 from ._dtype_codes import FLOATS, ITEMSIZE
 from ._dtypes import numpy_dtype
+from ._finite import all_finite
 from ._gradient import Gradient, _same_meta
 from ._limits import DEFAULT_LIMITS
 from ._payload import read_range, sparse_range, validate
@@ -99,7 +100,7 @@ class CompressedTensor:
             bits = self.payload.view("<u2")
             return not bool(((bits & exponent) == exponent).any())
         if self.codec.name == "topk" and self.codec.values == "bf16":
-            return bool(np.isfinite(self.sparse(0, self.size)[1]).all())
+            return all_finite(self.sparse(0, self.size)[1])
         return True
 
     def decompress(self) -> Array:

@@ -197,7 +197,8 @@ def _topk_values(codec: Codec, rows: Array, kept: int) -> Array:
     values = rows[:, header : header + codec.value_nbytes(kept)]
     if codec.values == "bf16":
         bits = np.ascontiguousarray(values).view("<u2").astype(np.uint32) << 16
-        return bits.view(np.float32).astype(_F64)
+        with np.errstate(invalid="ignore"):  # a signalling NaN widens to a quiet one
+            return bits.view(np.float32).astype(_F64)
     if codec.values == "int8":
         scales = _f32(rows[:, :4]).astype(_F64)
         return np.multiply(values.view(np.int8), scales, dtype=_F64)
@@ -258,11 +259,12 @@ def read_range(
         out = np.empty(stop - start, _F64)
     if codec.name in ("bf16", "fp16"):
         raw = buf[2 * (start - first) : 2 * (stop - first)]
-        if codec.name == "fp16":
-            np.copyto(out, raw.view("<f2"), casting="safe")
-        else:
-            bits = raw.view("<u2").astype(np.uint32) << 16
-            np.copyto(out, bits.view(np.float32), casting="safe")
+        with np.errstate(invalid="ignore"):  # a signalling NaN widens to a quiet one
+            if codec.name == "fp16":
+                np.copyto(out, raw.view("<f2"), casting="safe")
+            else:
+                bits = raw.view("<u2").astype(np.uint32) << 16
+                np.copyto(out, bits.view(np.float32), casting="safe")
         return out
     if codec.name == "topk":
         positions, values = sparse_range(codec, buf, count, first, start, stop)
