@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -100,3 +101,25 @@ def test_output_clipping_for_every_method(seed: int, method: str) -> None:
     assert info.output_scale == pytest.approx(0.5, rel=1e-12)
     assert norm64(clipped) <= bound * (1 + 4 * float(np.finfo(np.float32).eps))
     np.testing.assert_allclose(clipped["w"], plain["w"] * 0.5, rtol=1e-6)
+
+
+def test_round_4_norms_sum_their_squares_one_at_a_time_in_order() -> None:
+    """The rule docs/audit.md states: total = total + float64(x)**2, tensor-name order, then
+    element order, across block boundaries; NumPy's pairwise sum gives other bits here."""
+    rng = np.random.default_rng(3)
+    a = (rng.standard_normal(70_001) * np.exp(rng.uniform(-20, 20, 70_001))).astype(np.float32)
+    b = rng.standard_normal(3).astype(np.float32)
+    total = 0.0
+    for x in np.concatenate([a, b]).tolist():  # "a" sorts before "b"
+        total = total + x * x
+    assert global_norm({"b": b, "a": a}) == math.sqrt(total)
+    assert global_norm({"b": b, "a": a}, "blocked-pairwise") != math.sqrt(total)
+
+
+def test_older_records_norms_sum_each_block_pairwise() -> None:
+    rng = np.random.default_rng(4)
+    a = (rng.standard_normal(140_000) * np.exp(rng.uniform(-20, 20, 140_000))).astype(np.float32)
+    total = 0.0
+    for lo in range(0, a.size, 1 << 16):
+        total += float(np.square(a[lo : lo + (1 << 16)], dtype=np.float64).sum())
+    assert global_norm({"a": a}, "blocked-pairwise") == math.sqrt(total)

@@ -13,12 +13,15 @@ from multiformats import multihash
 from gradstore.dag.cid import CID, DAG_CBOR
 from gradstore.errors import CIDError, IntegrityError
 from gradstore.messages import (
+    Announce,
     MessageError,
     RecordExclusion,
     RecordInput,
     RoundRecord,
     SigningKey,
+    announcement_signature,
     decode_record,
+    encode_message,
     encode_record,
 )
 
@@ -299,3 +302,48 @@ def test_a_codec_must_be_a_codec(coord_key: SigningKey) -> None:
     with pytest.raises(MessageError, match="codec"):
         RecordInput(peer=coord_key.did, gradient=raw_cid(b"x"), num_samples=1, weight=1.0,
                     codec={"name": "bf16"})  # type: ignore[arg-type]  # fmt: skip
+
+
+def _signed_inputs(rec: RoundRecord, keys: dict[str, SigningKey]) -> RoundRecord:
+    """``rec`` as a round/4 record: each input carries its peer's signed announcement."""
+    inputs = []
+    for i in rec.inputs:
+        ann = Announce(
+            rec.job, rec.run, rec.round, i.peer, str(i.gradient.to_v1()), i.num_samples, 1_700
+        )
+        sig = announcement_signature(encode_message(ann, keys[i.peer]))[1]
+        inputs.append(replace(i, sent_at=ann.sent_at, peer_sig=sig))
+    return replace(rec, inputs=tuple(inputs))
+
+
+def test_round_4_carries_each_peers_signed_announcement(coord_key: SigningKey) -> None:
+    keys = {seeded_key(i).did: seeded_key(i) for i in (1, 2)}
+    rec = _signed_inputs(_record(coord_key), keys)
+    assert rec.type == "gradstore/round/4"
+    cid, data = encode_record(rec, coord_key)
+    back = decode_record(data, cid=cid)
+    assert back == rec and all(i.peer_signed(back) for i in back.inputs)
+    node = dag_cbor.decode(data)
+    assert node["type"] == "gradstore/round/4"
+    assert sorted(node["inputs"][0]) == sorted(
+        ["peer", "gradient", "num_samples", "weight", "codec", "sent_at", "peer_sig"]
+    )
+    assert node["inputs"][0]["codec"] is None
+    # the coordinator's word changed, the peer's signature no longer covers it
+    lied = replace(back.inputs[0], num_samples=back.inputs[0].num_samples * 50)
+    assert not lied.peer_signed(back)
+
+
+def test_round_4_inputs_either_all_carry_signatures_or_none(coord_key: SigningKey) -> None:
+    keys = {seeded_key(i).did: seeded_key(i) for i in (1, 2)}
+    rec = _signed_inputs(_record(coord_key), keys)
+    half = (rec.inputs[0], replace(rec.inputs[1], sent_at=None, peer_sig=None))
+    with pytest.raises(MessageError, match="every input carries"):
+        replace(rec, inputs=half)
+    with pytest.raises(MessageError, match="go together"):
+        replace(rec.inputs[0], peer_sig=None)
+    with pytest.raises(MessageError, match="64 bytes"):
+        replace(rec.inputs[0], peer_sig=b"short")
+    node = _node(coord_key)
+    node["type"] = "gradstore/round/4"  # a round/4 type over round/2 inputs
+    assert _reason(_resign(node, coord_key)) == "malformed"

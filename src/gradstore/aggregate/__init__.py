@@ -14,7 +14,7 @@ select outside [1, n - f]; parameters that do not apply to the method.
 """
 
 from ._checks import Layout, Tensors
-from ._clip import clip_inputs, clip_output, global_norm
+from ._clip import NORM_SUMS, NormSum, clip_inputs, clip_output, global_norm
 from ._compressed import (
     CompressedInMemory,
     Decompressing,
@@ -31,6 +31,7 @@ from ._streamed import InMemory, InputSource, aggregate_streamed
 
 __all__ = [
     "METHODS",
+    "NORM_SUMS",
     "AggregationInfo",
     "AggregationParams",
     "CompressedInMemory",
@@ -38,6 +39,7 @@ __all__ = [
     "InMemory",
     "InputSource",
     "Layout",
+    "NormSum",
     "SparseInMemory",
     "SparseSource",
     "Tensors",

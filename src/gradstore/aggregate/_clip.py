@@ -1,15 +1,18 @@
 """Global L2 norms and norm clipping (of each input, or of the aggregate).
 
-A norm is taken over all tensors of one gradient: the square root of the float64 sum of
-squares, summed per block with NumPy's pairwise sum and blocks added in name and element
-order, so it is reproducible. Clipping multiplies by ``min(1, bound / norm)``.
+A norm is taken over all tensors of one gradient, in tensor-name order then element
+order: the square root of a float64 sum of squares. How the squares are summed is part of
+the record's version (``NormSum``): round/4 records add them one at a time, in order (a
+rule anyone can implement); round/2 and round/3 records summed each block of 65,536
+squares with NumPy's pairwise sum and added the blocks in order. Clipping multiplies by
+``min(1, bound / norm)``.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import numpy as np
 
@@ -23,10 +26,15 @@ BLOCK: Final = 1 << 16
 
 _F64: Final = np.dtype(np.float64)
 
+#: How a norm's squares are summed: ``sequential`` (round/4: one at a time, in order) or
+#: ``blocked-pairwise`` (round/2 and round/3: NumPy's pairwise sum per ``BLOCK``).
+NormSum = Literal["sequential", "blocked-pairwise"]
+NORM_SUMS: Final[tuple[NormSum, ...]] = ("sequential", "blocked-pairwise")
 
-def global_norm(tensors: Tensors) -> float:
+
+def global_norm(tensors: Tensors, rule: NormSum = "sequential") -> float:
     """The L2 norm of one gradient over all its tensors, in float64 (NaN/Inf if it holds any)."""
-    squares = SquareSum()
+    squares = SquareSum(rule)
     for name in sorted(tensors):
         squares.add(np.ravel(tensors[name]))
     return squares.norm()
@@ -35,33 +43,44 @@ def global_norm(tensors: Tensors) -> float:
 class SquareSum:
     """The float64 sum of squares behind :func:`global_norm`, fed in tensor-name order.
 
-    Each piece is squared and summed per ``BLOCK`` elements (NumPy's pairwise sum) and the
-    blocks are added in order, so pieces that start at multiples of ``BLOCK`` within their
-    tensor give the same bits as one call over the whole tensor.
+    ``sequential``: ``total = total + float64(x)**2`` for every element in order (a running
+    sum: ``np.add.accumulate``, seeded with the total so far). ``blocked-pairwise``: each
+    ``BLOCK`` of squares is summed with NumPy's pairwise sum and the blocks are added in
+    order. Either way, pieces that start at multiples of ``BLOCK`` within their tensor give
+    the same bits as one call over the whole tensor.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, rule: NormSum = "sequential") -> None:
+        if rule not in NORM_SUMS:
+            raise AggregationError(f"unknown norm summation {rule!r}")
+        self.rule = rule
         self.total = 0.0
         self._buf = np.empty(BLOCK, _F64)
 
     def add(self, flat: np.ndarray[Any, Any]) -> None:
+        sequential = self.rule == "sequential"
         with np.errstate(over="ignore", invalid="ignore"):
             for lo in range(0, flat.size, BLOCK):
                 part = flat[lo : lo + BLOCK]
                 squares = self._buf[: part.size]
                 np.square(part, out=squares, dtype=_F64)
-                # sum() is np.add.reduce (same bits); NumPy 2.5's stubs refuse the latter
-                self.total += float(squares.sum())
+                if sequential:
+                    squares[0] += self.total  # the running sum goes on from the total
+                    np.add.accumulate(squares, out=squares)
+                    self.total = float(squares[-1])
+                else:
+                    # sum() is np.add.reduce (same bits); NumPy 2.5's stubs refuse the latter
+                    self.total += float(squares.sum())
 
     def norm(self) -> float:
         return math.sqrt(self.total)
 
 
 def clip_output_into(
-    result: dict[str, np.ndarray[Any, Any]], bound: float, method: str
+    result: dict[str, np.ndarray[Any, Any]], bound: float, method: str, rule: NormSum
 ) -> tuple[float, float]:
     """Scale ``result`` in place so its global norm is at most ``bound``: (norm, scale)."""
-    norm = global_norm(result)
+    norm = global_norm(result, rule)
     if not math.isfinite(norm):
         raise AggregationError(f"{method}: the aggregate's L2 norm overflows float64")
     scale = clip_scale(norm, bound)
@@ -75,7 +94,7 @@ def clip_scale(norm: float, bound: float) -> float:
     return 1.0 if norm <= bound else bound / norm
 
 
-def input_norms(inputs: Sequence[Tensors]) -> list[float]:
+def input_norms(inputs: Sequence[Tensors], rule: NormSum = "sequential") -> list[float]:
     """Each input's global norm; AggregationError naming an input with NaN/Inf."""
     norms = []
     for index, tensors in enumerate(inputs):
@@ -86,7 +105,7 @@ def input_norms(inputs: Sequence[Tensors]) -> list[float]:
                     f"input {index}: tensor {name!r} has dtype {dtype_name(dtype)}; "
                     "only floating-point tensors are clipped"
                 )
-        norm = global_norm(tensors)
+        norm = global_norm(tensors, rule)
         if not math.isfinite(norm):
             bad = [name for name in sorted(tensors) if not all_finite(np.asarray(tensors[name]))]
             if bad:

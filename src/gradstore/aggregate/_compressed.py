@@ -14,7 +14,7 @@ import numpy as np
 
 from ..format import Codec, CompressedGradient
 from ._blocks import CHUNK
-from ._clip import SquareSum
+from ._clip import NormSum, SquareSum
 
 Array = np.ndarray[Any, Any]
 
@@ -67,9 +67,9 @@ def compressed_source(gradient: CompressedGradient) -> CompressedInMemory:
     return CompressedInMemory(gradient)
 
 
-def compressed_norm(gradient: CompressedGradient) -> float:
+def compressed_norm(gradient: CompressedGradient, rule: NormSum = "sequential") -> float:
     """``global_norm`` of the decompressed gradient (the same bits), one block at a time."""
-    squares = SquareSum()
+    squares = SquareSum(rule)
     for name in sorted(gradient.tensors):
         t = gradient.tensors[name]
         for lo in range(0, t.size, CHUNK):  # whole SquareSum blocks: the same sums

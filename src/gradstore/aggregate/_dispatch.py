@@ -97,7 +97,7 @@ def aggregate_with_info(
 
     scales: list[float] | None = None
     if params.clip_input_norm is not None:
-        norms = input_norms(inputs)
+        norms = input_norms(inputs, params.norm_sum)
         scales = [clip_scale(norm, params.clip_input_norm) for norm in norms]
         info["input_norms"], info["input_scales"] = tuple(norms), tuple(scales)
 
@@ -119,6 +119,6 @@ def aggregate_with_info(
         raise non_finite_error(inputs, layout, method, exc.name) from None
 
     if params.clip_output_norm is not None:
-        norm, scale = clip_output_into(result, params.clip_output_norm, method)
+        norm, scale = clip_output_into(result, params.clip_output_norm, method, params.norm_sum)
         info["output_norm"], info["output_scale"] = norm, scale
     return result, AggregationInfo(method, n, **info)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from ..errors import AggregationError
+from ._clip import NORM_SUMS, NormSum
 from .methods import REGISTRY, Method, method_of
 from .methods.base import number
 
@@ -38,6 +39,8 @@ class AggregationParams:
     select: int | None = None
     clip_input_norm: float | None = None
     clip_output_norm: float | None = None
+    #: How norms sum their squares: set by the record's version, never stored in ``params``.
+    norm_sum: NormSum = "sequential"
     strategy: Method = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -60,6 +63,8 @@ class AggregationParams:
                 if not bound > 0:
                     raise AggregationError(f"{name} must be > 0, got {bound}")
                 object.__setattr__(self, name, bound)
+        if self.norm_sum not in NORM_SUMS:
+            raise AggregationError(f"unknown norm summation {self.norm_sum!r}")
 
     def validate(self, n_inputs: int) -> None:
         """Refuse (AggregationError) unless this method can honestly combine ``n_inputs`` inputs."""
@@ -75,12 +80,17 @@ class AggregationParams:
         return record
 
     @classmethod
-    def from_record(cls, method: str, params: Mapping[str, Any]) -> AggregationParams:
-        """Rebuild parameters from :meth:`to_record`'s output; unknown keys are refused."""
+    def from_record(
+        cls, method: str, params: Mapping[str, Any], norm_sum: NormSum = "sequential"
+    ) -> AggregationParams:
+        """Rebuild parameters from :meth:`to_record`'s output; unknown keys are refused.
+
+        ``norm_sum`` comes from the record's version (round/2 and round/3 summed norms
+        blockwise-pairwise)."""
         unknown = sorted(set(params) - set(PARAMETERS))
         if unknown:
             raise AggregationError(f"unknown aggregation parameter(s): {', '.join(unknown)}")
         values = dict(params)
         if isinstance(values.get("weights"), list):
             values["weights"] = tuple(values["weights"])
-        return cls(method, **values)
+        return cls(method, **values, norm_sum=norm_sum)

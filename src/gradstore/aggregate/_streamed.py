@@ -33,7 +33,7 @@ from ..format import is_float
 from . import methods
 from ._blocks import CHUNK, blocks, chunks, default_threads
 from ._checks import Layout, NonFiniteResult, dtype_name
-from ._clip import SquareSum, clip_output_into, clip_scale
+from ._clip import NormSum, SquareSum, clip_output_into, clip_scale
 from ._compressed import Decompressing, SparseSource
 from ._dispatch import AggregationInfo
 from ._krum import chunk_gram, distances_from_gram, krum_scores
@@ -105,7 +105,7 @@ async def aggregate_streamed(
     scales: list[float] | None = None
     if params.clip_input_norm is not None:
         if norms is None:
-            norms = [await _norm(source, layout) for source in sources]
+            norms = [await _norm(source, layout, params.norm_sum) for source in sources]
         for index, norm in enumerate(norms):
             if not math.isfinite(norm):
                 raise AggregationError(f"input {index}: its L2 norm is not finite")
@@ -142,7 +142,7 @@ async def aggregate_streamed(
         ) from None
 
     if params.clip_output_norm is not None:
-        norm, scale = clip_output_into(result, params.clip_output_norm, method)
+        norm, scale = clip_output_into(result, params.clip_output_norm, method, params.norm_sum)
         info["output_norm"], info["output_scale"] = norm, scale
     return result, AggregationInfo(method, n, **info)
 
@@ -331,9 +331,9 @@ async def _gram(
     return gram
 
 
-async def _norm(source: InputSource, layout: Layout) -> float:
+async def _norm(source: InputSource, layout: Layout, rule: NormSum) -> float:
     """:func:`global_norm` of one input, read a chunk at a time (chunks are whole blocks)."""
-    squares = SquareSum()
+    squares = SquareSum(rule)
     for name in sorted(layout.names):
         for start, stop in blocks(0, layout.size(name), CHUNK):
             squares.add(await source.read(name, start, stop))

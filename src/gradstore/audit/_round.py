@@ -4,16 +4,27 @@ Nothing the coordinator says is trusted beyond what its signature covers: the
 record is hash- and signature-checked, every input is re-fetched with every
 block verified, the aggregate is recomputed with the recorded method and
 parameters over the inputs in record order, encoded with the meta the
-coordinator writes, and its CID is computed locally.
+coordinator writes, and its CID is computed locally. Every other field the record
+claims is checked against something that is not the coordinator's word: each
+``weight`` against what the method gives (Krum's selection re-derived), each
+``num_samples`` against the peer's own signed announcement (round/4) and against the
+input document's meta where it states its samples.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
-from ..aggregate import AggregationParams, Layout, aggregate, aggregate_streamed
+from ..aggregate import (
+    AggregationParams,
+    Layout,
+    NormSum,
+    aggregate_streamed,
+    aggregate_with_info,
+)
 from ..dag import CID, DAG_CBOR, file_cid
 from ..errors import (
     AggregationError,
@@ -25,7 +36,14 @@ from ..errors import (
     NodeError,
 )
 from ..format import CompressedGradient, Gradient, encode
-from ..messages import RoundRecord, decode_record
+from ..messages import (
+    RECORD_TYPE,
+    RECORD_TYPE_CODECS,
+    RECORD_TYPE_SIGNED,
+    RecordInput,
+    RoundRecord,
+    decode_record,
+)
 from ..messages import aggregate_meta as _aggregate_meta
 from ..node import Node
 from ..store import GradientStore, StoredCompressed, StoredGradient
@@ -34,13 +52,17 @@ from ._cid import Progress, fetch_with_header, parse_cid
 
 @dataclass(frozen=True)
 class RoundReport:
-    """A round whose record, inputs and output were all re-checked."""
+    """A round whose record, inputs and output were all re-checked.
+
+    ``unsupported``: the checks this record's version cannot support (an older record
+    carries no peers' signatures), said so the auditor knows what stayed unchecked."""
 
     record_cid: CID
     record: RoundRecord
     inputs: int
     input_bytes: int
     seconds: float
+    unsupported: tuple[str, ...] = ()
 
     @property
     def round(self) -> int:
@@ -105,6 +127,80 @@ def check_expected(
         )
 
 
+#: What a record of each version cannot support: round/2 and round/3 carry no peer
+#: signatures, so their sample counts are checked against the documents' meta only.
+UNSUPPORTED: Final = {
+    RECORD_TYPE: ("input-signature",),
+    RECORD_TYPE_CODECS: ("input-signature",),
+    RECORD_TYPE_SIGNED: (),
+}
+
+
+def record_params(record: RoundRecord) -> AggregationParams:
+    """The record's method and parameters, with the norm summation its version states.
+
+    Checks: ``params``."""
+    norm_sum: NormSum = "sequential" if record.type == RECORD_TYPE_SIGNED else "blocked-pairwise"
+    try:
+        return AggregationParams.from_record(record.method, record.params, norm_sum)
+    except (AggregationError, TypeError) as exc:
+        raise AuditError("params", f"round {record.round}: recorded parameters: {exc}") from exc
+
+
+def check_signatures(rcid: CID, record: RoundRecord) -> None:
+    """Each round/4 input's ``peer_sig`` must be its peer's over (job, run, round, CID,
+    num_samples, sent_at): the sample count is the peer's word. Checks: ``input-signature``."""
+    if record.type != RECORD_TYPE_SIGNED:
+        return
+    for inp in record.inputs:
+        if not inp.peer_signed(record):
+            raise AuditError(
+                "input-signature",
+                f"round {record.round} record {rcid}: the input of {inp.peer} ({inp.gradient}, "
+                f"{inp.num_samples} samples) is not what that peer signed",
+            )
+
+
+def check_document_meta(
+    rcid: CID, record: RoundRecord, inp: RecordInput, meta: Mapping[str, Any]
+) -> None:
+    """An input document that states its samples (or, in round/4, its job, run, round or
+    peer) must agree with the record. Checks: ``input-samples``, ``input-meta``."""
+    where = f"round {record.round} record {rcid}: the input of {inp.peer} ({inp.gradient})"
+    stated = meta.get("num_samples")
+    if stated is not None and stated != inp.num_samples:
+        raise AuditError(
+            "input-samples",
+            f"{where} is recorded with {inp.num_samples} samples, its document says {stated!r:.40}",
+        )
+    if record.type != RECORD_TYPE_SIGNED:
+        return
+    for key, value in (
+        ("job", record.job),
+        ("run", record.run),
+        ("round", record.round),
+        ("peer", inp.peer),
+    ):
+        if key in meta and meta[key] != value:
+            raise AuditError(
+                "input-meta", f"{where}: its document names {key} {meta[key]!r:.80}, not {value!r}"
+            )
+
+
+def check_weights(rcid: CID, record: RoundRecord, weights: tuple[float, ...] | None) -> None:
+    """Each recorded ``weight`` must be what the method gives these inputs (bit for bit; 1.0
+    for the order statistics). Checks: ``input-weight``."""
+    expected = weights or tuple(1.0 for _ in record.inputs)
+    for inp, want in zip(record.inputs, expected, strict=True):
+        if inp.weight != want:
+            raise AuditError(
+                "input-weight",
+                f"round {record.round} record {rcid}: the input of {inp.peer} is recorded with "
+                f"weight {inp.weight!r}, but {record.method} over the recorded inputs gives "
+                f"{want!r}",
+            )
+
+
 def recompute_output(record: RoundRecord, inputs: list[Gradient]) -> CID:
     """The output CID ``record`` must carry, from its dense inputs (in record order); blocking.
 
@@ -115,12 +211,9 @@ def recompute_output(record: RoundRecord, inputs: list[Gradient]) -> CID:
         raise AuditError(
             "aggregate", "recompute_output takes dense inputs; verify_record decompresses"
         )
+    params = record_params(record)
     try:
-        params = AggregationParams.from_record(record.method, record.params)
-    except (AggregationError, TypeError) as exc:
-        raise AuditError("params", f"round {record.round}: recorded parameters: {exc}") from exc
-    try:
-        tensors = aggregate(
+        tensors, _ = aggregate_with_info(
             [g.tensors for g in inputs], params, [i.num_samples for i in record.inputs]
         )
     except AggregationError as exc:
@@ -142,17 +235,16 @@ async def verify_record(
     Compressed inputs are decompressed range by range as the coordinator does; the codec
     the record names for each input must be its document's.
 
-    Checks: ``inputs`` (a record with no input), ``input-fetch``, ``input-blocks``,
-    ``input-decode``, ``input-codec``, ``params``, ``aggregate``, ``output-cid``.
+    Checks: ``inputs`` (a record with no input), ``params``, ``input-signature``,
+    ``input-fetch``, ``input-blocks``, ``input-decode``, ``input-codec``, ``input-samples``,
+    ``input-meta``, ``aggregate``, ``input-weight``, ``output-cid``.
     ``progress(done, total)`` is called as input bytes arrive and as each stage ends.
     """
     start = time.perf_counter()
     if not record.inputs:
         raise AuditError("inputs", f"round {record.round} record {rcid} lists no input")
-    try:
-        params = AggregationParams.from_record(record.method, record.params)
-    except (AggregationError, TypeError) as exc:
-        raise AuditError("params", f"round {record.round}: recorded parameters: {exc}") from exc
+    params = record_params(record)
+    check_signatures(rcid, record)
     sources: list[StoredGradient | StoredCompressed] = []
     layouts = []
     nbytes = 0
@@ -167,6 +259,7 @@ async def verify_record(
                 f"round {record.round} record {rcid} says {what} {inp.gradient} is "
                 f"{_codec_text(inp.codec)}, but the document is {_codec_text(header.codec)}",
             )
+        check_document_meta(rcid, record, inp, gradient.meta)
         nbytes += gradient.nbytes
         layouts.append([(t.name, t.array_dtype, t.shape) for t in header.tensors])
         del gradient  # read back range by range below: one input in memory at a time
@@ -194,7 +287,7 @@ async def verify_record(
     if progress is not None:
         progress(nbytes, nbytes)
     try:
-        tensors, _ = await aggregate_streamed(
+        tensors, info = await aggregate_streamed(
             sources,
             Layout.of(layouts[0]),
             params,
@@ -208,6 +301,7 @@ async def verify_record(
         raise AuditError("input-blocks", f"round {record.round}: {exc}") from exc
     except NodeError as exc:
         raise AuditError("input-fetch", f"round {record.round}: {exc}") from exc
+    check_weights(rcid, record, info.weights)
     expected = file_cid(encode(Gradient(tensors, aggregate_meta(record))))
     if expected != record.output.to_v1():
         raise AuditError(
@@ -215,7 +309,14 @@ async def verify_record(
             f"round {record.round} record {rcid} names output {record.output}, but "
             f"{record.method} over its {len(sources)} inputs gives {expected}",
         )
-    return RoundReport(rcid, record, len(sources), nbytes, time.perf_counter() - start)
+    return RoundReport(
+        rcid,
+        record,
+        len(sources),
+        nbytes,
+        time.perf_counter() - start,
+        UNSUPPORTED.get(record.type, ()),
+    )
 
 
 def _codec_text(codec: object) -> str:

@@ -69,7 +69,17 @@ def _round_line(r: RoundReport, coordinator: str | None) -> str:
     return printable(
         f"ok round {rec.round} of job {rec.job}: record {r.record_cid} {_signed(coordinator)}, "
         f"{r.inputs} inputs re-fetched and verified ({r.input_bytes} tensor bytes), "
-        f"{rec.method} recomputed, output {rec.output} matches"
+        f"{rec.method} recomputed, weights and output {rec.output} match" + _unsupported(r)
+    )
+
+
+def _unsupported(r: RoundReport) -> str:
+    """What an older record cannot support, said on its line rather than passed over."""
+    if not r.unsupported:
+        return ""
+    return (
+        f" (a {r.record.type} record: no {', '.join(r.unsupported)} check; sample counts are "
+        "checked against the input documents' meta only)"
     )
 
 

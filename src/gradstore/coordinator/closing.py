@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
 from ..aggregate import InMemory, InputSource, Layout, aggregate_streamed, compressed_source
 from ..dag import CID
 from ..dag.cid import DAG_CBOR
-from ..errors import NodeError, NodeUnreachableError
+from ..errors import CoordinatorError, NodeError, NodeUnreachableError
 from ..format import CompressedGradient, Gradient
 from ..job import JobConfig
 from ..messages import (
@@ -100,12 +100,19 @@ async def close_round(
     inputs: Sequence[VerifiedInput],
     excluded: Sequence[tuple[str, str, str | None]],
     prev: CID | None,
+    announcements: Mapping[str, tuple[int, bytes]],
     give_up_after: float = DEFAULT_CLOSE_RETRY_S,
 ) -> Closed:
     """Aggregate ``inputs`` (canonical order: sorted by peer) and store the round's record.
 
+    ``announcements`` holds each input peer's signed word, ``(sent_at, signature)`` of the
+    announcement naming the input's CID and sample count: the record carries it, so an
+    auditor checks the counts against the peers, not the coordinator.
     Raises ``AggregationError`` when the method refuses the inputs (the round then fails).
     """
+    missing = [i.peer for i in inputs if i.peer not in announcements]
+    if missing:
+        raise CoordinatorError(f"no signed announcement for input(s) of {', '.join(missing)}")
     stats: dict[str, Any] = {}
     verified = sorted(inputs, key=lambda i: i.peer)
     params = config.params_for([i.peer for i in verified])
@@ -146,7 +153,14 @@ async def close_round(
         method=config.method,
         params=params.to_record(),
         inputs=tuple(
-            RecordInput(i.peer, i.cid, i.num_samples, float(w), i.codec)
+            RecordInput(
+                i.peer,
+                i.cid,
+                i.num_samples,
+                float(w),
+                i.codec,
+                *announcements[i.peer],
+            )
             for i, w in zip(verified, weights, strict=True)
         ),
         excluded=tuple(

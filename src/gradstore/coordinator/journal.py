@@ -238,6 +238,11 @@ class Journal(Closing):
         )
         return [InputRow(*row) for row in rows]
 
+    def message(self, round_: int, peer: str) -> bytes | None:
+        """The signed announcement accepted for ``peer`` in ``round_`` (its wire bytes)."""
+        rows = self._read("SELECT message FROM inputs WHERE round=? AND peer=?", (round_, peer))
+        return None if not rows else bytes(rows[0][0])
+
     def input(self, round_: int, peer: str) -> InputRow | None:
         rows = self._read(
             "SELECT round, peer, cid, num_samples, state, reason, accepted_at FROM inputs "

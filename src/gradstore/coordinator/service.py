@@ -23,7 +23,7 @@ import hashlib
 import logging
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -38,6 +38,7 @@ from ..messages import (
     Announce,
     RoundRecord,
     SigningKey,
+    announcement_signature,
     decode_record,
     encode_fitted,
     verify_message,
@@ -386,6 +387,7 @@ class Coordinator:
                     inputs=inputs,
                     excluded=excluded,
                     prev=self.head,
+                    announcements=self._announcements(r, verdict.verified),
                     give_up_after=self.close_retry_s,
                 )
             except AggregationError as exc:
@@ -398,6 +400,16 @@ class Coordinator:
         # from the first accepted announcement (when the round's clock started) to the end
         stats["started_s"] = round(self.clock() - (book.started_at or book.opened_at), 3)
         return outcome
+
+    def _announcements(self, round_: int, peers: Sequence[str]) -> dict[str, tuple[int, bytes]]:
+        """Each peer's signed announcement of ``round_`` as the journal keeps it (sent_at, sig)."""
+        out = {}
+        for peer in peers:
+            data = self.journal.message(round_, peer)
+            if data is not None:
+                ann, sig = announcement_signature(data)
+                out[peer] = (ann.sent_at, sig)
+        return out
 
     async def _closed(
         self,

@@ -87,14 +87,20 @@ def model_meta(job: str, run: str, round_: int) -> dict[str, Any]:
     return {"kind": "model", "job": job, "run": run, "round": round_}
 
 
-def custodial_did(secret: bytes, node_id: int) -> str:
-    """The did the strategy names a client by when the client signs nothing.
+def custodial_key(secret: bytes, node_id: int) -> SigningKey:
+    """The key the strategy names (and signs for) a client by when the client signs nothing.
 
     An Ed25519 key whose seed is HMAC-SHA256(secret, node id): stable for one strategy
     (one run), unlinkable across runs, and nobody but the strategy holds its private key.
+    The round record's ``peer_sig`` of such a client is the strategy's word, not the client's.
     """
     seed = hmac.new(secret, f"gradstore/flower/node/{node_id}".encode(), hashlib.sha256).digest()
-    return SigningKey.from_seed(seed).did
+    return SigningKey.from_seed(seed)
+
+
+def custodial_did(secret: bytes, node_id: int) -> str:
+    """The did of :func:`custodial_key`: how the strategy names a client that signs nothing."""
+    return custodial_key(secret, node_id).did
 
 
 def cid_metric(cid: CID) -> list[int]:

@@ -25,7 +25,7 @@ from flwr.app import Message
 from ..dag import CID
 from ..errors import CIDError, MessageError
 from ..format import Limits
-from ..messages import Announce, verify_message
+from ..messages import Announce, announcement_signature, verify_message
 from ._arrays import ArraysRefused, arrays_to_tensors, record_nbytes
 from ._protocol import CONFIG_KEY, Instruction
 
@@ -52,6 +52,7 @@ class Candidate:
     cid: CID | None  # announced (signed replies); None for unsigned arrays
     tensors: dict[str, np.ndarray[Any, Any]] | None  # None in CID mode
     flower_bytes: int  # bytes of arrays the reply carried through Flower
+    announced: tuple[int, bytes] | None = None  # a signed reply's (sent_at, signature)
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,7 @@ def read_reply(msg: Message, rules: ReplyRules) -> Candidate:
         raise Refused(node_id, None, f"malformed: {len(arrays)} ArrayRecords, expected at most 1")
     if announce is None:
         return _unsigned(node_id, msg, rules, arrays[0] if arrays else None)
-    ann = _announcement(node_id, announce, rules)
+    ann, signature = _announcement(node_id, announce, rules)
     cid = CID.parse(ann.cid)
     count = _metric_count(msg, rules.weighted_by_key)
     if count is not None and count != ann.num_samples:
@@ -98,10 +99,12 @@ def read_reply(msg: Message, rules: ReplyRules) -> Candidate:
             tensors = arrays_to_tensors(arrays[0], rules.limits)
         except ArraysRefused as exc:
             raise Refused(node_id, ann.peer, exc.reason, cid) from None
-    return Candidate(node_id, ann.peer, ann.num_samples, True, cid, tensors, nbytes)
+    return Candidate(
+        node_id, ann.peer, ann.num_samples, True, cid, tensors, nbytes, (ann.sent_at, signature)
+    )
 
 
-def _announcement(node_id: int, data: object, rules: ReplyRules) -> Announce:
+def _announcement(node_id: int, data: object, rules: ReplyRules) -> tuple[Announce, bytes]:
     ins = rules.instruction
     if not isinstance(data, bytes):
         raise Refused(node_id, None, "malformed: `announce` must be bytes")
@@ -121,7 +124,7 @@ def _announcement(node_id: int, data: object, rules: ReplyRules) -> Announce:
         raise Refused(node_id, msg.peer, f"wrong-round: {msg.round}, this is {ins.round}", cid)
     if msg.num_samples < 1:
         raise Refused(node_id, msg.peer, "malformed: num_samples must be at least 1", cid)
-    return msg
+    return msg, announcement_signature(data)[1]
 
 
 def _metric_count(msg: Message, key: str) -> int | None:

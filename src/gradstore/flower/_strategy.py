@@ -46,7 +46,7 @@ from ..format import (
     encode,
 )
 from ..job import JobConfig
-from ..messages import SigningKey
+from ..messages import Announce, SigningKey, announcement_signature, encode_message
 from ..messages.schema import check_job
 from ..node import Closing
 from ..store import GradientStore
@@ -61,6 +61,7 @@ from ._protocol import (
     Instruction,
     cid_metric,
     custodial_did,
+    custodial_key,
     model_meta,
     reply_meta,
 )
@@ -159,6 +160,7 @@ class GradstoreStrategy(Strategy, Closing):
         self._job.params_for([])  # refuse a misplaced parameter now, not at round 1
         self.history: dict[int, FlowerRound] = {}
         self._secret = secrets.token_bytes(32)
+        self._announced: dict[str, tuple[int, bytes]] = {}  # this round's, by peer
         self._prev: CID | None = None
         self._instructions: dict[int, Instruction] = {}
         self._order: list[str] = []
@@ -233,6 +235,7 @@ class GradstoreStrategy(Strategy, Closing):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         start = time.perf_counter()
+        self._announced = {}
         instruction = self._instructions.get(server_round) or Instruction(
             self.job, self.run_id, server_round, self.key.did
         )
@@ -319,6 +322,15 @@ class GradstoreStrategy(Strategy, Closing):
     def _custodial(self, node_id: int) -> str:
         return custodial_did(self._secret, node_id)
 
+    def _sign_for(self, c: Candidate, got: VerifiedInput, ins: Instruction) -> tuple[int, bytes]:
+        """An unsigned client's announcement, signed with its custodial key (the strategy's
+        word, as the docs say): the record's inputs all carry ``peer_sig``."""
+        key = custodial_key(self._secret, c.node_id)
+        ann = Announce(
+            ins.job, ins.run, ins.round, key.did, str(got.cid.to_v1()), c.num_samples, _now_ms()
+        )
+        return ann.sent_at, announcement_signature(encode_message(ann, key))[1]
+
     def _name(self, refusal: Refused) -> str:
         """The did a refusal is recorded under: the one it proved, else the node's."""
         if refusal.peer is not None:
@@ -358,9 +370,11 @@ class GradstoreStrategy(Strategy, Closing):
             async with gate:
                 try:
                     if c.tensors is not None:
-                        verified.append(await self._from_arrays(store, instruction, c))
+                        got = await self._from_arrays(store, instruction, c)
                     else:
-                        verified.append(await self._from_cid(store, c))
+                        got = await self._from_cid(store, c)
+                    verified.append(got)
+                    self._announced[got.peer] = c.announced or self._sign_for(c, got, instruction)
                 except Refused as exc:
                     refused.append(exc)
                 except (NodeError, TimeoutError) as exc:
@@ -480,6 +494,7 @@ class GradstoreStrategy(Strategy, Closing):
                 inputs=verified,
                 excluded=excluded,
                 prev=self._prev,
+                announcements=self._announced,
             )
         except AggregationError as exc:
             log(
@@ -527,6 +542,10 @@ def tensor_infos(gradient: Gradient, document: EncodedDocument) -> dict[str, Ten
         assert code is not None  # the gradient was built: its dtypes are storable
         infos[name] = TensorInfo(name, code, tuple(arr.shape), offset, int(arr.nbytes))
     return infos
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 def _reason(text: str) -> str:

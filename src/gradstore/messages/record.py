@@ -12,6 +12,12 @@ in every input (the document's codec map, or null for a dense input), so an audi
 check what each input's codec was. A round/3 record whose codecs are all null is not
 canonical (it is written as round/2).
 
+Coordinators write ``gradstore/round/4``: every input has a ``codec`` (null when dense)
+and carries its peer's own word, the announcement's ``sent_at`` and the peer's Ed25519
+signature ``peer_sig`` over it, so an auditor checks each ``num_samples`` against what the
+peer signed, not what the coordinator says. Round/4 also states the input-clipping norm
+as a sequential float64 sum (docs/audit.md); round/2 and round/3 keep theirs.
+
 An excluded input's CID is text, not a link: an input is often excluded because nobody
 serves it, and a link would make the record's DAG incomplete, so pinning the record (or
 fetching it whole) would wait on blocks that never come. Version 1 linked them.
@@ -37,11 +43,15 @@ from ..errors import CIDError, FormatError, MessageError
 from ..format import Codec
 from .didkey import SIGNATURE_LEN, verify_signature
 from .keys import SigningKey
-from .schema import check_did, check_job, check_run, check_text, check_uint
+from .schema import Announce, check_did, check_job, check_run, check_text, check_uint
+from .signing import announcement_signed
 
 RECORD_TYPE: Final = "gradstore/round/2"
 #: The type of a record with at least one compressed input (``codec`` in every input).
 RECORD_TYPE_CODECS: Final = "gradstore/round/3"
+#: The type coordinators write: peers' signed announcements in every input (``peer_sig``).
+RECORD_TYPE_SIGNED: Final = "gradstore/round/4"
+RECORD_TYPES: Final = (RECORD_TYPE, RECORD_TYPE_CODECS, RECORD_TYPE_SIGNED)
 # A record costs ~200 bytes per input; 4 MiB is ~20k peers, far beyond any job.
 MAX_RECORD_BYTES: Final = 4 * 1024 * 1024
 _MAX_PARAMS_DEPTH: Final = 16
@@ -64,6 +74,7 @@ _RECORD_KEYS: Final = frozenset(
 )
 _INPUT_KEYS: Final = frozenset({"peer", "gradient", "num_samples", "weight"})
 _INPUT_KEYS_CODECS: Final = _INPUT_KEYS | {"codec"}
+_INPUT_KEYS_SIGNED: Final = _INPUT_KEYS_CODECS | {"sent_at", "peer_sig"}
 _EXCLUSION_KEYS: Final = frozenset({"peer", "cid", "reason"})
 
 
@@ -105,14 +116,17 @@ def _check_params(value: object, path: str = "params", depth: int = 0) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class RecordInput:
-    """One aggregated gradient: who sent it, its CID, its sample count, its weight, and its
-    document's codec (None for a dense gradstore/1 document)."""
+    """One aggregated gradient: who sent it, its CID, its sample count, its weight, its
+    document's codec (None for a dense gradstore/1 document) and, in round/4, the peer's
+    signed announcement of it (``sent_at`` and the peer's signature ``peer_sig``)."""
 
     peer: str
     gradient: CID
     num_samples: int
     weight: float
     codec: Codec | None = None
+    sent_at: int | None = None
+    peer_sig: bytes | None = None
 
     def __post_init__(self) -> None:
         if self.codec is not None and not isinstance(self.codec, Codec):
@@ -124,6 +138,34 @@ class RecordInput:
         if isinstance(w, bool) or not isinstance(w, int | float) or not math.isfinite(w):
             raise MessageError("malformed", f"`inputs.weight` must be a finite number, got {w!r}")
         _set(self, "weight", float(w))
+        if (self.sent_at is None) != (self.peer_sig is None):
+            raise MessageError("malformed", "`inputs.sent_at` and `inputs.peer_sig` go together")
+        if self.sent_at is not None:
+            check_uint("inputs.sent_at", self.sent_at)
+        if self.peer_sig is not None and (
+            not isinstance(self.peer_sig, bytes) or len(self.peer_sig) != SIGNATURE_LEN
+        ):
+            raise MessageError("malformed", f"`inputs.peer_sig` must be {SIGNATURE_LEN} bytes")
+
+    def announcement(self, record: RoundRecord) -> Announce:
+        """The announcement the peer signed for this input (``peer_sig`` covers its fields)."""
+        if self.sent_at is None:
+            raise MessageError("malformed", "this input carries no signed announcement")
+        return Announce(
+            job=record.job,
+            run=record.run,
+            round=record.round,
+            peer=self.peer,
+            cid=str(self.gradient.to_v1()),
+            num_samples=self.num_samples,
+            sent_at=self.sent_at,
+        )
+
+    def peer_signed(self, record: RoundRecord) -> bool:
+        """Whether ``peer_sig`` is the peer's signature over :meth:`announcement`."""
+        if self.peer_sig is None:
+            return False
+        return announcement_signed(self.announcement(record), self.peer_sig)
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +224,19 @@ class RoundRecord:
         if self.prev is not None and _check_link("prev", self.prev).codec != DAG_CBOR:
             raise MessageError("malformed", "`prev` must link to a dag-cbor round record")
         check_did("coordinator", self.coordinator)
+        signed = [i.peer_sig is not None for i in inputs]
+        if any(signed) and not all(signed):
+            raise MessageError("malformed", "either every input carries `peer_sig` or none does")
+
+    @property
+    def type(self) -> str:
+        """The record's ``type``: round/4 when its inputs carry peers' signatures, else the
+        round/2 or round/3 it was written as."""
+        if self.inputs and self.inputs[0].peer_sig is not None:
+            return RECORD_TYPE_SIGNED
+        if any(i.codec is not None for i in self.inputs):
+            return RECORD_TYPE_CODECS
+        return RECORD_TYPE
 
 
 def _typed(items: object, cls: type[Any], name: str) -> list[Any]:
@@ -230,7 +285,8 @@ def _codec(name: str, value: object) -> Codec | None:
 
 
 def _unsigned_node(rec: RoundRecord) -> dict[str, Any]:
-    codecs = any(i.codec is not None for i in rec.inputs)
+    kind = rec.type
+    codecs = kind != RECORD_TYPE
     excluded = []
     for ex in rec.excluded:
         entry: dict[str, Any] = {"peer": ex.peer, "reason": ex.reason}
@@ -247,9 +303,12 @@ def _unsigned_node(rec: RoundRecord) -> dict[str, Any]:
         }
         if codecs:
             item["codec"] = None if i.codec is None else i.codec.fields()
+        if kind == RECORD_TYPE_SIGNED:
+            item["sent_at"] = i.sent_at
+            item["peer_sig"] = i.peer_sig
         inputs.append(item)
     return {
-        "type": RECORD_TYPE_CODECS if codecs else RECORD_TYPE,
+        "type": kind,
         "job": rec.job,
         "run": rec.run,
         "round": rec.round,
@@ -323,10 +382,10 @@ def decode_record(
     except Exception as exc:  # DAGCBORDecodingError, OverflowError on absurd lengths, ...
         raise MessageError("malformed", f"not DAG-CBOR: {exc}") from None
     node = _exact_keys("record", node, _RECORD_KEYS)
-    if node["type"] not in (RECORD_TYPE, RECORD_TYPE_CODECS):
+    if node["type"] not in RECORD_TYPES:
         raise MessageError(
             "malformed",
-            f"not a {RECORD_TYPE} or {RECORD_TYPE_CODECS} node (type {node['type']!r:.40})",
+            f"not a {', '.join(RECORD_TYPES)} node (type {node['type']!r:.40})",
         )
     sig = node.pop("sig")
     if not isinstance(sig, bytes) or len(sig) != SIGNATURE_LEN:
@@ -349,10 +408,13 @@ def _record_from_node(node: dict[str, Any]) -> RoundRecord:
     excluded_node = node["excluded"]
     if not isinstance(inputs_node, list) or not isinstance(excluded_node, list):
         raise MessageError("malformed", "`inputs` and `excluded` must be arrays")
-    codecs = node["type"] == RECORD_TYPE_CODECS
+    kind = node["type"]
+    codecs = kind != RECORD_TYPE
+    signed = kind == RECORD_TYPE_SIGNED
+    keys = _INPUT_KEYS_SIGNED if signed else _INPUT_KEYS_CODECS if codecs else _INPUT_KEYS
     inputs = []
     for i, item in enumerate(inputs_node):
-        entry = _exact_keys(f"inputs[{i}]", item, _INPUT_KEYS_CODECS if codecs else _INPUT_KEYS)
+        entry = _exact_keys(f"inputs[{i}]", item, keys)
         if not isinstance(entry["weight"], float):
             raise MessageError("malformed", f"`inputs[{i}].weight` must be a float")
         inputs.append(
@@ -362,9 +424,13 @@ def _record_from_node(node: dict[str, Any]) -> RoundRecord:
                 num_samples=entry["num_samples"],
                 weight=entry["weight"],
                 codec=_codec(f"inputs[{i}].codec", entry["codec"]) if codecs else None,
+                sent_at=entry["sent_at"] if signed else None,
+                peer_sig=entry["peer_sig"] if signed else None,
             )
         )
-    if codecs and all(i.codec is None for i in inputs):
+    if signed and not inputs:
+        raise MessageError("malformed", f"a {RECORD_TYPE_SIGNED} record lists no input")
+    if kind == RECORD_TYPE_CODECS and all(i.codec is None for i in inputs):
         raise MessageError(
             "malformed", f"a {RECORD_TYPE_CODECS} record names no codec (write {RECORD_TYPE})"
         )

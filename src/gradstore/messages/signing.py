@@ -97,6 +97,25 @@ def _map_header(count: int) -> bytes:
     return bytes([0x80 | count]) if count < 16 else b"\xde" + count.to_bytes(2, "big")
 
 
+def announcement_signature(data: bytes) -> tuple[Announce, bytes]:
+    """A signed announcement's message and its peer's signature (checked), e.g. for a record.
+
+    A round/4 record carries the signature so an auditor can check each input's sample
+    count against the peer's own word, not the coordinator's.
+    """
+    msg, unsigned, signature = _decode_unverified(data, MAX_MESSAGE_BYTES)
+    if not isinstance(msg, Announce):
+        raise MessageError("unexpected-type", f"a {msg.kind.value} is not an announcement")
+    if not verify_signature(msg.peer, unsigned, signature):
+        raise MessageError("bad-signature", f"announcement signature is not {msg.peer}'s")
+    return msg, signature
+
+
+def announcement_signed(msg: Announce, signature: bytes) -> bool:
+    """Whether ``signature`` is ``msg.peer``'s over ``msg`` (rebuilt from its fields)."""
+    return verify_signature(msg.peer, pack_map(unsigned_pairs(msg)), signature)
+
+
 def decode_message(data: bytes, *, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
     """Strictly decode a message; an announcement's signature is checked against its ``peer``.
 
