@@ -1,23 +1,33 @@
 """A round of compressed inputs across real Kubo daemons, recomputed bit for bit from its
-record by the audit tools; a record that lies about a codec is caught."""
+record by the audit tools; a record that lies about a codec is caught; a hostile compressed
+input is excluded by name."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import dag_cbor
 import numpy as np
 import pytest
 
+from gradstore.aggregate import first_beyond_dtype
 from gradstore.audit import verify_round
 from gradstore.compress import compress
 from gradstore.coordinator.inputs import _check
 from gradstore.dag import DAG_CBOR
 from gradstore.errors import AuditError
-from gradstore.format import Codec, CompressedGradient, CompressedTensor, Gradient
+from gradstore.format import (
+    Codec,
+    CompressedGradient,
+    CompressedTensor,
+    Gradient,
+    decode_any,
+    encode,
+    numpy_dtype,
+)
 from gradstore.messages import decode_record, encode_record
 from gradstore.store import GradientStore
 
@@ -118,3 +128,87 @@ def test_compressed_inputs_are_checked_after_decompression() -> None:
     assert _check(inf, None, clip=False)[1] == "non-finite: tensor 'w' holds NaN or Inf"
     _, problem, _ = _check(g, (("w", "<f4", (3, 2)),), clip=False)
     assert problem is not None and problem.startswith("schema-mismatch")
+
+
+# -- issue 23, R1: inputs whose values come back beyond their dtype ---------------------
+
+F32_MAX = float(np.finfo(np.float32).max)
+
+#: (spec, the tensor's dtype): each peer compresses with it; the hostile one then rewrites a
+#: scale to float32's largest (int8 values of magnitude 2 or more come back past it), or an
+#: fp16 value to 10000 (NaN in float8_e4m3fn, which has no infinity).
+BEYOND_CASES = [
+    ("int8", "<f4"),
+    ("topk:0.05,values=int8", "<f4"),
+    ("fp16", "float8_e4m3fn"),
+]
+
+
+def _honest(n: int, code: str) -> list[Gradient]:
+    grads = gradients(n, 0)
+    if code == "<f4":
+        return grads
+    dtype = numpy_dtype(code)
+    return [Gradient({"w": g.tensors["w"].astype(dtype), "b": g.tensors["b"]}) for g in grads]
+
+
+def _beyond(g: CompressedGradient) -> CompressedGradient:
+    """``g`` with tensor 'w' rewritten so a value decompresses beyond its dtype; every
+    decoder rule still holds (the scale stays a finite normal float32)."""
+    t = g.tensors["w"]
+    payload = t.payload.copy()
+    if g.codec.name == "fp16":
+        payload.view("<f2")[5] = 1e4
+    else:  # int8, topk with int8 values: the first block's (chunk's) scale
+        payload[:4] = np.frombuffer(np.float32(F32_MAX).tobytes(), np.uint8)
+    tensors = dict(g.tensors)
+    tensors["w"] = CompressedTensor(t.codec, t.dtype_code, t.shape, payload)
+    return CompressedGradient(g.codec, tensors, dict(g.meta))
+
+
+@pytest.mark.parametrize(("spec", "code"), BEYOND_CASES)
+def test_values_beyond_their_dtype_are_refused_by_name(spec: str, code: str) -> None:
+    """The coordinator's check (Flower's too: it verifies CIDs with verify_input) refuses
+    what `get` refuses, with the same element check: the decoder accepts the document."""
+    ok = compress(_honest(1, code)[0], spec)
+    assert _check(ok, None, clip=True)[1] is None
+    bad = decode_any(encode(_beyond(ok)).tobytes())
+    assert isinstance(bad, CompressedGradient)
+    _, problem, norm = _check(bad, None, clip=True)
+    assert problem is not None and problem.startswith("out-of-range: tensor 'w': element ")
+    assert f"beyond the range of its dtype {code}" in problem and norm is None
+    at = int(problem.split("element ")[1].split(" ")[0])
+    assert first_beyond_dtype(bad.tensors["w"]) == at  # the check `get` refuses by
+
+
+@pytest.mark.parametrize(("spec", "code"), BEYOND_CASES)
+def test_a_peer_whose_values_overflow_their_dtype_is_excluded_and_the_round_closes(
+    kubo_factory: Any, tmp_path: Path, spec: str, code: str
+) -> None:
+    """Issue 23, R1: the input passed every check, fedavg overflowed and the round failed
+    with no culprit named. Now it is refused with its reason; the round closes with the
+    other two peers."""
+    daemons = kubo_factory(3, connect=True)
+    config, coord, peers = make_job(3, method="fedavg", quorum=2, deadline_s=30)
+    grads: list[Gradient | CompressedGradient] = [compress(g, spec) for g in _honest(3, code)]
+    hostile = _beyond(cast(CompressedGradient, grads[2]))
+    grads[2] = hostile
+
+    async def go() -> None:
+        async with world(daemons, config, coord, peers) as w:
+            _, task = start_coordinator(w, tmp_path / "state")
+            await wait_subscribed(w)
+            told = await publish_all(w, 0, grads, [1, 2, 3], refused=[2])
+            assert told[2].startswith("out-of-range: tensor 'w': element "), told
+            (outcome,) = await asyncio.wait_for(task, 60)
+            assert outcome.status == "closed", outcome
+            assert set(outcome.peers) == {peers[0].did, peers[1].did}
+            assert dict(outcome.excluded)[peers[2].did].startswith("out-of-range: ")
+            record = decode_record(await w.coord_node.get_block(outcome.record), cid=outcome.record)
+            (excl,) = record.excluded
+            assert excl.peer == peers[2].did and excl.reason.startswith("out-of-range: ")
+            agg = await GradientStore(w.coord_node).get(outcome.output)
+            assert np.isfinite(agg.tensors["w"].astype(np.float64)).all()
+            assert agg.tensors["w"].dtype == numpy_dtype(code)
+
+    asyncio.run(go())

@@ -23,6 +23,7 @@ from ._compressed import (
     compressed_norm,
     compressed_source,
 )
+from ._declared import first_beyond_dtype
 from ._dispatch import AggregationInfo, aggregate, aggregate_with_info
 from ._fused import prepare
 from ._methods import fedavg, krum, mean, median, multikrum, sum_, trimmed_mean, weighted
@@ -49,6 +50,7 @@ __all__ = [
     "compressed_norm",
     "compressed_source",
     "fedavg",
+    "first_beyond_dtype",
     "global_norm",
     "krum",
     "mean",

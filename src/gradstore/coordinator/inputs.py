@@ -4,8 +4,9 @@ An attempt first resolves the root block, within ``resolve_timeout_s``, and chec
 size it declares against the job's limit before a single leaf is fetched: a peer that
 lies about its size, or announces a CID nobody serves, costs one block and a timeout.
 Then the document is fetched within a memory budget (every block verified on the way),
-decoded with the job's limits, checked against the schema and for NaN/Inf, and pinned,
-so it stays on the coordinator's node until the round is aggregated.
+decoded with the job's limits, checked against the schema, for NaN/Inf and (compressed)
+for values that come back beyond their dtype, and pinned, so it stays on the
+coordinator's node until the round is aggregated.
 
 ``InputRefused`` is final for the round; a ``NodeError`` or ``TimeoutError`` is passing
 and the fetch plan may try again.
@@ -20,7 +21,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from ..aggregate import compressed_norm, global_norm
+from ..aggregate import compressed_norm, first_beyond_dtype, global_norm
 from ..dag import CID, RAW, Block, FileAssembler
 from ..errors import DAGError, FormatError, IntegrityError, LimitExceededError
 from ..format import (
@@ -177,7 +178,8 @@ def _check(
     """Schema, the reason the gradient cannot enter the round (or None), and its norm.
 
     A compressed input's schema is its dense tensors' (names, dtypes, shapes); its values
-    are checked, and its norm taken, after decompression."""
+    are checked, and its norm taken, after decompression: each must come back within its
+    dtype, as ``get`` requires (else fedavg would overflow and cost the whole round)."""
     schema = schema_of(gradient)
     if expected is not None and schema != expected:
         return (
@@ -189,6 +191,15 @@ def _check(
         for name, t in gradient.tensors.items():
             if not t.is_finite():
                 return schema, f"non-finite: tensor {name!r} holds NaN or Inf", None
+            at = first_beyond_dtype(t)
+            if at is not None:
+                value = float(t.read(at, at + 1)[0])
+                return (
+                    schema,
+                    f"out-of-range: tensor {name!r}: element {at} decompresses to {value:g}, "
+                    f"beyond the range of its dtype {t.dtype_code}",
+                    None,
+                )
         return schema, None, compressed_norm(gradient) if clip else None
     for name, arr in gradient.tensors.items():
         if is_float(arr.dtype) and not bool(np.isfinite(arr).all()):
