@@ -1,11 +1,14 @@
 """A round of compressed inputs across real Kubo daemons, recomputed bit for bit from its
 record by the audit tools; a record that lies about a codec is caught; a hostile compressed
-input is excluded by name."""
+input is excluded by name, and verified off the event loop within its budget."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
+import time
+import tracemalloc
 from pathlib import Path
 from typing import Any, cast
 
@@ -13,10 +16,11 @@ import dag_cbor
 import numpy as np
 import pytest
 
+import gradstore.format._payload as _payload
 from gradstore.aggregate import first_beyond_dtype
-from gradstore.audit import verify_round
+from gradstore.audit import verify_cid, verify_round
 from gradstore.compress import compress
-from gradstore.coordinator.inputs import _check
+from gradstore.coordinator.inputs import SCRATCH_BYTES, ByteBudget, _check, verify_input
 from gradstore.dag import DAG_CBOR
 from gradstore.errors import AuditError
 from gradstore.format import (
@@ -25,6 +29,7 @@ from gradstore.format import (
     CompressedTensor,
     Gradient,
     decode_any,
+    decode_with_header,
     encode,
     numpy_dtype,
 )
@@ -130,7 +135,8 @@ def test_compressed_inputs_are_checked_after_decompression() -> None:
     assert problem is not None and problem.startswith("schema-mismatch")
 
 
-# -- issue 23, R1: inputs whose values come back beyond their dtype ---------------------
+# -- issue 23: inputs whose values come back beyond their dtype (R1), and the cost of
+# -- verifying a large compressed input (R2) ---------------------------------------------
 
 F32_MAX = float(np.finfo(np.float32).max)
 
@@ -210,5 +216,103 @@ def test_a_peer_whose_values_overflow_their_dtype_is_excluded_and_the_round_clos
             agg = await GradientStore(w.coord_node).get(outcome.output)
             assert np.isfinite(agg.tensors["w"].astype(np.float64)).all()
             assert agg.tensors["w"].dtype == numpy_dtype(code)
+
+    asyncio.run(go())
+
+
+def _large_topk(mib: int, spec: str = "topk:1.0,values=2bit") -> CompressedGradient:
+    """A valid ``mib`` MiB topk gradient: one compressed chunk, repeated (the costliest
+    payload to check per byte by default: 2-bit values, 12-bit positions, all kept)."""
+    one = compress(Gradient({"w": np.linspace(-1, 1, 4096, dtype=np.float32)}), spec)
+    t = one.tensors["w"]
+    n = (mib << 20) // t.nbytes
+    big = CompressedTensor(t.codec, "<f4", (4096 * n,), np.tile(t.payload, n))
+    return CompressedGradient(one.codec, {"w": big})
+
+
+def test_verifying_a_large_compressed_input_holds_at_most_its_scratch() -> None:
+    """Issue 23, R2: decoding (every payload rule) and the value checks of a 32 MiB topk
+    document each hold at most SCRATCH_BYTES beside it, what verify_input adds to the
+    budget (checked whole, this payload cost ~15 times its size: 480 MiB)."""
+    doc = encode(_large_topk(32)).tobytes()
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        gradient, _ = decode_with_header(doc)
+        decoding = tracemalloc.get_traced_memory()[1]
+        tracemalloc.reset_peak()
+        _, problem, norm = _check(gradient, None, clip=True)
+        checking = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert problem is None and norm is not None and norm > 0
+    assert decoding <= SCRATCH_BYTES and checking <= SCRATCH_BYTES, (decoding, checking)
+
+
+def _watch_validation(monkeypatch: pytest.MonkeyPatch, seen: dict[str, Any]) -> list[int]:
+    """Make the decoder's payload check wait for three ticks of the event loop (10 s at
+    most): they come only if it runs off the loop. Returns the tick counter to advance."""
+    ticks = [0]
+    real = _payload.validate
+
+    def watched(*args: Any) -> None:
+        seen.setdefault("thread", threading.get_ident())
+        seen.setdefault("used", seen["budget"].used if "budget" in seen else None)
+        start, deadline = ticks[0], time.monotonic() + 10
+        while ticks[0] < start + 3 and time.monotonic() < deadline:
+            time.sleep(0.002)
+        seen.setdefault("ticked", ticks[0] >= start + 3)
+        real(*args)
+
+    monkeypatch.setattr(_payload, "validate", watched)
+    return ticks
+
+
+@pytest.mark.parametrize("caller", ["verify_input", "store.get_any", "store.verify", "audit"])
+def test_a_large_compressed_input_is_checked_off_the_event_loop(
+    kubo: Any, monkeypatch: pytest.MonkeyPatch, caller: str
+) -> None:
+    """Issue 23, R2: the payload checks ran on the coordinator's event loop (a 128 MiB
+    document blocked it for a second). Every verifier now decodes in a thread: the loop
+    keeps ticking while a payload is checked, and verify_input counts the check's scratch
+    in its budget beside the document."""
+    gradient = _large_topk(4)
+    seen: dict[str, Any] = {}
+
+    async def go() -> None:
+        node = kubo.node()
+        try:
+            store = GradientStore(node)
+            cid = await store.put(gradient)
+            ticks = _watch_validation(monkeypatch, seen)
+            loop_thread = threading.get_ident()
+
+            async def ticker() -> None:
+                while True:
+                    ticks[0] += 1
+                    await asyncio.sleep(0.001)
+
+            tick = asyncio.create_task(ticker())
+            try:
+                if caller == "verify_input":
+                    budget = ByteBudget(1 << 30)
+                    seen["budget"] = budget
+                    got = await verify_input(
+                        node, store, "did:key:z", cid, 1, expected=None,
+                        resolve_timeout_s=10, budget=budget, keep=ByteBudget(0), clip=False,
+                    )  # fmt: skip
+                    assert seen["used"] == got.nbytes + SCRATCH_BYTES
+                    assert budget.used == 0
+                elif caller == "store.get_any":
+                    assert isinstance(await store.get_any(cid), CompressedGradient)
+                elif caller == "store.verify":
+                    assert (await store.verify(cid)).cid == cid
+                else:
+                    assert (await verify_cid(store, cid)).format == "gradstore/2"
+            finally:
+                tick.cancel()
+            assert seen["thread"] != loop_thread and seen["ticked"], seen
+        finally:
+            await node.aclose()
 
     asyncio.run(go())

@@ -23,6 +23,7 @@ from ._compressed import (
     compressed_norm,
     compressed_source,
 )
+from ._declared import SCRATCH_BYTES as WINDOW_SCRATCH_BYTES
 from ._declared import first_beyond_dtype
 from ._dispatch import AggregationInfo, aggregate, aggregate_with_info
 from ._fused import prepare
@@ -32,6 +33,7 @@ from ._streamed import InMemory, InputSource, aggregate_streamed
 
 __all__ = [
     "METHODS",
+    "WINDOW_SCRATCH_BYTES",
     "AggregationInfo",
     "AggregationParams",
     "CompressedInMemory",

@@ -20,7 +20,12 @@ Array = np.ndarray[Any, Any]
 
 WINDOW: Final = 1 << 18
 """Elements read at a time (2 MiB of float64): a whole tensor's float64 values are never
-held beside its document."""
+held beside its document (nor by ``compressed_norm``, which reads the same windows)."""
+
+SCRATCH_BYTES: Final = 64 * WINDOW
+"""The most reading one tensor window by window holds at once (16 MiB): the float64 window,
+a ``topk`` window's unpacked positions and values, the rounding's buffers and masks
+(12.5 MiB measured, for a ``topk`` that keeps every value)."""
 
 
 def first_beyond_dtype(tensor: CompressedTensor, out: Array | None = None) -> int | None:

@@ -6,7 +6,8 @@ lies about its size, or announces a CID nobody serves, costs one block and a tim
 Then the document is fetched within a memory budget (every block verified on the way),
 decoded with the job's limits, checked against the schema, for NaN/Inf and (compressed)
 for values that come back beyond their dtype, and pinned, so it stays on the
-coordinator's node until the round is aggregated.
+coordinator's node until the round is aggregated. Decoding and checks run off the event
+loop, window by window, and the budget counts their scratch beside the document.
 
 ``InputRefused`` is final for the round; a ``NodeError`` or ``TimeoutError`` is passing
 and the fetch plan may try again.
@@ -21,10 +22,16 @@ from typing import Any, Final
 
 import numpy as np
 
-from ..aggregate import compressed_norm, first_beyond_dtype, global_norm
+from ..aggregate import (
+    WINDOW_SCRATCH_BYTES,
+    compressed_norm,
+    first_beyond_dtype,
+    global_norm,
+)
 from ..dag import CID, RAW, Block, FileAssembler
 from ..errors import DAGError, FormatError, IntegrityError, LimitExceededError
 from ..format import (
+    CHECK_SCRATCH_BYTES,
     Codec,
     CompressedGradient,
     Gradient,
@@ -39,6 +46,14 @@ from .rounds import Schema, schema_of, schema_text
 
 #: Slowest transfer an attempt allows once the root is in: its timeout grows with the size.
 MIN_RATE_BYTES_S: Final = 4 * 1024 * 1024
+
+#: What verifying one input holds beside its document, at most: the decoder's windows of
+#: payload checks, or the windows the values are checked and the norm taken in (never both
+#: at once). The budget counts it with the document.
+SCRATCH_BYTES: Final = max(CHECK_SCRATCH_BYTES, WINDOW_SCRATCH_BYTES)
+
+#: Elements of a dense tensor checked for NaN/Inf at a time.
+_BLOCK: Final = 1 << 18
 
 
 class InputRefused(Exception):
@@ -134,7 +149,8 @@ async def verify_input(
     """One attempt at ``cid`` (see the module docstring)."""
     start = time.perf_counter()
     size, root = await root_block(node, cid, store.limits, resolve_timeout_s)
-    await budget.acquire(size)
+    held = size + SCRATCH_BYTES
+    await budget.acquire(held)
     kept = False
     try:
         timeout = resolve_timeout_s + size / MIN_RATE_BYTES_S
@@ -144,7 +160,8 @@ async def verify_input(
                 buf: Any = root
             else:
                 buf = await asyncio.wait_for(store.fetch_document(cid), timeout)
-            gradient, header = decode_with_header(buf, limits)
+            # off the loop: a compressed payload's checks take time in proportion to it
+            gradient, header = await asyncio.to_thread(decode_with_header, buf, limits)
         except IntegrityError as exc:
             raise InputRefused(f"integrity: {exc}") from None
         except LimitExceededError as exc:
@@ -169,7 +186,7 @@ async def verify_input(
             header.codec,
         )
     finally:
-        await budget.release(size)
+        await budget.release(held)
 
 
 def _check(
@@ -202,6 +219,9 @@ def _check(
                 )
         return schema, None, compressed_norm(gradient) if clip else None
     for name, arr in gradient.tensors.items():
-        if is_float(arr.dtype) and not bool(np.isfinite(arr).all()):
+        flat = arr.reshape(-1)
+        if is_float(arr.dtype) and not all(
+            np.isfinite(flat[lo : lo + _BLOCK]).all() for lo in range(0, flat.size, _BLOCK)
+        ):  # by blocks: no bool array of the tensor's size
             return schema, f"non-finite: tensor {name!r} holds NaN or Inf", None
     return schema, None, global_norm(gradient.tensors) if clip else None
