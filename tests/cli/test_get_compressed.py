@@ -261,6 +261,28 @@ def test_a_nan_does_not_hide_an_overflow_beside_it(cli: Cli, tmp_path: Path) -> 
     assert not (tmp_path / "out.npz").exists()
 
 
+def test_decode_refuses_fp16_values_beyond_a_float8_tensor(cli: Cli, tmp_path: Path) -> None:
+    """float8_e4m3fn has no infinity: 10000 rounds to NaN there, a value never stored. The
+    check used to look at the float64 window after rounding had overwritten it (bfloat16
+    and float8 round in place), so the NaN was written; now it is refused like an overflow."""
+    ok = compress(Gradient({"w": np.array([1.0, 1e4, 3.0], np.float32)}), "fp16")
+    t = ok.tensors["w"]
+    for code in ("float8_e4m3fn", "float8_e5m2"):
+        hostile = CompressedGradient(
+            ok.codec, {"w": CompressedTensor(t.codec, code, t.shape, t.payload)}
+        )
+        doc = _document(tmp_path, hostile)
+        out = tmp_path / "out.safetensors"
+        if code == "float8_e5m2":  # 10000 is within float8_e5m2 (57344): written, rounded
+            r = cli("decode", doc, "-o", out)
+            assert r.code == 0, r.err
+            assert load_gradient(out).tensors["w"].astype(np.float64).tolist() == [1, 10240, 3]
+            continue
+        line = cli("decode", doc, "-o", out).one_error_line()
+        assert "'w'" in line and "beyond the range" in line and "float8_e4m3fn" in line
+        assert not out.exists()
+
+
 def test_an_npz_refuses_extended_dtypes_before_anything_is_decompressed(
     cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -23,6 +23,8 @@ from ._compressed import (
     compressed_norm,
     compressed_source,
 )
+from ._declared import SCRATCH_BYTES as WINDOW_SCRATCH_BYTES
+from ._declared import first_beyond_dtype
 from ._dispatch import AggregationInfo, aggregate, aggregate_with_info
 from ._fused import prepare
 from ._methods import fedavg, krum, mean, median, multikrum, sum_, trimmed_mean, weighted
@@ -32,6 +34,7 @@ from ._streamed import InMemory, InputSource, aggregate_streamed
 __all__ = [
     "METHODS",
     "NORM_SUMS",
+    "WINDOW_SCRATCH_BYTES",
     "AggregationInfo",
     "AggregationParams",
     "CompressedInMemory",
@@ -51,6 +54,7 @@ __all__ = [
     "compressed_norm",
     "compressed_source",
     "fedavg",
+    "first_beyond_dtype",
     "global_norm",
     "krum",
     "mean",

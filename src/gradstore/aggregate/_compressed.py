@@ -13,8 +13,8 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from ..format import Codec, CompressedGradient
-from ._blocks import CHUNK
 from ._clip import NormSum, SquareSum
+from ._declared import WINDOW
 
 Array = np.ndarray[Any, Any]
 
@@ -68,10 +68,12 @@ def compressed_source(gradient: CompressedGradient) -> CompressedInMemory:
 
 
 def compressed_norm(gradient: CompressedGradient, rule: NormSum = "sequential") -> float:
-    """``global_norm`` of the decompressed gradient (the same bits), one block at a time."""
+    """``global_norm`` of the decompressed gradient (the same bits), one window at a time."""
     squares = SquareSum(rule)
+    work = np.empty(WINDOW, np.float64)
     for name in sorted(gradient.tensors):
         t = gradient.tensors[name]
-        for lo in range(0, t.size, CHUNK):  # whole SquareSum blocks: the same sums
-            squares.add(t.read(lo, min(t.size, lo + CHUNK)))
+        for lo in range(0, t.size, WINDOW):  # whole SquareSum blocks (WINDOW % BLOCK == 0)
+            hi = min(t.size, lo + WINDOW)
+            squares.add(t.read(lo, hi, work[: hi - lo]))
     return squares.norm()

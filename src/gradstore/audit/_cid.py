@@ -83,7 +83,8 @@ async def fetch_with_header(
     except NodeError as exc:
         raise AuditError(f"{prefix}fetch", f"cannot fetch {what} {cid}: {exc}") from exc
     try:
-        return decode_with_header(buf, store.limits)
+        # off the loop: a compressed payload's checks take time in proportion to it
+        return await asyncio.to_thread(decode_with_header, buf, store.limits)
     except (FormatError, LimitExceededError) as exc:
         said = f": {exc}" if str(exc).startswith("not a ") else f" is not a valid document: {exc}"
         raise AuditError(f"{prefix}decode", f"{what} {cid}{said}") from exc

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, Final
+from typing import Any
 
 import numpy as np
 
@@ -23,10 +23,6 @@ from ._npz import check_npz_dtypes
 from ._output import announce_written
 from ._tensor_files import is_safetensors, save_gradient
 from ._text import printable
-
-WINDOW: Final = 1 << 20
-"""Elements decompressed at a time to a declared dtype (8 MiB of float64): the float64
-values of a whole tensor are never held beside its output."""
 
 
 def write_dense(
@@ -85,22 +81,15 @@ def _as_declared(tensor: CompressedTensor, what: str) -> np.ndarray[Any, Any]:
 
     Refuses a value beyond the dtype's range (``compress`` refuses the inputs that would
     give one, see ``compress._tensor.overflow_problem``; a hostile document may hold one),
-    rather than writing an infinity that was never stored.
+    rather than writing an infinity that was never stored: the check the coordinator
+    verifies inputs with (``aggregate.first_beyond_dtype``).
     """
-    from ..aggregate._rounding import round_into  # exact for bfloat16 and float8 too
+    from ..aggregate import first_beyond_dtype
 
     out = np.empty(tensor.shape, tensor.dtype)
-    flat = out.reshape(-1)
-    work = np.empty(min(WINDOW, tensor.size), np.float64)
-    for start in range(0, tensor.size, WINDOW):
-        stop = min(start + WINDOW, tensor.size)
-        values = tensor.read(start, stop, work[: stop - start])
-        with np.errstate(over="ignore"):
-            round_into(flat[start:stop], values)
-        # element by element: a NaN stored elsewhere in the window must not hide an overflow
-        if (np.isfinite(values) & ~np.isfinite(flat[start:stop])).any():
-            raise FormatError(
-                f"{what}: a decompressed value is beyond the range of its declared "
-                f"dtype {tensor.dtype}; --float64 writes the exact values"
-            )
+    if first_beyond_dtype(tensor, out.reshape(-1)) is not None:
+        raise FormatError(
+            f"{what}: a decompressed value is beyond the range of its declared "
+            f"dtype {tensor.dtype}; --float64 writes the exact values"
+        )
     return out

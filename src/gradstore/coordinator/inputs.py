@@ -4,8 +4,10 @@ An attempt first resolves the root block, within ``resolve_timeout_s``, and chec
 size it declares against the job's limit before a single leaf is fetched: a peer that
 lies about its size, or announces a CID nobody serves, costs one block and a timeout.
 Then the document is fetched within a memory budget (every block verified on the way),
-decoded with the job's limits, checked against the schema and for NaN/Inf, and pinned,
-so it stays on the coordinator's node until the round is aggregated.
+decoded with the job's limits, checked against the schema, for NaN/Inf and (compressed)
+for values that come back beyond their dtype, and pinned, so it stays on the
+coordinator's node until the round is aggregated. Decoding and checks run off the event
+loop, window by window, and the budget counts their scratch beside the document.
 
 ``InputRefused`` is final for the round; a ``NodeError`` or ``TimeoutError`` is passing
 and the fetch plan may try again.
@@ -18,10 +20,16 @@ import time
 from dataclasses import dataclass
 from typing import Any, Final
 
-from ..aggregate import compressed_norm, global_norm
+from ..aggregate import (
+    WINDOW_SCRATCH_BYTES,
+    compressed_norm,
+    first_beyond_dtype,
+    global_norm,
+)
 from ..dag import CID, RAW, Block, FileAssembler
 from ..errors import DAGError, FormatError, IntegrityError, LimitExceededError
 from ..format import (
+    CHECK_SCRATCH_BYTES,
     Codec,
     CompressedGradient,
     Gradient,
@@ -36,6 +44,11 @@ from .rounds import Schema, schema_of, schema_text
 
 #: Slowest transfer an attempt allows once the root is in: its timeout grows with the size.
 MIN_RATE_BYTES_S: Final = 4 * 1024 * 1024
+
+#: What verifying one input holds beside its document, at most: the decoder's windows of
+#: payload checks, or the windows the values are checked and the norm taken in (never both
+#: at once). The budget counts it with the document.
+SCRATCH_BYTES: Final = max(CHECK_SCRATCH_BYTES, WINDOW_SCRATCH_BYTES)
 
 
 class InputRefused(Exception):
@@ -131,7 +144,8 @@ async def verify_input(
     """One attempt at ``cid`` (see the module docstring)."""
     start = time.perf_counter()
     size, root = await root_block(node, cid, store.limits, resolve_timeout_s)
-    await budget.acquire(size)
+    held = size + SCRATCH_BYTES
+    await budget.acquire(held)
     kept = False
     try:
         timeout = resolve_timeout_s + size / MIN_RATE_BYTES_S
@@ -141,7 +155,8 @@ async def verify_input(
                 buf: Any = root
             else:
                 buf = await asyncio.wait_for(store.fetch_document(cid), timeout)
-            gradient, header = decode_with_header(buf, limits)
+            # off the loop: a compressed payload's checks take time in proportion to it
+            gradient, header = await asyncio.to_thread(decode_with_header, buf, limits)
         except IntegrityError as exc:
             raise InputRefused(f"integrity: {exc}") from None
         except LimitExceededError as exc:
@@ -166,7 +181,7 @@ async def verify_input(
             header.codec,
         )
     finally:
-        await budget.release(size)
+        await budget.release(held)
 
 
 def _check(
@@ -175,7 +190,8 @@ def _check(
     """Schema, the reason the gradient cannot enter the round (or None), and its norm.
 
     A compressed input's schema is its dense tensors' (names, dtypes, shapes); its values
-    are checked, and its norm taken, after decompression."""
+    are checked, and its norm taken, after decompression: each must come back within its
+    dtype, as ``get`` requires (else fedavg would overflow and cost the whole round)."""
     schema = schema_of(gradient)
     if expected is not None and schema != expected:
         return (
@@ -187,8 +203,17 @@ def _check(
         for name, t in gradient.tensors.items():
             if not t.is_finite():
                 return schema, f"non-finite: tensor {name!r} holds NaN or Inf", None
+            at = first_beyond_dtype(t)
+            if at is not None:
+                value = float(t.read(at, at + 1)[0])
+                return (
+                    schema,
+                    f"out-of-range: tensor {name!r}: element {at} decompresses to {value:g}, "
+                    f"beyond the range of its dtype {t.dtype_code}",
+                    None,
+                )
         return schema, None, compressed_norm(gradient) if clip else None
     for name, arr in gradient.tensors.items():
-        if not all_finite(arr):
+        if not all_finite(arr):  # by blocks: no bool array of the tensor's size
             return schema, f"non-finite: tensor {name!r} holds NaN or Inf", None
     return schema, None, global_norm(gradient.tensors) if clip else None

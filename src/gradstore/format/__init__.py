@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from ._layout import COMPRESSED_FORMAT_ID, FORMAT_ID, EncodedDocument, dense_layout
     from ._limits import DEFAULT_LIMITS, Limits
     from ._names import name_problem
-    from ._payload import read_range, sparse_range
+    from ._payload import CHECK_SCRATCH_BYTES, read_range, sparse_range
 
 _HOMES = {
     "CODECS": "_codec",
@@ -68,12 +68,14 @@ _HOMES = {
     "DEFAULT_LIMITS": "_limits",
     "Limits": "_limits",
     "name_problem": "_names",
+    "CHECK_SCRATCH_BYTES": "_payload",
     "read_range": "_payload",
     "sparse_range": "_payload",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _HOMES)
 
 __all__ = [
+    "CHECK_SCRATCH_BYTES",
     "CODECS",
     "COMPRESSED_FORMAT_ID",
     "DEFAULT_LIMITS",

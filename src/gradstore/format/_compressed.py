@@ -16,10 +16,9 @@ from ..errors import InvalidDocumentError, LimitExceededError
 from ._codec import Codec
 from ._dtype_codes import FLOATS, ITEMSIZE
 from ._dtypes import numpy_dtype
-from ._finite import all_finite
 from ._gradient import Gradient, _same_meta
 from ._limits import DEFAULT_LIMITS
-from ._payload import read_range, sparse_range, validate
+from ._payload import payload_finite, read_range, sparse_range, validate
 
 Array = np.ndarray[Any, Any]
 
@@ -93,15 +92,9 @@ class CompressedTensor:
         """Whether every value decompresses to a finite number (no NaN or infinity).
 
         Scales and levels are finite by the decoder's rules, so only bfloat16 and float16
-        values are looked at, by their exponent bits.
+        values are looked at, by their exponent bits, a bounded window at a time.
         """
-        if self.codec.name in ("bf16", "fp16"):
-            exponent = 0x7F80 if self.codec.name == "bf16" else 0x7C00
-            bits = self.payload.view("<u2")
-            return not bool(((bits & exponent) == exponent).any())
-        if self.codec.name == "topk" and self.codec.values == "bf16":
-            return all_finite(self.sparse(0, self.size)[1])
-        return True
+        return payload_finite(self.codec, self.payload, self.size)
 
     def decompress(self) -> Array:
         """The whole tensor, float64, in its shape."""

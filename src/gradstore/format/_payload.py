@@ -52,21 +52,62 @@ def _f32(raw: Array) -> Array:
 # -- checks ---------------------------------------------------------------------------
 
 
+#: Payload bytes checked at a time, so what the checks hold stays bounded whatever the
+#: document's size (checked whole, a topk payload cost up to 16 times its size at once).
+CHECK_WINDOW: Final = 1 << 20
+
+#: The most ``validate`` holds beside a payload: up to ~16 bytes per byte of its window (a
+#: 12-bit position of 1.5 bytes unpacks to 8 bytes of int64, then to its difference).
+CHECK_SCRATCH_BYTES: Final = 20 * CHECK_WINDOW
+
+
 def validate(codec: Codec, payload: Array, count: int, path: str) -> None:
     """Every rule the design sets for ``codec``'s payload of ``count`` elements.
 
-    ``payload`` is a 1-D uint8 array of exactly ``codec.payload_nbytes(count)`` bytes.
-    Raises InvalidDocumentError at ``path`` naming the first record that breaks one.
+    ``payload`` is a 1-D uint8 array of exactly ``codec.payload_nbytes(count)`` bytes,
+    checked window by window (``CHECK_WINDOW``). Raises InvalidDocumentError at ``path``
+    naming the first record that breaks one.
     """
     if codec.name in ("bf16", "fp16"):
         return  # every 16-bit pattern is a value (NaN/Inf are the coordinator's to refuse)
-    for offset, n, length, first in groups(codec, count, 0, count):
-        rows = _rows(payload, offset, n, codec.record_nbytes(length))
-        where = first // codec.group
+    for rows, length, where in _windows(codec, payload, count):
         if codec.name == "int8":
             _check_int8(rows[:, :4], rows[:, 4:].view(np.int8), where, path)
         else:
             _check_topk(codec, rows, codec.kept(length), length, where, path)
+
+
+def payload_finite(codec: Codec, payload: Array, count: int) -> bool:
+    """Whether every value of a valid payload decompresses to a finite number.
+
+    Scales and levels are finite by ``validate``'s rules, so only bfloat16 and float16
+    values are looked at, by their exponent bits, window by window.
+    """
+    if codec.name in ("bf16", "fp16"):
+        exponent = 0x7F80 if codec.name == "bf16" else 0x7C00
+        bits = payload.view("<u2")
+        step = CHECK_WINDOW // 2
+        return not any(
+            ((bits[lo : lo + step] & exponent) == exponent).any()
+            for lo in range(0, bits.size, step)
+        )
+    if codec.name == "topk" and codec.values == "bf16":
+        for rows, length, _ in _windows(codec, payload, count):
+            bits = np.ascontiguousarray(rows[:, : codec.value_nbytes(codec.kept(length))])
+            if ((bits.view("<u2") & 0x7F80) == 0x7F80).any():
+                return False
+    return True
+
+
+def _windows(codec: Codec, payload: Array, count: int) -> Iterator[tuple[Array, int, int]]:
+    """``(rows, elements per record, index of the first record)``: the payload's records,
+    at most ``CHECK_WINDOW`` bytes of them at a time (at least one)."""
+    for offset, n, length, first in groups(codec, count, 0, count):
+        size = codec.record_nbytes(length)
+        step = max(1, CHECK_WINDOW // size)
+        for lo in range(0, n, step):
+            rows = _rows(payload, offset + lo * size, min(step, n - lo), size)
+            yield rows, length, first // codec.group + lo
 
 
 def _fail(message: str, bad: Array, where: int, what: str, path: str) -> None:

@@ -124,7 +124,7 @@ class GradientStore:
 
         lim = limits or self.limits
         buf = await self.fetch_document(cid, max_bytes=lim.max_bytes, progress=progress)
-        return decode_any(buf, lim)
+        return await asyncio.to_thread(decode_any, buf, lim)  # payload checks: off the loop
 
     async def verify(self, cid: CID | str, *, progress: Progress | None = None) -> VerifyReport:
         """Fetch every block, check its hash, decode strictly and recompute the root CID."""
@@ -133,7 +133,7 @@ class GradientStore:
         start = time.perf_counter()
         root = CID.parse(cid)
         buf = await self.fetch_document(root, progress=progress)
-        gradient = decode_any(buf, self.limits)
+        gradient = await asyncio.to_thread(decode_any, buf, self.limits)
         again, blocks = await asyncio.to_thread(_root_and_count, encode(gradient))
         if again != root.to_v1():
             raise IntegrityError(
