@@ -130,6 +130,6 @@ def test_peer_publish_compressed_keeps_the_residual_next_to_its_key(
     shown = cli("round", "show", record.group(1), "--api", api)
     assert shown.code == 0, shown.err
     doc = json.loads(shown.out)
-    assert doc["type"] == "gradstore/round/3"
+    assert doc["type"] == "gradstore/round/4"
     (entry,) = [p for p in doc["peers"] if p["status"] == "aggregated"]
     assert entry["codec"]["name"] == SPEC.split(":")[0]

@@ -43,7 +43,7 @@ def test_compressed_demo_sends_compressed_updates_and_audits(tmp_path: Path, mod
     async def inspect() -> None:
         last = packed.rows[-1]  # type: ignore[attr-defined]
         block = await node.get_block(last.record)
-        assert dag_cbor.decode(block)["type"] == "gradstore/round/3"
+        assert dag_cbor.decode(block)["type"] == "gradstore/round/4"
         record = decode_record(block, cid=last.record)
         store = GradientStore(node)
         for i in record.inputs:

@@ -18,8 +18,7 @@ from ..dag import CID
 from ..errors import CoordinatorError
 from ..format import Gradient
 from ..job import load_job
-from ..messages import RECORD_TYPE, SigningKey, decode_record
-from ..messages.record import RECORD_TYPE_CODECS
+from ..messages import SigningKey, decode_record
 from ..peer import Peer
 from . import _exit
 from ._exit import UsageError
@@ -158,7 +157,7 @@ def cmd_round_show(args: argparse.Namespace) -> int:
     record = decode_record(asyncio.run(run()), cid=cid)
     doc = {
         "record": str(cid),
-        "type": RECORD_TYPE_CODECS if any(i.codec for i in record.inputs) else RECORD_TYPE,
+        "type": record.type,
         "job": record.job,
         "run": record.run,
         "round": record.round,
@@ -175,6 +174,7 @@ def cmd_round_show(args: argparse.Namespace) -> int:
                 "num_samples": i.num_samples,
                 "weight": i.weight,
                 **({"codec": i.codec.fields()} if i.codec else {}),
+                **({} if i.sent_at is None else {"announced_at_ms": i.sent_at}),
             }
             for i in record.inputs
         ]
