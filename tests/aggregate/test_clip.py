@@ -153,3 +153,18 @@ def test_older_records_norms_sum_each_block_pairwise() -> None:
     for lo in range(0, a.size, 1 << 16):
         total += float(np.square(a[lo : lo + (1 << 16)], dtype=np.float64).sum())
     assert global_norm({"a": a}, "blocked-pairwise") == math.sqrt(total)
+
+
+def test_round_4_order_statistics_write_no_negative_zero_after_output_clipping() -> None:
+    """A median of -2^-149 (float32's smallest) scaled by the clip rounds to zero: round/4
+    writes +0.0 there, as median always does; round/2 and round/3 kept the -0.0."""
+    tiny = -(2.0**-149)
+    inputs = [{"w": np.array([tiny, 1000.0 + i], np.float32)} for i in range(3)]
+    params = {"clip_output_norm": 1.0}
+    once = aggregate(inputs, AggregationParams("median", **params))["w"]
+    assert once[0] == 0 and not np.signbit(once[0])
+    legacy = aggregate(inputs, AggregationParams("median", output_clip="rounded", **params))["w"]
+    assert legacy[0] == 0 and np.signbit(legacy[0])
+    # linear methods keep IEEE's sign: the mean of -2^-149 scaled is -0.0
+    mean = aggregate(inputs, AggregationParams("mean", **params))["w"]
+    assert mean[0] == 0 and np.signbit(mean[0])

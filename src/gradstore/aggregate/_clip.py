@@ -106,11 +106,14 @@ def clip_then_round(
     bound: float,
     method: str,
     rule: NormSum,
+    positive_zeros: bool = False,
 ) -> tuple[float, float]:
     """``out = dtype(result * scale)``, rounded once: ``result`` is the float64 aggregate,
     whose global norm sets the scale (1.0 within ``bound``); returns (norm, scale).
 
-    Raises NonFiniteResult naming a tensor whose rounded values overflow their dtype."""
+    ``positive_zeros`` (median, trimmed_mean): a zero written is +0.0, also where a tiny
+    negative value rounds to zero. Raises NonFiniteResult naming a tensor whose rounded
+    values overflow their dtype."""
     norm = global_norm(result, rule)
     if not math.isfinite(norm):
         raise AggregationError(f"{method}: the aggregate's L2 norm overflows float64")
@@ -118,6 +121,8 @@ def clip_then_round(
     with np.errstate(over="ignore", invalid="ignore"):
         scale_into(result, scale, out)  # x * 1.0 is exact: unclipped values round as they are
     for name, array in out.items():
+        if positive_zeros:
+            np.add(array, 0, out=array)  # -0.0 + 0 is +0.0; every other value stays
         if not all_finite(array):
             raise NonFiniteResult(name)
     return norm, scale

@@ -125,7 +125,12 @@ def aggregate_with_info(
             assert params.clip_output_norm is not None
             wide, result = result, layout.empty()
             info["output_norm"], info["output_scale"] = clip_then_round(
-                wide, result, params.clip_output_norm, method, params.norm_sum
+                wide,
+                result,
+                params.clip_output_norm,
+                method,
+                params.norm_sum,
+                isinstance(strategy, methods.OrderStatistic),
             )
             del wide
     except NonFiniteResult as exc:

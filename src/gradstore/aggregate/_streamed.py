@@ -143,7 +143,13 @@ async def aggregate_streamed(
             assert params.clip_output_norm is not None
             wide, result = result, layout.empty()
             info["output_norm"], info["output_scale"] = await asyncio.to_thread(
-                clip_then_round, wide, result, params.clip_output_norm, method, params.norm_sum
+                clip_then_round,
+                wide,
+                result,
+                params.clip_output_norm,
+                method,
+                params.norm_sum,
+                isinstance(strategy, methods.OrderStatistic),
             )
             del wide
     except NonFiniteResult as exc:
