@@ -37,6 +37,9 @@ from . import spec_reference as ref
 from .rounds import COORDINATOR, Round, key, legacy_round, put_record, signed_round
 
 SHAPES = {"a/w": (6, 7), "b.bias": (13,), "é": (2, 2), "Z": ()}
+#: float64 and large enough that the norm rules of round/4 and round/2 give other clip
+#: factors, whose last bits then reach the output
+LARGE = {"w": (300, 70), "v": (70_001,)}
 
 
 def getter(path: Path) -> ref.GetBlock:
@@ -48,7 +51,8 @@ def gradients(
     n: int, dtype: Any, seed: int, shapes: dict[str, tuple[int, ...]] = SHAPES
 ) -> list[Gradient]:
     """Inputs with signed zeros where they matter: an element that is -0.0 in every input
-    (a linear method keeps it), one of mixed signs, and one whose median is -0.0."""
+    (a linear method keeps it), one of mixed signs, one whose median is -0.0, and a tiny
+    negative one that output clipping scales to zero."""
     rng = np.random.default_rng(seed)
     out = []
     for i in range(n):
@@ -56,10 +60,11 @@ def gradients(
         for name, shape in shapes.items():
             values = rng.standard_normal(shape) * rng.uniform(0.2, 3.0)
             flat = values.reshape(-1)
-            if flat.size >= 3:
+            if flat.size >= 4:
                 flat[0] = -0.0
                 flat[1] = 0.0 if i % 2 else -0.0
                 flat[2] = -0.0 if i == n // 2 else (1.0 if i > n // 2 else -1.0)
+                flat[3] = -1e-45  # float32's smallest: a clip scale rounds it to -0.0
             tensors[name] = values.astype(dtype)
         out.append(Gradient(tensors))
     return out
@@ -86,6 +91,9 @@ ROUNDS: list[tuple[str, dict[str, Any]]] = [
     ("median-bf16-even", {"method": "median", "n": 4, "dtype": BF}),
     ("trimmed-f32-0.3-of-10", {"method": "trimmed_mean", "n": 10, "dtype": np.float32,
                                "trim_ratio": 0.3}),
+    # floor(100 * 0.29) is 28 in binary64: the slack of 1e-9 makes it 29
+    ("trimmed-100-inputs-0.29", {"method": "trimmed_mean", "n": 100, "dtype": np.float32,
+                                 "trim_ratio": 0.29}),
     ("trimmed-e4m3-odd", {"method": "trimmed_mean", "n": 5, "dtype": F8, "trim_ratio": 0.2}),
     ("sum-e5m2", {"method": "sum", "n": 3, "dtype": E5}),
     ("krum-f32", {"method": "krum", "n": 5, "dtype": np.float32, "byzantine": 1}),
@@ -93,6 +101,8 @@ ROUNDS: list[tuple[str, dict[str, Any]]] = [
                               "byzantine": 1, "select": 3}),
     ("multikrum-f64-default", {"method": "multikrum", "n": 5, "dtype": np.float64,
                                "byzantine": 1}),
+    ("mean-clip-f64-large", {"method": "mean", "n": 3, "dtype": np.float64, "shapes": LARGE,
+                             "clip_input_norm": 150.0, "clip_output_norm": 100.0}),
     ("mean-clip-both", {"method": "mean", "n": 4, "dtype": np.float32,
                         "clip_input_norm": 3.0, "clip_output_norm": 0.5}),
     ("fedavg-clip-f16", {"method": "fedavg", "n": 3, "dtype": np.float16,
@@ -122,10 +132,12 @@ ROUNDS: list[tuple[str, dict[str, Any]]] = [
 def _scenario(spec: dict[str, Any]) -> tuple[list[Gradient], list[int], dict[str, Any]]:
     spec = dict(spec)
     method, n, dtype = spec.pop("method"), spec.pop("n"), spec.pop("dtype")
+    shapes = spec.pop("shapes", SHAPES)
     if "weights" in spec:  # the job file's weights, by peer
         spec["weights"] = {key(i).did: w for i, w in enumerate(spec["weights"])}
     seed = sum(map(ord, method)) + n
-    return gradients(n, dtype, seed), [17 + 29 * i for i in range(n)], {"method": method, **spec}
+    grads = gradients(n, dtype, seed, shapes)
+    return grads, [17 + 29 * i for i in range(n)], {"method": method, **spec}
 
 
 @pytest.mark.parametrize("version", ["round/4", "legacy"])
