@@ -27,6 +27,7 @@ from gradstore.aggregate._rounding import round_into
 from gradstore.aggregate.methods import trimmed_per_side
 from gradstore.audit import verify_round
 from gradstore.dag import CID
+from gradstore.dag.cid import DAG_PB
 from gradstore.dag.builder import _leaves_inline, layout
 from gradstore.dag.chunker import chunks
 from gradstore.format import Gradient, encode
@@ -169,10 +170,11 @@ def test_a_linear_method_keeps_an_element_that_is_minus_zero_in_every_input(
     assert first == 0 and math.copysign(1.0, first) < 0
 
 
+@pytest.mark.slow
 def test_several_blocks_with_both_clippings_and_a_compressed_input(tmp_path: Path) -> None:
     """Documents over 1 MiB (inputs and output of several leaves), in both versions."""
     rng = np.random.default_rng(8)
-    shapes = {"big": (300_000,), "small": (5,)}
+    shapes = {"big": (600_000,), "small": (5,)}  # a compressed fp16 input of 1.2 MB too
     grads = [
         Gradient({k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()})
         for _ in range(3)
@@ -182,7 +184,8 @@ def test_several_blocks_with_both_clippings_and_a_compressed_input(tmp_path: Pat
         done = asyncio.run(
             build(LocalNode(tmp_path), grads, [3, 1, 2], "mean", codecs=codecs, **clip)
         )  # type: ignore[operator]
-        assert any(i.weight for i in done.record.inputs)
+        links = [i.gradient for i in done.record.inputs] + [done.record.output]
+        assert all(link.codec == DAG_PB for link in links)  # every document has 2+ leaves
         audited(tmp_path, done)
     median = asyncio.run(signed_round(LocalNode(tmp_path), grads, [1, 1, 1], "median"))
     audited(tmp_path, median)
