@@ -27,9 +27,9 @@ from gradstore.aggregate._rounding import round_into
 from gradstore.aggregate.methods import trimmed_per_side
 from gradstore.audit import verify_round
 from gradstore.dag import CID
-from gradstore.dag.cid import DAG_PB
 from gradstore.dag.builder import _leaves_inline, layout
 from gradstore.dag.chunker import chunks
+from gradstore.dag.cid import DAG_PB
 from gradstore.format import Gradient, encode
 from gradstore.messages import Announce, SigningKey, encode_message
 from gradstore.node import LocalNode
