@@ -37,12 +37,14 @@ from ._robust import order_mean
 class AggregationInfo:
     """What an aggregation did, for the round record.
 
-    ``weights``: the factor each input was multiplied by (1 for sum, 1/n for mean,
-    num_samples / total for fedavg, w / sum(w) for weighted, 1/m for the inputs Krum selected
-    and 0 for the others; None for the coordinate-wise median and trimmed_mean), before any
-    input clipping. ``scores``/``selected``: Krum scores and the
+    ``weights``: each input's share of the aggregate, before any input clipping (1 for
+    sum, 1/n for mean, num_samples / total for fedavg, w / sum(w) for weighted, 1/m for the
+    inputs Krum selected and 0 for the others; None for the coordinate-wise median and
+    trimmed_mean). The arithmetic multiplies by unnormalised coefficients and divides once
+    (docs/spec.md, section 6.4). ``scores``/``selected``: Krum scores and the
     selected input indices. ``input_norms``/``input_scales``: with ``clip_input_norm``.
-    ``output_norm``/``output_scale``: with ``clip_output_norm`` (the norm before clipping).
+    ``output_norm``/``output_scale``: with ``clip_output_norm`` (the norm before clipping:
+    of the float64 aggregate in round/4, of the rounded one in round/2 and round/3).
     """
 
     method: str
