@@ -1,0 +1,45 @@
+"""The aggregation options ``job init`` and ``demo`` share: one list of method names (the
+aggregator's own), and the method's parameters under the job file's names."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Final
+
+from ._lazy import LazyChoices
+
+#: The parameter options, as (option, type, help); each is the job file's key of that name.
+PARAMETER_OPTIONS: Final = (
+    ("--trim-ratio", float, "trimmed_mean: fraction dropped on each side (0 <= r < 0.5)"),
+    ("--byzantine", int, "krum, multikrum: Byzantine inputs tolerated (f; needs n >= 2f + 3)"),
+    ("--select", int, "multikrum: inputs averaged (default n - f)"),
+    ("--clip-input-norm", float, "any method: bound each input's L2 norm first"),
+    ("--clip-output-norm", float, "any method: bound the aggregate's L2 norm"),
+)
+
+
+def method_names() -> Sequence[str]:
+    """Every aggregation method, by the name job files and round records use."""
+    from ..aggregate import METHODS
+
+    return METHODS
+
+
+#: ``choices`` for a ``--method`` option, loaded when first used (``--help`` stays light).
+METHOD_CHOICES: Final = LazyChoices(method_names)
+
+
+def add_method_options(
+    parser: argparse._ActionsContainer, *, default: str = "fedavg", note: str = ""
+) -> None:
+    """``--method`` (default ``default``; ``note`` ends its help) and its parameters."""
+    parser.add_argument(
+        "--method",
+        default=default,
+        choices=METHOD_CHOICES,
+        metavar="METHOD",
+        help=f"aggregation method, one of: %(choices)s (default {default}){note}",
+    )
+    for option, kind, text in PARAMETER_OPTIONS:
+        parser.add_argument(option, type=kind, default=None, help=text)
