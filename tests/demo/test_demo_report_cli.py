@@ -123,14 +123,17 @@ def test_demo_command_on_a_local_node(tmp_path, capsys):
     assert code == 0, err
     lines = out.splitlines()
     assert lines[0] == f"node: local node in {(tmp_path / 'node').resolve()}"
-    assert lines[1].startswith("job: federated mlp, 2 peers x 719 samples")
-    assert lines[2] == table_header()
-    assert [line.split()[0] for line in lines[3:5]] == ["0", "1"]
-    assert lines[5].startswith("done: held-out accuracy")
+    assert lines[1].startswith("coordinator: did:key:z6Mk")
+    assert lines[2].startswith("job: federated mlp, 2 peers x 719 samples")
+    assert lines[2].endswith(", aggregated with fedavg")
+    assert lines[3] == table_header()
+    assert [line.split()[0] for line in lines[4:6]] == ["0", "1"]
+    assert lines[6].startswith("done: held-out accuracy")
     data = json.loads(summary_path.read_text())
     assert data["rounds"] == 2 and data["mode"] == "federated"
     assert (
-        lines[6] == f"audit it: gradstore audit history {data['head_record']} "
+        lines[7] == f"audit it: gradstore audit history {data['head_record']} "
+        f"--coordinator {lines[1].removeprefix('coordinator: ')} "
         f"--local {(tmp_path / 'node').resolve()}"
     )
     assert plot.exists()

@@ -139,7 +139,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 async def _demo(args: argparse.Namespace, config: Any) -> int:
-    from ..messages import SigningKey
     from ..demo import (
         Progress,
         RoundRow,
@@ -151,6 +150,7 @@ async def _demo(args: argparse.Namespace, config: Any) -> int:
         write_plot,
         write_summary,
     )
+    from ..messages import SigningKey
 
     data = digits_split(config.peers, config.seed)  # fails early without scikit-learn
     quiet = bool(args.quiet)

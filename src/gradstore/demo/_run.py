@@ -111,12 +111,18 @@ class DemoConfig:
         params = AggregationParams(
             self.method,
             weights=(1.0,) * self.peers if self.method == "weighted" else None,
-            **self._method_params(),
+            trim_ratio=self.trim_ratio,
+            byzantine=self.byzantine,
+            select=self.select,
+            clip_input_norm=self.clip_input_norm,
+            clip_output_norm=self.clip_output_norm,
         )
         try:
             params.validate(self.peers)
         except AggregationError as exc:
-            raise AggregationError(f"{self.method} over {self.peers} peers: {exc}") from exc
+            raise AggregationError(
+                f"--method {self.method} with --peers {self.peers}: {exc}"
+            ) from exc
         if self.method == "sum" and self.mode == "federated" and self.compress is None:
             raise AggregationError(
                 "sum of the peers' model states is no model (it grows with every round): "
