@@ -57,12 +57,14 @@ def test_summary_json_has_the_promised_keys(tmp_path):
     data = json.loads(path.read_text())
     assert data == {
         "mode": "federated",
+        "method": "fedavg",
         "rounds": 2,
         "accuracy": 0.81,
         "loss": 1.4,
         "bytes_moved": 40_000,  # the documents the peers stored over the run
         "compress": None,
         "head_record": str(REC),
+        "coordinator": "did:key:z6Mk",
         "node": "local node in /x",
     }
     assert summary(_result(0))["head_record"] is None
@@ -131,6 +133,7 @@ def test_demo_command_on_a_local_node(tmp_path, capsys):
     assert lines[6].startswith("done: held-out accuracy")
     data = json.loads(summary_path.read_text())
     assert data["rounds"] == 2 and data["mode"] == "federated"
+    assert data["coordinator"] == lines[1].removeprefix("coordinator: ")
     assert (
         lines[7] == f"audit it: gradstore audit history {data['head_record']} "
         f"--coordinator {lines[1].removeprefix('coordinator: ')} "

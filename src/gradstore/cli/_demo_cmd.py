@@ -40,7 +40,9 @@ def register(sub: Any) -> None:
             "Federated training on scikit-learn's digits data set: one coordinator and N peers "
             "over one node (the Kubo at --api if it answers, else one started from "
             "scripts/install-kubo.sh, else the embedded local node), every gradient stored, "
-            "announced, verified and aggregated for real. Needs the demo extra: "
+            "announced, verified and aggregated for real (--method: any job file method). It "
+            "prints the coordinator's did and, at the end, the `gradstore audit history` "
+            "command that re-derives every round. Needs the demo extra: "
             "pip install 'gradstore[demo]'."
         ),
     )
@@ -108,7 +110,8 @@ def register(sub: Any) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Run the demo; stdout gets the node line, the per-round table and a closing line."""
+    """Run the demo; stdout gets the node, coordinator and job lines, the per-round table,
+    a closing line and the audit command (exit 2 for a method the peers cannot run)."""
     import asyncio  # here: every command's start registers this parser, few run the demo
 
     from ..demo import DemoConfig

@@ -9,13 +9,14 @@ from typing import Final
 
 from ._lazy import LazyChoices
 
-#: The parameter options, as (option, type, help); each is the job file's key of that name.
+#: The parameter options, as (option, type, metavar, help); each sets the job file's key
+#: of that name.
 PARAMETER_OPTIONS: Final = (
-    ("--trim-ratio", float, "trimmed_mean: fraction dropped on each side (0 <= r < 0.5)"),
-    ("--byzantine", int, "krum, multikrum: Byzantine inputs tolerated (f; needs n >= 2f + 3)"),
-    ("--select", int, "multikrum: inputs averaged (default n - f)"),
-    ("--clip-input-norm", float, "any method: bound each input's L2 norm first"),
-    ("--clip-output-norm", float, "any method: bound the aggregate's L2 norm"),
+    ("--trim-ratio", float, "R", "trimmed_mean: fraction dropped on each side (0 <= R < 0.5)"),
+    ("--byzantine", int, "F", "krum, multikrum: how many Byzantine inputs to tolerate"),
+    ("--select", int, "M", "multikrum: how many inputs to average (default n - F)"),
+    ("--clip-input-norm", float, "N", "any method: bound each input's L2 norm to N first"),
+    ("--clip-output-norm", float, "N", "any method: bound the aggregate's L2 norm to N"),
 )
 
 
@@ -41,5 +42,5 @@ def add_method_options(
         metavar="METHOD",
         help=f"aggregation method, one of: %(choices)s (default {default}){note}",
     )
-    for option, kind, text in PARAMETER_OPTIONS:
-        parser.add_argument(option, type=kind, default=None, help=text)
+    for option, kind, metavar, text in PARAMETER_OPTIONS:
+        parser.add_argument(option, type=kind, default=None, metavar=metavar, help=text)
