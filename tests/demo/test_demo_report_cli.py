@@ -177,7 +177,7 @@ def test_without_kubo_the_demo_falls_back_to_a_temporary_local_node(monkeypatch)
 
     async def go():
         async with open_demo_node(api="http://127.0.0.1:9") as dn:
-            assert dn.reach is None
+            assert dn.reach is None and dn.gone == "the demo's temporary local node is deleted"
             return dn.description, dn.node.path
 
     description, path = asyncio.run(go())
@@ -200,8 +200,10 @@ def test_the_demo_starts_its_own_kubo_when_none_answers(kubo_binary, monkeypatch
 
     async def go():
         async with open_demo_node(api="http://127.0.0.1:9") as dn:
-            return dn.description, await dn.node.identity()
+            return dn.description, await dn.node.identity(), dn.reach, dn.gone
 
-    description, identity = asyncio.run(go())
+    description, identity, reach, gone = asyncio.run(go())
     assert "(started by the demo; nothing answered at http://127.0.0.1:9)" in description
     assert identity.peer_id
+    # its repo goes with it: no audit command, and the reason for the demo's last line
+    assert reach is None and gone == "the Kubo the demo started is stopped and its repo deleted"
