@@ -10,7 +10,15 @@ import pytest
 
 from gradstore.errors import CoordinatorError
 from gradstore.format import Limits
-from gradstore.job import JobConfig, RoundsConfig, TensorSpec, load_job, parse_job, topics
+from gradstore.job import (
+    InputsConfig,
+    JobConfig,
+    RoundsConfig,
+    TensorSpec,
+    load_job,
+    parse_job,
+    topics,
+)
 from gradstore.messages import SigningKey
 
 COORD = SigningKey.from_seed(bytes([200]) * 32).did
@@ -37,6 +45,9 @@ max_ahead = 2
 max_gradient_bytes = 1000000
 max_tensors = 8
 max_elements = 250000
+
+[inputs]
+require_bound_meta = true
 
 [[schema]]
 name = "w"
@@ -65,6 +76,7 @@ def test_full_job_file(tmp_path: Path) -> None:
         rounds=RoundsConfig(count=4, quorum=2, deadline_s=12.5, max_ahead=2),
         limits=Limits(max_bytes=1_000_000, max_tensors=8, max_elements=250_000),
         schema=(TensorSpec("b", "<f4", (10,)), TensorSpec("w", "<f4", (784, 10))),
+        inputs=InputsConfig(require_bound_meta=True),
     )
     assert cfg.gradients_topic == "gradstore/v1/digits-v2/gradients"
     assert (cfg.gradients_topic, cfg.results_topic) == topics("digits-v2")
@@ -78,6 +90,7 @@ def test_minimal_job_file_defaults() -> None:
     assert cfg.rounds == RoundsConfig(count=1, quorum=2, deadline_s=60.0, max_ahead=1)
     assert cfg.limits == Limits()
     assert cfg.schema is None and dict(cfg.weights) == {}
+    assert cfg.inputs == InputsConfig(require_bound_meta=False)  # documents without meta work
 
 
 def _job(**overrides: Any) -> dict[str, Any]:
@@ -155,6 +168,9 @@ REFUSALS: list[tuple[str, dict[str, Any], str]] = [
     ("schema not a list", _job(schema={"name": "w"}), "`schema` must be a list"),
     ("rounds not a table", _job(rounds=3), "`rounds` must be a table"),
     ("limits zero", _job(limits={"max_tensors": 0}), "`limits.max_tensors` must be >= 1"),
+    ("unknown inputs key", _job(inputs={"require_meta": True}), "`inputs.require_meta`"),
+    ("bound meta not a bool", _job(inputs={"require_bound_meta": 1}),
+     "`inputs.require_bound_meta` must be true or false"),
 ]  # fmt: skip
 
 

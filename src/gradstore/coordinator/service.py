@@ -46,6 +46,7 @@ from ..messages import (
 from ..node import Node, follow
 from ..store import GradientStore
 from .admission import AdmissionState, Verdict, admit
+from .binding import Claim
 from .closing import DEFAULT_CLOSE_RETRY_S, close_round, with_retries
 from .fetch_plan import DEFAULT_ATTEMPTS, FetchPlan
 from .inputs import ByteBudget, InputRefused, VerifiedInput, verify_input
@@ -55,6 +56,7 @@ from .rounds import (
     RoundBook,
     Schema,
     cut_off,
+    drop_duplicate_cids,
     judge,
     keep_majority_schema,
     schema_from_json,
@@ -360,6 +362,8 @@ class Coordinator:
         for peer in cut_off(book):
             self.journal.set_input_state(r, peer, PeerState.FAILED, book.slots[peer].reason)
         self._plan.drop_round(r)
+        for peer in drop_duplicate_cids(book):
+            self.journal.set_input_state(r, peer, PeerState.FAILED, book.slots[peer].reason)
         if self._known_schema() is None:
             for peer in keep_majority_schema(book):
                 self.journal.set_input_state(r, peer, PeerState.FAILED, book.slots[peer].reason)
@@ -459,12 +463,20 @@ class Coordinator:
     async def _forget(self, book: RoundBook, *, keep_pins: bool) -> None:
         """Drop a closed round's inputs from memory (and their pins, if it was not aggregated)."""
         r = book.round
-        for key in [k for k in self._verified if k[0] == r]:
-            item = self._verified.pop(key)
+        items = [self._verified.pop(k) for k in [k for k in self._verified if k[0] == r]]
+        # one CID may be two inputs' (duplicate-cid): it stays pinned if either was aggregated
+        kept = {
+            i.cid.to_v1()
+            for i in items
+            if keep_pins and book.slots[i.peer].state == PeerState.AGGREGATED
+        }
+        unpinned: set[CID] = set()
+        for item in items:
             if item.gradient is not None:
                 self._keep.give_back(item.nbytes)
-            aggregated = book.slots[item.peer].state == PeerState.AGGREGATED
-            if not (keep_pins and aggregated):
+            cid = item.cid.to_v1()
+            if cid not in kept and cid not in unpinned:
+                unpinned.add(cid)
                 with contextlib.suppress(NodeError):
                     await self.node.unpin(item.cid)
         for key in [k for k in self._announced if k[0] <= r]:
@@ -601,6 +613,14 @@ class Coordinator:
                 budget=self._budget,
                 keep=self._keep,
                 clip=self.config.clip_input_norm is not None,
+                claim=Claim(
+                    peer,
+                    r,
+                    self.config.job,
+                    slot.num_samples,
+                    self.run_id,
+                    self.config.inputs.require_bound_meta,
+                ),
             )
         except InputRefused as exc:
             self._plan.finished(key)
