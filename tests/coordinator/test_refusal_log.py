@@ -1,78 +1,26 @@
-"""Refused messages are logged once per (reason, sender), then summed up (issue 23, R8).
-
-Every refusal wrote a ~231-byte WARNING line, from anyone: 6 GB a day at 311 msg/s.
-``RefusalLog`` is tested with its clock in hand; the coordinator's wiring without a network
-(``on_message`` is synchronous and a refusal needs no node).
+"""The coordinator and a peer log refused messages once per (reason, sender), then sums
+(issue 23, R8): every refusal wrote a ~231-byte WARNING line, from anyone (6 GB a day at
+311 msg/s). No network: ``on_message`` is synchronous, and a peer hears a LocalNode.
+``messages.refusal_log`` itself is tested in tests/messages/test_refusal_log.py.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from pathlib import Path
 
 import pytest
 
 from gradstore.coordinator import Coordinator
-from gradstore.coordinator.refusal_log import RefusalLog
-from gradstore.messages import Announce, SigningKey, encode_message
+from gradstore.messages import Announce, SigningKey, Status, encode_message
 from gradstore.node import LocalNode
+from gradstore.peer import Peer
 
 from .harness import make_job
 
 CID = "bafkreiculfwg6gpeo3eevolx277diwuhohklq7guh32jpaqcoyorzl5jvy"
-PEER = "did:key:z6MkpTHR8VNsBxYAAWHut2Geadd9jSwuBV8xRoAnwWsdvktH"
-
-
-# -- the decision, with the clock in hand -------------------------------------------------------
-def test_the_first_refusal_per_reason_and_sender_is_logged_the_rest_summed_up() -> None:
-    rl = RefusalLog(every_s=60)
-    assert rl.refused("malformed", None, 0.0)
-    assert rl.refused("bad-signature", None, 0.1)
-    assert rl.refused("stale-round", PEER, 0.2)
-    assert not any(rl.refused("malformed", None, 1 + i / 100) for i in range(1200))
-    assert not rl.refused("stale-round", PEER, 2.0)
-    assert not any(rl.refused("bad-signature", None, 3 + i / 100) for i in range(34))
-    assert rl.summary(50.0) is None  # not yet: 60 s from the first one it counts
-    assert rl.summary(61.0) == (
-        "refused 1235 more messages in the last 60 s: malformed 1200, bad-signature 34, "
-        "stale-round 1"
-    )
-    assert rl.summary(200.0) is None  # counted from zero again, and nothing since
-    assert not rl.refused("malformed", None, 300.0)
-    assert rl.summary(330.0) is None
-    assert rl.summary(360.0) == "refused 1 more message in the last 60 s: malformed 1"
-
-
-def test_nothing_to_sum_up_is_no_line() -> None:
-    rl = RefusalLog(every_s=10)
-    assert rl.refused("malformed", None, 0.0) and rl.refused("malformed", PEER, 0.0)
-    assert rl.summary(1000.0) is None  # each was logged in full
-
-
-def test_forged_senders_cannot_grow_the_pairs_or_the_lines() -> None:
-    rl = RefusalLog(every_s=60, max_pairs=64)
-    logged = sum(rl.refused("stale-round", f"did:key:z{i}", i / 1000) for i in range(100_000))
-    assert logged == 64 and rl.remembered == 64
-    line = rl.summary(100.0)
-    assert line is not None and line.startswith("refused 99936 more messages")
-
-
-def test_a_refusal_that_goes_on_is_logged_in_full_again_after_it_is_forgotten() -> None:
-    rl = RefusalLog(every_s=60, max_pairs=2, remember_s=600)
-    assert rl.refused("clock-skew", PEER, 0.0)
-    assert rl.refused("malformed", None, 10.0)
-    assert not rl.refused("wrong-run", PEER, 20.0)  # full: counted, not remembered
-    assert not rl.refused("clock-skew", PEER, 599.0)
-    assert rl.refused("clock-skew", PEER, 600.0)  # forgotten: logged again, remembered anew
-    assert rl.refused("wrong-run", PEER, 611.0)  # the malformed pair expired: room again
-    assert rl.remembered == 2
-
-
-def test_bad_settings_are_refused() -> None:
-    with pytest.raises(ValueError):
-        RefusalLog(every_s=0)
-    with pytest.raises(ValueError):
-        RefusalLog(max_pairs=0)
 
 
 # -- the coordinator: one line per (reason, sender), then summaries ----------------------------
@@ -134,3 +82,32 @@ def test_a_flood_of_junk_and_forged_announcements_logs_a_line_per_reason_not_per
     # every refusal is in a line of its own or in a summary
     assert sum(int(line.split()[1]) for line in summaries) == sent - len(full) == 2747
     assert coordinator.refusal_log.remembered == 4
+
+
+# -- a peer: junk on the results topic ---------------------------------------------------------
+def test_a_peer_logs_junk_on_the_results_topic_once_per_reason(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config, coord, _ = make_job(2)
+    impostor = SigningKey.from_seed(b"\x07" * 32)
+    none = config.roster.bitmap([])
+
+    def status(signer: SigningKey, round_: int) -> bytes:
+        msg = Status(config.job, "r" * 26, round_, none, none, none, (), int(time.time() * 1000))
+        return encode_message(msg, signer)
+
+    async def go() -> None:
+        node = LocalNode(tmp_path / "n")
+        async with Peer(config, node) as peer:
+            for i in range(500):
+                await node.publish(config.results_topic, b"\xc1" + i.to_bytes(2, "big"))
+                await node.publish(config.results_topic, status(impostor, i))
+            await node.publish(config.results_topic, status(coord, 0))  # after all the junk
+            while peer.view.current is None:
+                await asyncio.sleep(0.01)
+
+    with caplog.at_level(logging.WARNING, logger="gradstore.peer"):
+        asyncio.run(go())
+    lines = [r.getMessage() for r in caplog.records if r.name == "gradstore.peer"]
+    assert len(lines) == 2, lines[:5]
+    assert "malformed" in lines[0] and "not-coordinator" in lines[1]

@@ -43,6 +43,7 @@ from ..messages import (
     encode_fitted,
     verify_message,
 )
+from ..messages.refusal_log import RefusalLog
 from ..node import Node, follow
 from ..store import GradientStore
 from .admission import AdmissionState, Verdict, admit
@@ -50,7 +51,6 @@ from .closing import DEFAULT_CLOSE_RETRY_S, close_round, with_retries
 from .fetch_plan import DEFAULT_ATTEMPTS, FetchPlan
 from .inputs import ByteBudget, InputRefused, VerifiedInput, verify_input
 from .journal import Journal
-from .refusal_log import RefusalLog
 from .rounds import (
     PeerState,
     RoundBook,

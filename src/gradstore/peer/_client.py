@@ -41,6 +41,7 @@ from ..messages import (
     inline_lists,
     verify_message,
 )
+from ..messages.refusal_log import RefusalLog
 from ..node import Node, follow
 from ..store import GradientStore
 from ._view import CoordinatorView, Standing
@@ -104,6 +105,8 @@ class Peer:
         self._started_at = 0.0
         self._listening_since_ms = 0
         self._skew_warned = False
+        # junk on the results topic: a line per reason, then sums
+        self._ignored = RefusalLog(verb="ignored")
         self._lists: dict[str, PeerLists] = {}
         self._news = asyncio.Condition()
         self._sub: object = None
@@ -146,12 +149,21 @@ class Peer:
     async def _read(self, sub: object) -> None:
         cfg = self.config
         async for msg in follow(self.node, sub):  # type: ignore[arg-type]
+            summary = self._ignored.summary(time.monotonic())
+            if summary is not None:
+                log.warning("on %s: %s", cfg.results_topic, summary)
             try:
                 parsed = verify_message(
                     msg.data, job=cfg.job, coordinator=cfg.coordinator, peers=cfg.roster
                 )
-            except MessageError as exc:
-                log.warning("ignored a message on %s: %s", cfg.results_topic, exc)
+            except MessageError as exc:  # anyone can publish here: no sender to name
+                if self._ignored.refused(exc.reason, None, time.monotonic()):
+                    log.warning(
+                        "ignored a message on %s: %s (repeats are summed up every %.0f s)",
+                        cfg.results_topic,
+                        exc,
+                        self._ignored.every_s,
+                    )
                 continue
             if not isinstance(parsed, Status | Result):
                 continue

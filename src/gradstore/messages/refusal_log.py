@@ -34,12 +34,14 @@ class RefusalLog:
         *,
         max_pairs: int = MAX_PAIRS,
         remember_s: float = REMEMBER_S,
+        verb: str = "refused",
     ) -> None:
         if every_s <= 0 or max_pairs < 1 or remember_s <= 0:
             raise ValueError("every_s and remember_s must be > 0, max_pairs >= 1")
         self.every_s = every_s
         self.max_pairs = max_pairs
         self.remember_s = remember_s
+        self.verb = verb  # the summary's first word: "refused", or "ignored" for a peer
         self._logged: OrderedDict[tuple[str, str | None], float] = OrderedDict()  # -> when
         self._counts: Counter[str] = Counter()  # reason -> refusals counted since window start
         self._window_start = 0.0
@@ -75,7 +77,7 @@ class RefusalLog:
         total = sum(self._counts.values())
         parts = ", ".join(f"{reason} {n}" for reason, n in self._counts.most_common())
         line = (
-            f"refused {total} more message{'s' if total != 1 else ''} "
+            f"{self.verb} {total} more message{'s' if total != 1 else ''} "
             f"in the last {now - self._window_start:.0f} s: {parts}"
         )
         self._counts.clear()
