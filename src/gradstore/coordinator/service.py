@@ -43,6 +43,7 @@ from ..messages import (
     encode_fitted,
     verify_message,
 )
+from ..messages.refusal_log import RefusalLog
 from ..node import Node, follow
 from ..store import GradientStore
 from .admission import AdmissionState, Verdict, admit
@@ -161,6 +162,7 @@ class Coordinator:
         self.outcomes: list[RoundOutcome] = []
         self.refusals: Counter[str] = Counter()  # reason -> how many, for logs and tests
         self.recent_refusals: deque[tuple[str, str]] = deque(maxlen=RECENT_REFUSALS)
+        self.refusal_log = RefusalLog()  # which refusals get a line of their own
         self.round = 0
         self.head: CID | None = None
         self.run_id = ""
@@ -513,8 +515,8 @@ class Coordinator:
         cfg = self.config
         try:
             ann = verify_message(data, job=cfg.job, coordinator=cfg.coordinator, peers=cfg.roster)
-        except MessageError as exc:
-            return self._refused(exc.reason, str(exc))
+        except MessageError as exc:  # before its signature proved a sender: no sender
+            return self._refused(exc.reason, str(exc).removeprefix(f"{exc.reason}: "))
         if not isinstance(ann, Announce):
             return self._refused("unexpected-type", f"{type(ann).__name__} on the gradients topic")
         state = AdmissionState(
@@ -537,18 +539,34 @@ class Coordinator:
                         self._past.popitem(last=False)
                 if book.refuse(ann.peer, decision.text):
                     self._mark(ann.round)
-            return self._refused(decision.reason, f"{ann.peer}: {decision.text}")
+            return self._refused(decision.reason, f"{ann.peer}: {decision.text}", ann.peer)
         self._announced[ann.round, ann.peer] = ann.cid
         self.journal.accept(ann.round, ann.peer, ann.cid, ann.num_samples, data)
         self._accepted.append((ann, self.clock()))
         self._journal_wake.set()
         return Verdict.ACCEPT
 
-    def _refused(self, reason: str, detail: str) -> Verdict:
+    def _refused(self, reason: str, detail: str, sender: str | None = None) -> Verdict:
+        """Count a refusal; log it in full only if ``refusal_log`` says so (``sender``: the
+        peer its signature proved, None for unauthenticated junk)."""
         self.refusals[reason] += 1
         self.recent_refusals.append((reason, detail))
-        log.warning("refused announcement: %s: %s", reason, detail)
+        now = self.clock()
+        if self.refusal_log.refused(reason, sender, now):
+            log.warning(
+                "refused announcement: %s: %s (repeats are summed up every %.0f s)",
+                reason,
+                detail,
+                self.refusal_log.every_s,
+            )
+        self._log_refusals(now)
         return Verdict.REFUSE
+
+    def _log_refusals(self, now: float) -> None:
+        """Log the summary of refusals not logged one by one, when one is due."""
+        line = self.refusal_log.summary(now)
+        if line is not None:
+            log.warning("%s", line)
 
     async def _journal_writer(self) -> None:
         """Commit queued journal writes in batches; then act on the accepted announcements."""
@@ -736,6 +754,7 @@ class Coordinator:
                     self._mark(r)
             await self._publish_result()
             await self._publish_failure()
+            self._log_refusals(self.clock())  # a flood's last counts, once it stopped
             await asyncio.sleep(self.rebroadcast_s)
 
 
