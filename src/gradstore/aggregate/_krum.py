@@ -36,8 +36,8 @@ from ._checks import Flat, Layout, NonFiniteResult
 #: The block boundaries are part of the arithmetic (each block's product is added on its own).
 BLOCK: Final = 1 << 15
 
-#: Bytes of (rows, n) temporaries the distance and score passes hold at a time.
-ROW_BYTES: Final = 4 << 20
+#: Bytes of each (rows, n) temporary the distance and score passes hold at a time.
+ROW_BYTES: Final = 1 << 20
 
 #: Bytes of block rows (one (n, BLOCK) float64 array per worker thread) the in-memory kernel
 #: holds at once: with many inputs it runs on fewer threads (the result does not change).
@@ -79,8 +79,15 @@ def squared_distances(
 
 
 def row_width(elements: int) -> int:
-    """Columns of the block rows for a chunk of ``elements``: one block, or less when smaller."""
-    return min(BLOCK, elements)
+    """Columns of the block rows for a chunk of ``elements``: a block, or one more column than
+    a smaller chunk has.
+
+    The extra column keeps a partial block's rows a strided view, as they were in a whole
+    block's buffer: NumPy multiplies a contiguous matrix by its transpose with BLAS's
+    ``syrk`` and a strided one with ``gemm``, which round differently (and ``gemm``'s
+    result does not depend on the row stride). Whole blocks stay contiguous.
+    """
+    return BLOCK if elements >= BLOCK else elements + 1
 
 
 def chunk_gram(
@@ -143,13 +150,14 @@ def distances_from_gram(gram: np.ndarray) -> np.ndarray:
             if first < hi:
                 # from the upper triangle (j > i), as the pairwise loop read it
                 upper = columns[None, :] > np.arange(first, hi)[:, None]
-                np.copyto(
-                    pair[first - lo :, 1:],
-                    np.where(upper, gram[first - 1 : hi - 1], gram[:, first - 1 : hi - 1].T),
-                )
+                inner = pair[first - lo :, 1:]
+                np.copyto(inner, gram[first - 1 : hi - 1], where=upper)
+                np.copyto(inner, gram[:, first - 1 : hi - 1].T, where=~upper)
             d = np.add(norms[lo:hi, None], norms[None, :])
             d -= np.multiply(pair, 2.0, out=pair)
-            dist[lo:hi] = np.where(d > 0.0, d, 0.0)  # max(0.0, d): NaN and -0.0 give +0.0
+            out = dist[lo:hi]
+            out.fill(0.0)
+            np.copyto(out, d, where=d > 0.0)  # max(0.0, d): NaN and -0.0 give +0.0
     np.fill_diagonal(dist, 0.0)
     return dist
 
@@ -168,7 +176,7 @@ def krum_scores(dist: np.ndarray, byzantine: int) -> list[float]:
     scores: list[float] = []
     for lo, hi in blocks(0, n, _rows_at_once(n)):
         smallest = np.partition(dist[lo:hi], closest, axis=1)[:, : closest + 1]
-        scores.extend(math.fsum(row) for row in smallest.tolist())
+        scores.extend(math.fsum(row.tolist()) for row in smallest)  # a row's floats at a time
     return scores
 
 
