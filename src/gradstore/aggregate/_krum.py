@@ -17,7 +17,7 @@ cannot change the selection (and with it the output CID).
 Memory: the block rows are as wide as the tensor when it is smaller than a block, and the
 (n, n) passes go a few rows at a time, so besides its inputs Krum holds a few (n, n)
 float64 matrices and one float64 block row per input; ``methods.base.MAX_KRUM_INPUTS``
-bounds n so that this stays bounded (docs/design.md, "Aggregation methods").
+bounds n so that this stays bounded (docs/design.md, "Krum takes at most 1024 inputs").
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def squared_distances(
     Each work chunk accumulates its own Gram matrix; the chunks' matrices are then added in
     chunk order, so the result does not depend on ``threads``. At most ``threads`` chunk
     matrices are held at a time, and each thread's block rows are as wide as the largest
-    chunk (at most ``BLOCK``), not ``BLOCK`` for tiny tensors.
+    chunk needs (``row_width``), not a whole block for tiny tensors.
     """
     n = len(flats)
     items = chunks(layout)

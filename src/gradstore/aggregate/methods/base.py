@@ -29,14 +29,15 @@ MethodName = Literal[
 ]
 
 
-#: The most inputs krum and multikrum take. Besides its inputs' windows, Krum holds three
-#: (n, n) float64 matrices at its peak (the Gram sum, a chunk's sum and a block's product;
-#: then the Gram sum, the distances and their row blocks) and, per input, a float64 row of
-#: a 32 Ki-element block (256 KiB) and a window read of at most as much again (float64
-#: when decompressed): 3 x 8 x n^2 + n x 512 KiB, 536 MiB at 1024 inputs (24 MiB of them
-#: the matrices, all of it for tiny tensors), within the 1 GiB budget that 2048 would break
-#: (1.1 GiB). An auditor refuses a record with more before fetching an input: anyone can
-#: sign one.
+#: The most inputs krum and multikrum take. Besides its inputs' windows, Krum as the
+#: coordinator and the auditor run it (streamed) holds three (n, n) float64 matrices at its
+#: peak (the Gram sum, a chunk's sum and a block's product; then the Gram sum, the distances
+#: and row blocks of them) and, per input, a float64 row of a 32 Ki-element block (256 KiB)
+#: and a window read of at most as much again (float64 when decompressed):
+#: 3 x 8 x n^2 + n x 512 KiB, 536 MiB at 1024 inputs (24 MiB of it for tiny tensors),
+#: within a 1 GiB budget that 2048 would break (1.1 GiB). The in-memory kernel holds two
+#: more matrices per worker thread. An auditor refuses a record listing more before it
+#: fetches an input: anyone can sign one.
 MAX_KRUM_INPUTS: Final = 1024
 
 
