@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 from typing import Any
@@ -216,3 +217,27 @@ def test_schema_accepts_bfloat16_and_float8_by_name() -> None:
         TensorSpec("t", "float8_e5m2", ()),
         TensorSpec("w", "bfloat16", (4, 2)),
     )
+
+
+@functools.cache
+def _many_peers(n: int) -> list[str]:
+    return [SigningKey.from_seed(i.to_bytes(32, "big")).did for i in range(1, n + 1)]
+
+
+@pytest.mark.parametrize("method", ["krum", "multikrum"])
+def test_a_krum_job_with_more_peers_than_krum_takes_is_refused(method: str) -> None:
+    """Krum holds n x n matrices: a job whose rounds could exceed MAX_KRUM_INPUTS is refused
+    when loaded, naming the count and the bound (the same job with fedavg loads)."""
+    from gradstore.aggregate.methods import MAX_KRUM_INPUTS
+
+    peers = _many_peers(MAX_KRUM_INPUTS + 1)
+    krum = {"method": method, "byzantine": 1}
+    said = f"krum: {MAX_KRUM_INPUTS + 1} inputs are more than the {MAX_KRUM_INPUTS} it takes"
+    said = said.replace("krum", method, 1)
+    with pytest.raises(CoordinatorError, match=re.escape(said)) as info:
+        parse_job(_job(peers=peers, aggregation=krum, rounds={"quorum": 5}), source="job.toml")
+    assert str(info.value).startswith(f"job.toml: `peers` lists {MAX_KRUM_INPUTS + 1} peers")
+    with pytest.raises(CoordinatorError, match=re.escape(said)):  # every peer is the quorum
+        parse_job(_job(peers=peers, aggregation=krum), source="job.toml")
+    assert parse_job(_job(peers=peers[:-1], aggregation=krum, rounds={"quorum": 5}))
+    assert parse_job(_job(peers=peers, rounds={"quorum": 5})).method == "fedavg"

@@ -34,6 +34,7 @@ from ..errors import (
     IntegrityError,
     MessageError,
     NodeError,
+    TooManyInputsError,
 )
 from ..format import CompressedGradient, Gradient, encode
 from ..messages import (
@@ -147,6 +148,26 @@ def record_params(record: RoundRecord) -> AggregationParams:
         raise AuditError("params", f"round {record.round}: recorded parameters: {exc}") from exc
 
 
+def check_input_count(rcid: CID, record: RoundRecord, params: AggregationParams) -> None:
+    """Refuse, before any input is fetched, a record listing more inputs than its method takes
+    in bounded memory (Krum: ``MAX_KRUM_INPUTS``) or a count its method refuses.
+
+    Anyone can sign a record, and an unpinned auditor would otherwise fetch every input
+    before the method refused them. Checks: ``inputs`` (too many), ``aggregate``.
+    """
+    n = len(record.inputs)
+    try:
+        params.validate(n)
+    except TooManyInputsError as exc:
+        raise AuditError(
+            "inputs", f"round {record.round} record {rcid} lists {n} inputs: {exc}"
+        ) from exc
+    except AggregationError as exc:
+        raise AuditError(
+            "aggregate", f"round {record.round}: recomputing {record.method}: {exc}"
+        ) from exc
+
+
 def check_signatures(rcid: CID, record: RoundRecord) -> None:
     """Each round/4 input's ``peer_sig`` must be its peer's over (job, run, round, CID,
     num_samples, sent_at): the sample count is the peer's word. Checks: ``input-signature``."""
@@ -235,15 +256,16 @@ async def verify_record(
     Compressed inputs are decompressed range by range as the coordinator does; the codec
     the record names for each input must be its document's.
 
-    Checks: ``inputs`` (a record with no input), ``params``, ``input-signature``,
-    ``input-fetch``, ``input-blocks``, ``input-decode``, ``input-codec``, ``input-samples``,
-    ``input-meta``, ``aggregate``, ``input-weight``, ``output-cid``.
+    Checks: ``inputs`` (a record with no input, or more than its method takes), ``params``,
+    ``input-signature``, ``input-fetch``, ``input-blocks``, ``input-decode``, ``input-codec``,
+    ``input-samples``, ``input-meta``, ``aggregate``, ``input-weight``, ``output-cid``.
     ``progress(done, total)`` is called as input bytes arrive and as each stage ends.
     """
     start = time.perf_counter()
     if not record.inputs:
         raise AuditError("inputs", f"round {record.round} record {rcid} lists no input")
     params = record_params(record)
+    check_input_count(rcid, record, params)
     check_signatures(rcid, record)
     sources: list[StoredGradient | StoredCompressed] = []
     layouts = []

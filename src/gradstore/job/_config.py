@@ -309,6 +309,13 @@ def parse_job(raw: Mapping[str, Any], source: str = "job") -> JobConfig:
         raise CoordinatorError(
             f"{source}: [aggregation] cannot work with quorum {rounds.quorum}: {exc}"
         ) from exc
+    # and for the largest one, every peer: krum and multikrum take at most MAX_KRUM_INPUTS
+    try:
+        cfg.params_for(list(peers)).validate(len(peers))
+    except AggregationError as exc:
+        raise where.err(
+            "peers", f"lists {len(peers)} peers, too many for [aggregation]: {exc}"
+        ) from exc
     return cfg
 
 
