@@ -215,6 +215,12 @@ def _chain() -> Build:
     return build
 
 
+def _codecs_text(codecs: Sequence[str | None]) -> str:
+    if len(set(codecs)) == 1:
+        return f"all compressed with {codecs[0]}"
+    return "per input " + ", ".join(c or "dense" for c in codecs)
+
+
 def _topk(chunk: int, k: int, values: str, index: int) -> str:
     return f"topk:chunk={chunk},k={k},values={values},index={index}"
 
@@ -298,7 +304,7 @@ def vectors() -> list[Vector]:
         krum = {"byzantine": 1} if method == "krum" else {}
         add(
             name,
-            f"{method} over {dt} inputs compressed as {', '.join(c or 'dense' for c in codecs)}",
+            f"{method} over {dt} inputs: {_codecs_text(codecs)}",
             signed(
                 partial(normal, name, len(codecs), dt),
                 [1, 2, 3, 4, 5][: len(codecs)],
