@@ -92,6 +92,8 @@ async def fetch_record(node: Node, cid: CID | str) -> tuple[CID, RoundRecord]:
         raise AuditError("record-cid", f"{rcid} is {rcid.codec_name}; a round record is dag-cbor")
     try:
         data = await node.get_block(rcid)
+    except IntegrityError as exc:  # the node served bytes that are not the record's
+        raise AuditError("record-hash", f"round record {rcid}: {exc}") from exc
     except NodeError as exc:
         raise AuditError("record-fetch", f"cannot fetch round record {rcid}: {exc}") from exc
     try:
