@@ -17,6 +17,7 @@ GradstoreError
 ├── MessageError (ValueError)         a signed message was refused; carries ``reason``
 ├── KeyFileError (ValueError)         a key file is missing, too open or not Ed25519
 ├── AggregationError (ValueError)     inputs an aggregator cannot honestly combine
+│   └── TooManyInputsError            more inputs than a method takes in bounded memory
 ├── CoordinatorError                  a job or round cannot proceed
 │   └── RoundFailedError              the coordinator says a round ended without an aggregate
 ├── AuditError                        an independent re-check failed; carries the ``check`` name
@@ -124,6 +125,20 @@ class KeyFileError(GradstoreError, ValueError):
 
 class AggregationError(GradstoreError, ValueError):
     """The inputs cannot be aggregated honestly with the requested method and parameters."""
+
+
+class TooManyInputsError(AggregationError):
+    """More inputs (``count``) than ``method`` takes within its memory bound (``bound``):
+    Krum's pairwise distances grow with the square of the inputs."""
+
+    def __init__(self, method: str, count: int, bound: int) -> None:
+        self.method = method
+        self.count = count
+        self.bound = bound
+        super().__init__(
+            f"{method}: {count} inputs are more than the {bound} it takes "
+            "(its n x n distance matrices are bounded in memory)"
+        )
 
 
 class CoordinatorError(GradstoreError):

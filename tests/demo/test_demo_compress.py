@@ -66,7 +66,8 @@ def test_demo_command_reports_bytes_moved_and_the_spec(
     ])  # fmt: skip
     out, err = capsys.readouterr()
     assert code == 0, err
-    assert "compressed with int8" in out.splitlines()[1]
+    job_line = next(line for line in out.splitlines() if line.startswith("job:"))
+    assert "compressed with int8" in job_line
     data = json.loads(summary.read_text())
     assert data["compress"] == "int8" and data["bytes_moved"] > 0 and data["accuracy"] > 0.5
 

@@ -57,12 +57,14 @@ def test_summary_json_has_the_promised_keys(tmp_path):
     data = json.loads(path.read_text())
     assert data == {
         "mode": "federated",
+        "method": "fedavg",
         "rounds": 2,
         "accuracy": 0.81,
         "loss": 1.4,
         "bytes_moved": 40_000,  # the documents the peers stored over the run
         "compress": None,
         "head_record": str(REC),
+        "coordinator": "did:key:z6Mk",
         "node": "local node in /x",
     }
     assert summary(_result(0))["head_record"] is None
@@ -123,14 +125,18 @@ def test_demo_command_on_a_local_node(tmp_path, capsys):
     assert code == 0, err
     lines = out.splitlines()
     assert lines[0] == f"node: local node in {(tmp_path / 'node').resolve()}"
-    assert lines[1].startswith("job: federated mlp, 2 peers x 719 samples")
-    assert lines[2] == table_header()
-    assert [line.split()[0] for line in lines[3:5]] == ["0", "1"]
-    assert lines[5].startswith("done: held-out accuracy")
+    assert lines[1].startswith("coordinator: did:key:z6Mk")
+    assert lines[2].startswith("job: federated mlp, 2 peers x 719 samples")
+    assert lines[2].endswith(", aggregated with fedavg")
+    assert lines[3] == table_header()
+    assert [line.split()[0] for line in lines[4:6]] == ["0", "1"]
+    assert lines[6].startswith("done: held-out accuracy")
     data = json.loads(summary_path.read_text())
     assert data["rounds"] == 2 and data["mode"] == "federated"
+    assert data["coordinator"] == lines[1].removeprefix("coordinator: ")
     assert (
-        lines[6] == f"audit it: gradstore audit history {data['head_record']} "
+        lines[7] == f"audit it: gradstore audit history {data['head_record']} "
+        f"--coordinator {lines[1].removeprefix('coordinator: ')} "
         f"--local {(tmp_path / 'node').resolve()}"
     )
     assert plot.exists()
@@ -171,7 +177,7 @@ def test_without_kubo_the_demo_falls_back_to_a_temporary_local_node(monkeypatch)
 
     async def go():
         async with open_demo_node(api="http://127.0.0.1:9") as dn:
-            assert dn.reach is None
+            assert dn.reach is None and dn.gone == "the demo's temporary local node is deleted"
             return dn.description, dn.node.path
 
     description, path = asyncio.run(go())
@@ -194,8 +200,10 @@ def test_the_demo_starts_its_own_kubo_when_none_answers(kubo_binary, monkeypatch
 
     async def go():
         async with open_demo_node(api="http://127.0.0.1:9") as dn:
-            return dn.description, await dn.node.identity()
+            return dn.description, await dn.node.identity(), dn.reach, dn.gone
 
-    description, identity = asyncio.run(go())
+    description, identity, reach, gone = asyncio.run(go())
     assert "(started by the demo; nothing answered at http://127.0.0.1:9)" in description
     assert identity.peer_id
+    # its repo goes with it: no audit command, and the reason for the demo's last line
+    assert reach is None and gone == "the Kubo the demo started is stopped and its repo deleted"

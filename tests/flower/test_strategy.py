@@ -348,3 +348,76 @@ def test_any_flower_strategy_chooses_and_any_gradstore_method_combines(
         assert array.numpy().tobytes() == expected.astype(np.float32).tobytes(), name
     record = _verify(api, record_cid(metrics))
     assert record.method == "median"
+
+
+def _put(api: str, gradient: Gradient) -> CID:
+    from gradstore.store import GradientStore
+
+    async def go() -> CID:
+        async with KuboNode(api) as node:
+            return await GradientStore(node).put(gradient)
+
+    return asyncio.run(go())
+
+
+def test_a_client_returning_another_clients_cid_is_refused_as_wrong_peer(
+    api: str, strategy: GradstoreStrategy, keys: list[SigningKey]
+) -> None:
+    # Defect: in CID mode the strategy fetched whatever CID a client signed, so a client
+    # could return another client's CID (or its own of the last round) and be aggregated.
+    msgs = _instructions(strategy, 3, 1)
+    with GradstoreClient(keys[0], node=api) as honest:
+        first = honest.reply(msgs[0], model(1), 10)
+        taken = honest.last_cid
+        assert taken is not None
+        replies = [first, _signed(msgs[1], keys[1], taken, 10)]
+        arrays, metrics = strategy.aggregate_train(1, replies)
+        assert arrays is not None and metrics is not None
+        assert strategy.history[1].inputs == ((keys[0].did, taken),)
+        reason = dict(strategy.history[1].excluded)[keys[1].did]
+        assert reason.startswith(f"wrong-peer: the document names peer '{keys[0].did}'")
+        record = _verify(api, record_cid(metrics))
+        assert {(e.peer, e.reason, e.cid) for e in record.excluded} == {
+            (keys[1].did, reason, taken)
+        }
+
+        # the next round, the honest client announces its document of round 1 again
+        nodes = {m.metadata.dst_node_id: m for m in _instructions(strategy, 3, 2)}
+        again = nodes[msgs[0].metadata.dst_node_id]  # each did keeps its Flower node
+        other = nodes[msgs[1].metadata.dst_node_id]
+        replies = [
+            _signed(again, keys[0], taken, 10),
+            GradstoreClient(keys[1], send="arrays").reply(other, model(2), 10),
+        ]
+        strategy.aggregate_train(2, replies)
+    assert [p for p, _ in strategy.history[2].inputs] == [keys[1].did]
+    assert dict(strategy.history[2].excluded) == {
+        keys[0].did: "wrong-round: the document names round 1, announced for round 2"
+    }
+
+
+def test_one_document_without_meta_counts_once_and_a_strategy_may_require_meta(
+    api: str, keys: list[SigningKey]
+) -> None:
+    bare = _put(api, Gradient(model(4)))  # names no peer, round or job
+    for require, codes in ((False, ["duplicate-cid"]), (True, ["unbound", "unbound"])):
+        with GradstoreStrategy(node=api, require_bound_meta=require) as strategy:
+            msgs = _instructions(strategy, 3)
+            with GradstoreClient(keys[2], node=api) as bound:
+                replies = [
+                    _signed(msgs[0], keys[0], bare, 5),
+                    _signed(msgs[1], keys[1], bare, 5),
+                    bound.reply(msgs[2], model(5), 5),  # its document names it: always welcome
+                ]
+                arrays, _ = strategy.aggregate_train(1, replies)
+        assert arrays is not None
+        excluded = dict(strategy.history[1].excluded)
+        assert sorted(r.split(":")[0] for r in excluded.values()) == codes
+        inputs = {p for p, _ in strategy.history[1].inputs}
+        if require:
+            assert inputs == {keys[2].did}
+        else:
+            assert inputs == {keys[0].did, keys[2].did}  # the first reply keeps the CID
+            assert excluded[keys[1].did] == (
+                f"duplicate-cid: {bare} was announced first by {keys[0].did}"
+            )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,15 @@ import pytest
 
 from gradstore.errors import CoordinatorError
 from gradstore.format import Limits
-from gradstore.job import JobConfig, RoundsConfig, TensorSpec, load_job, parse_job, topics
+from gradstore.job import (
+    InputsConfig,
+    JobConfig,
+    RoundsConfig,
+    TensorSpec,
+    load_job,
+    parse_job,
+    topics,
+)
 from gradstore.messages import SigningKey
 
 COORD = SigningKey.from_seed(bytes([200]) * 32).did
@@ -37,6 +46,9 @@ max_ahead = 2
 max_gradient_bytes = 1000000
 max_tensors = 8
 max_elements = 250000
+
+[inputs]
+require_bound_meta = true
 
 [[schema]]
 name = "w"
@@ -65,6 +77,7 @@ def test_full_job_file(tmp_path: Path) -> None:
         rounds=RoundsConfig(count=4, quorum=2, deadline_s=12.5, max_ahead=2),
         limits=Limits(max_bytes=1_000_000, max_tensors=8, max_elements=250_000),
         schema=(TensorSpec("b", "<f4", (10,)), TensorSpec("w", "<f4", (784, 10))),
+        inputs=InputsConfig(require_bound_meta=True),
     )
     assert cfg.gradients_topic == "gradstore/v1/digits-v2/gradients"
     assert (cfg.gradients_topic, cfg.results_topic) == topics("digits-v2")
@@ -78,6 +91,7 @@ def test_minimal_job_file_defaults() -> None:
     assert cfg.rounds == RoundsConfig(count=1, quorum=2, deadline_s=60.0, max_ahead=1)
     assert cfg.limits == Limits()
     assert cfg.schema is None and dict(cfg.weights) == {}
+    assert cfg.inputs == InputsConfig(require_bound_meta=False)  # documents without meta work
 
 
 def _job(**overrides: Any) -> dict[str, Any]:
@@ -155,6 +169,9 @@ REFUSALS: list[tuple[str, dict[str, Any], str]] = [
     ("schema not a list", _job(schema={"name": "w"}), "`schema` must be a list"),
     ("rounds not a table", _job(rounds=3), "`rounds` must be a table"),
     ("limits zero", _job(limits={"max_tensors": 0}), "`limits.max_tensors` must be >= 1"),
+    ("unknown inputs key", _job(inputs={"require_meta": True}), "`inputs.require_meta`"),
+    ("bound meta not a bool", _job(inputs={"require_bound_meta": 1}),
+     "`inputs.require_bound_meta` must be true or false"),
 ]  # fmt: skip
 
 
@@ -200,3 +217,27 @@ def test_schema_accepts_bfloat16_and_float8_by_name() -> None:
         TensorSpec("t", "float8_e5m2", ()),
         TensorSpec("w", "bfloat16", (4, 2)),
     )
+
+
+@functools.cache
+def _many_peers(n: int) -> list[str]:
+    return [SigningKey.from_seed(i.to_bytes(32, "big")).did for i in range(1, n + 1)]
+
+
+@pytest.mark.parametrize("method", ["krum", "multikrum"])
+def test_a_krum_job_with_more_peers_than_krum_takes_is_refused(method: str) -> None:
+    """Krum holds n x n matrices: a job whose rounds could exceed MAX_KRUM_INPUTS is refused
+    when loaded, naming the count and the bound (the same job with fedavg loads)."""
+    from gradstore.aggregate.methods import MAX_KRUM_INPUTS
+
+    peers = _many_peers(MAX_KRUM_INPUTS + 1)
+    krum = {"method": method, "byzantine": 1}
+    said = f"krum: {MAX_KRUM_INPUTS + 1} inputs are more than the {MAX_KRUM_INPUTS} it takes"
+    said = said.replace("krum", method, 1)
+    with pytest.raises(CoordinatorError, match=re.escape(said)) as info:
+        parse_job(_job(peers=peers, aggregation=krum, rounds={"quorum": 5}), source="job.toml")
+    assert str(info.value).startswith(f"job.toml: `peers` lists {MAX_KRUM_INPUTS + 1} peers")
+    with pytest.raises(CoordinatorError, match=re.escape(said)):  # every peer is the quorum
+        parse_job(_job(peers=peers, aggregation=krum), source="job.toml")
+    assert parse_job(_job(peers=peers[:-1], aggregation=krum, rounds={"quorum": 5}))
+    assert parse_job(_job(peers=peers, rounds={"quorum": 5})).method == "fedavg"

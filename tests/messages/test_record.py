@@ -10,7 +10,7 @@ import pytest
 from multiformats import CID as MFCID
 from multiformats import multihash
 
-from gradstore.dag.cid import CID, DAG_CBOR
+from gradstore.dag.cid import CID, DAG_CBOR, DAG_PB
 from gradstore.errors import CIDError, IntegrityError
 from gradstore.messages import (
     Announce,
@@ -347,3 +347,23 @@ def test_round_4_inputs_either_all_carry_signatures_or_none(coord_key: SigningKe
     node = _node(coord_key)
     node["type"] = "gradstore/round/4"  # a round/4 type over round/2 inputs
     assert _reason(_resign(node, coord_key)) == "malformed"
+
+
+def test_a_peer_announcing_a_cidv0_signs_the_text_the_record_rebuilds(
+    coord_key: SigningKey,
+) -> None:
+    """Kubo's `ipfs add` gives CIDv0 (``Qm...``) texts; a peer that announces one signs the
+    CIDv1 text its announcement carries, which is what an auditor rebuilds from the record."""
+    peer = seeded_key(1)
+    v1 = CID(DAG_PB, bytes(32), 1)
+    v0 = CID(DAG_PB, bytes(32), 0)
+    assert str(v0).startswith("Qm")
+    base = _record(coord_key)
+    for given in (v0, str(v0)):
+        ann = Announce(base.job, base.run, base.round, peer.did, given, 5, 1_700)  # type: ignore[arg-type]
+        assert ann.cid == str(v1)
+        sent, sig = announcement_signature(encode_message(ann, peer))
+        assert sent.cid == str(v1)
+        inp = RecordInput(peer=peer.did, gradient=v0, num_samples=5, weight=1.0,
+                          sent_at=1_700, peer_sig=sig)  # fmt: skip
+        assert inp.peer_signed(replace(base, inputs=(inp,)))

@@ -9,8 +9,9 @@ differ; non-float tensors (every method, ``sum`` included); NaN/Inf in any input
 input index and tensor) or an aggregate that overflows its dtype; fedavg without one
 positive sample count per input; weighted without one non-negative weight per input
 summing to > 0; median of fewer than 3 inputs; trimmed_mean with a ratio outside [0, 0.5)
-or one that trims nothing (0 < r and floor(n * r) = 0); krum/multikrum with n < 2f + 3 or
-select outside [1, n - f]; parameters that do not apply to the method.
+or one that trims nothing (0 < r and floor(n * r) = 0); krum/multikrum with n < 2f + 3,
+more than MAX_KRUM_INPUTS (1024) inputs (TooManyInputsError) or select outside [1, n - f];
+parameters that do not apply to the method.
 """
 
 from ._checks import Layout, Tensors

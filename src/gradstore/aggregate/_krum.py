@@ -13,21 +13,35 @@ lowest score (ties: lowest index); multi-Krum selects the m lowest (Blanchard's
 non-iterative variant) and averages them in input order. Scores are ranked at
 ``RANK_DIGITS`` significant digits, so last-bit differences between machines' BLAS
 cannot change the selection (and with it the output CID).
+
+Memory: the block rows are as wide as the tensor when it is smaller than a block, and the
+(n, n) passes go a few rows at a time, so besides its inputs Krum holds a few (n, n)
+float64 matrices and one float64 block row per input; ``methods.base.MAX_KRUM_INPUTS``
+bounds n so that this stays bounded (docs/design.md, "Krum takes at most 1024 inputs").
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Final
 
 import numpy as np
 
-from ._blocks import Scratch, blocks, chunks, run
+from ._blocks import Scratch, blocks, chunks
 from ._checks import Flat, Layout, NonFiniteResult
 
 #: Elements per block: an (n, 32 Ki) float64 work array, large enough for BLAS to be efficient.
+#: The block boundaries are part of the arithmetic (each block's product is added on its own).
 BLOCK: Final = 1 << 15
+
+#: Bytes of each (rows, n) temporary the distance and score passes hold at a time.
+ROW_BYTES: Final = 1 << 20
+
+#: Bytes of block rows (one (n, BLOCK) float64 array per worker thread) the in-memory kernel
+#: holds at once: with many inputs it runs on fewer threads (the result does not change).
+ROWS_BUDGET: Final = 512 << 20
 
 _F64: Final = np.dtype(np.float64)
 
@@ -38,20 +52,42 @@ def squared_distances(
     """The symmetric (n, n) float64 matrix of squared L2 distances between (clipped) inputs.
 
     Each work chunk accumulates its own Gram matrix; the chunks' matrices are then added in
-    chunk order, so the result does not depend on ``threads``.
+    chunk order, so the result does not depend on ``threads``. At most ``threads`` chunk
+    matrices are held at a time, and each thread's block rows are as wide as the largest
+    chunk needs (``row_width``), not a whole block for tiny tensors.
     """
+    n = len(flats)
     items = chunks(layout)
-    partial: dict[tuple[str, int], np.ndarray] = {}
+    width = row_width(max((stop - start for _, start, stop in items), default=0))
+    threads = max(1, min(threads, ROWS_BUDGET // max(1, n * width * _F64.itemsize)))
     scratch = Scratch()
+    gram = np.zeros((n - 1, n - 1), _F64)
 
-    def work(name: str, start: int, stop: int) -> None:
-        partial[name, start] = chunk_gram(flats, name, start, stop, scales, scratch)
+    def gram_of(item: tuple[str, int, int]) -> np.ndarray:
+        rows = scratch.get("rows", (n, width), _F64)
+        return chunk_gram(flats, *item, scales, rows)
 
-    run(work, items, threads)
-    gram = np.zeros((len(flats) - 1, len(flats) - 1), _F64)
-    for name, start, _ in items:
-        gram += partial[name, start]
+    if threads == 1 or len(items) <= 1:
+        for item in items:
+            gram += gram_of(item)
+    else:
+        with ThreadPoolExecutor(min(threads, len(items)), thread_name_prefix="aggregate") as pool:
+            for first in range(0, len(items), threads):  # `threads` matrices held at most
+                for part in pool.map(gram_of, items[first : first + threads]):
+                    gram += part
     return distances_from_gram(gram)
+
+
+def row_width(elements: int) -> int:
+    """Columns of the block rows for a chunk of ``elements``: a block, or one more column than
+    a smaller chunk has.
+
+    The extra column keeps a partial block's rows a strided view, as they were in a whole
+    block's buffer: NumPy multiplies a contiguous matrix by its transpose with BLAS's
+    ``syrk`` and a strided one with ``gemm``, which round differently (and ``gemm``'s
+    result does not depend on the row stride). Whole blocks stay contiguous.
+    """
+    return BLOCK if elements >= BLOCK else elements + 1
 
 
 def chunk_gram(
@@ -60,58 +96,92 @@ def chunk_gram(
     start: int,
     stop: int,
     scales: Sequence[float] | None,
-    scratch: Scratch | None = None,
+    rows: np.ndarray | None = None,
+    gram: np.ndarray | None = None,
 ) -> np.ndarray:
     """The (n-1, n-1) Gram matrix of one chunk of tensor ``name``, inputs centred on input 0.
 
     ``flats[i][name][start:stop]`` are the chunk's elements. Summing the chunks' matrices
     in ``chunks(layout)`` order gives :func:`squared_distances`'s matrix, so a caller that
-    holds one chunk of every input at a time gets the same bits.
+    holds one chunk of every input at a time gets the same bits. ``rows``: an (n, w) float64
+    work array with w >= ``row_width(stop - start)`` (else one is made). ``gram``: add to
+    this matrix (a caller that reads a chunk in pieces of whole blocks passes the piece's
+    matrix on) instead of a new zero one.
     """
     n = len(flats)
     factors = None if scales is None else [np.float64(s) for s in scales]
-    buf = (scratch or Scratch()).get("rows", (n, BLOCK), _F64)
-    gram = np.zeros((n - 1, n - 1), _F64)
+    if rows is None:
+        rows = np.empty((n, row_width(stop - start)), _F64)
+    if gram is None:
+        gram = np.zeros((n - 1, n - 1), _F64)
     # NaN/Inf show in the Gram matrix (distances_from_gram): no warnings on the way, where
     # the streamed path calls this outside ``run`` and a signalling NaN warns when widened
     with np.errstate(over="ignore", invalid="ignore"):
         for lo, hi in blocks(start, stop, BLOCK):
-            rows = buf[:, : hi - lo]
+            block = rows[:, : hi - lo]
             for i in range(n):
                 if factors is None:
-                    np.copyto(rows[i], flats[i][name][lo:hi])
+                    np.copyto(block[i], flats[i][name][lo:hi])
                 else:
-                    np.multiply(flats[i][name][lo:hi], factors[i], out=rows[i], dtype=_F64)
-            centred = rows[1:]
-            np.subtract(centred, rows[0], out=centred)
+                    np.multiply(flats[i][name][lo:hi], factors[i], out=block[i], dtype=_F64)
+            centred = block[1:]
+            np.subtract(centred, block[0], out=centred)
             gram += np.dot(centred, centred.T)  # np.dot releases the GIL; matmul did not
     return gram
 
 
 def distances_from_gram(gram: np.ndarray) -> np.ndarray:
-    """Squared distances from the summed Gram matrix (NonFiniteResult if it overflowed)."""
+    """Squared distances from the summed Gram matrix (NonFiniteResult if it overflowed).
+
+    ``d(i, j) = max(0, (G_ii + G_jj) - 2 G_ij)`` for i < j, mirrored (G padded with a zero
+    row and column for input 0), NaN taken as 0: row blocks at a time, no Python loop.
+    """
     if not np.isfinite(gram).all():
         raise NonFiniteResult(None)
     n = gram.shape[0] + 1
-    full = np.zeros((n, n), _F64)
-    full[1:, 1:] = gram
-    dist = np.zeros((n, n), _F64)
-    for i in range(n):
-        for j in range(i + 1, n):
-            d = max(0.0, float(full[i, i] + full[j, j] - 2.0 * full[i, j]))
-            dist[i, j] = dist[j, i] = d
+    norms = np.zeros(n, _F64)
+    norms[1:] = gram.diagonal()
+    dist = np.empty((n, n), _F64)
+    columns = np.arange(1, n)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for lo, hi in blocks(0, n, _rows_at_once(n)):
+            pair = np.zeros((hi - lo, n), _F64)  # G_ij, 0 in input 0's row and column
+            first = max(lo, 1)
+            if first < hi:
+                # from the upper triangle (j > i), as the pairwise loop read it
+                upper = columns[None, :] > np.arange(first, hi)[:, None]
+                inner = pair[first - lo :, 1:]
+                np.copyto(inner, gram[first - 1 : hi - 1], where=upper)
+                np.copyto(inner, gram[:, first - 1 : hi - 1].T, where=~upper)
+            d = np.add(norms[lo:hi, None], norms[None, :])
+            d -= np.multiply(pair, 2.0, out=pair)
+            out = dist[lo:hi]
+            out.fill(0.0)
+            np.copyto(out, d, where=d > 0.0)  # max(0.0, d): NaN and -0.0 give +0.0
+    np.fill_diagonal(dist, 0.0)
     return dist
 
 
 def krum_scores(dist: np.ndarray, byzantine: int) -> list[float]:
-    """Each input's Krum score: the exact sum of its n - f - 2 smallest distances to others."""
+    """Each input's Krum score: the exact sum of its n - f - 2 smallest distances to others.
+
+    A row's own distance is 0.0, never above another: the ``closest + 1`` smallest of the
+    whole row are the ``closest`` smallest of the others and a zero, and ``math.fsum`` is
+    exact, so neither the zero nor the order changes the sum.
+    """
     n = dist.shape[0]
     closest = n - byzantine - 2
-    scores = []
-    for i in range(n):
-        others = sorted(float(dist[i, j]) for j in range(n) if j != i)
-        scores.append(math.fsum(others[:closest]))
+    if not 0 < closest < n:
+        raise ValueError(f"krum_scores: {n} inputs leave no distance to sum with f={byzantine}")
+    scores: list[float] = []
+    for lo, hi in blocks(0, n, _rows_at_once(n)):
+        smallest = np.partition(dist[lo:hi], closest, axis=1)[:, : closest + 1]
+        scores.extend(math.fsum(row.tolist()) for row in smallest)  # a row's floats at a time
     return scores
+
+
+def _rows_at_once(n: int) -> int:
+    return max(1, ROW_BYTES // (n * _F64.itemsize))
 
 
 #: Scores are ranked at this many significant digits. BLAS may round the Gram matrix

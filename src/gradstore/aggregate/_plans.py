@@ -40,5 +40,6 @@ def selection_plan(
     selected = select_lowest(scores, m)
     coefs = None if scales is None else [scales[i] for i in selected]
     info["scores"], info["selected"] = tuple(scores), selected
-    info["weights"] = tuple(1.0 / m if i in selected else 0.0 for i in range(n))
+    chosen = set(selected)  # not the tuple: n x m comparisons
+    info["weights"] = tuple(1.0 / m if i in chosen else 0.0 for i in range(n))
     return selected, coefs, None if m == 1 else float(m)

@@ -9,7 +9,8 @@ same order, because each element sees the same IEEE operations in the same order
 - sum, mean, fedavg and weighted, when that would hold too much (many inputs), add one
   input at a time into a float64 accumulator instead: O(model);
 - Krum sums its Gram matrix chunk by chunk in ``chunks(layout)`` order, exactly as the
-  in-memory kernel does, then averages the inputs it selected like the linear methods;
+  in-memory kernel does (each chunk read in pieces of whole blocks, all inputs' pieces
+  within the window bytes), then averages the inputs it selected like the linear methods;
 - output clipping (round/4) has the method write the float64 aggregate, whose norm sets
   the scale before the one rounding to the dtype;
 - input clipping needs each input's global norm: the caller passes the norms it took
@@ -38,7 +39,7 @@ from ._checks import Layout, NonFiniteResult, dtype_name
 from ._clip import NormSum, SquareSum, clip_output_into, clip_scale, clip_then_round
 from ._compressed import Decompressing, SparseSource
 from ._dispatch import AggregationInfo
-from ._krum import chunk_gram, distances_from_gram, krum_scores
+from ._krum import BLOCK, chunk_gram, distances_from_gram, krum_scores, row_width
 from ._linear import combine
 from ._params import AggregationParams
 from ._plans import linear_plan, selection_plan
@@ -134,8 +135,9 @@ async def aggregate_streamed(
             )
         else:
             assert isinstance(strategy, methods.Selection)
-            gram = await _gram(sources, layout, scales)
-            scores = krum_scores(distances_from_gram(gram), strategy.f)
+            dist = distances_from_gram(await _gram(sources, layout, scales, itemsize, window_bytes))
+            scores = krum_scores(dist, strategy.f)
+            del dist
             selected, coefs, divisor = selection_plan(strategy, scores, scales, n, info)
             chosen = [sources[i] for i in selected]
             result = await _linear(chosen, work, coefs, divisor, window, workers, one_by_one)
@@ -337,14 +339,32 @@ def _has_negzero(x: np.ndarray[Any, Any]) -> bool:
 
 
 async def _gram(
-    sources: Sequence[InputSource], layout: Layout, scales: Sequence[float] | None
+    sources: Sequence[InputSource],
+    layout: Layout,
+    scales: Sequence[float] | None,
+    itemsize: int,
+    window_bytes: int,
 ) -> np.ndarray[Any, Any]:
-    """Krum's Gram matrix, chunk by chunk in ``chunks(layout)`` order (the in-memory sums)."""
+    """Krum's Gram matrix, chunk by chunk in ``chunks(layout)`` order (the in-memory sums).
+
+    A chunk is read in pieces of whole blocks, every input's piece together within
+    ``window_bytes`` (one block each at least), and the pieces' products go into the chunk's
+    own matrix in block order: the bits of reading it whole, without n chunks in memory.
+    """
     n = len(sources)
+    piece = max(BLOCK, window_bytes // max(1, n * itemsize) // BLOCK * BLOCK)
     gram = np.zeros((n - 1, n - 1), _F64)
+    rows: np.ndarray[Any, Any] | None = None
     for name, start, stop in chunks(layout):
-        flats = await _read_all(sources, name, start, stop)
-        part = await asyncio.to_thread(chunk_gram, flats, name, 0, stop - start, scales)
+        width = row_width(stop - start)
+        if rows is None or rows.shape[1] < width:
+            rows = None  # dropped before the wider one is made
+            rows = np.empty((n, width), _F64)
+        part = np.zeros((n - 1, n - 1), _F64)
+        for lo, hi in blocks(start, stop, piece):
+            flats = await _read_all(sources, name, lo, hi)
+            await asyncio.to_thread(chunk_gram, flats, name, 0, hi - lo, scales, rows, part)
+            del flats
         gram += part
     return gram
 

@@ -35,6 +35,7 @@ from ..errors import (
     IntegrityError,
     MessageError,
     NodeError,
+    TooManyInputsError,
 )
 from ..format import CompressedGradient, Gradient, encode
 from ..messages import (
@@ -92,6 +93,8 @@ async def fetch_record(node: Node, cid: CID | str) -> tuple[CID, RoundRecord]:
         raise AuditError("record-cid", f"{rcid} is {rcid.codec_name}; a round record is dag-cbor")
     try:
         data = await node.get_block(rcid)
+    except IntegrityError as exc:  # the node served bytes that are not the record's
+        raise AuditError("record-hash", f"round record {rcid}: {exc}") from exc
     except NodeError as exc:
         raise AuditError("record-fetch", f"cannot fetch round record {rcid}: {exc}") from exc
     try:
@@ -147,6 +150,26 @@ def record_params(record: RoundRecord) -> AggregationParams:
         return AggregationParams.from_record(record.method, record.params, norm_sum, output_clip)
     except (AggregationError, TypeError) as exc:
         raise AuditError("params", f"round {record.round}: recorded parameters: {exc}") from exc
+
+
+def check_input_count(rcid: CID, record: RoundRecord, params: AggregationParams) -> None:
+    """Refuse, before any input is fetched, a record listing more inputs than its method takes
+    in bounded memory (Krum: ``MAX_KRUM_INPUTS``) or a count its method refuses.
+
+    Anyone can sign a record, and an unpinned auditor would otherwise fetch every input
+    before the method refused them. Checks: ``inputs`` (too many), ``aggregate``.
+    """
+    n = len(record.inputs)
+    try:
+        params.validate(n)
+    except TooManyInputsError as exc:
+        raise AuditError(
+            "inputs", f"round {record.round} record {rcid} lists {n} inputs: {exc}"
+        ) from exc
+    except AggregationError as exc:
+        raise AuditError(
+            "aggregate", f"round {record.round}: recomputing {record.method}: {exc}"
+        ) from exc
 
 
 def check_signatures(rcid: CID, record: RoundRecord) -> None:
@@ -237,15 +260,16 @@ async def verify_record(
     Compressed inputs are decompressed range by range as the coordinator does; the codec
     the record names for each input must be its document's.
 
-    Checks: ``inputs`` (a record with no input), ``params``, ``input-signature``,
-    ``input-fetch``, ``input-blocks``, ``input-decode``, ``input-codec``, ``input-samples``,
-    ``input-meta``, ``aggregate``, ``input-weight``, ``output-cid``.
+    Checks: ``inputs`` (a record with no input, or more than its method takes), ``params``,
+    ``input-signature``, ``input-fetch``, ``input-blocks``, ``input-decode``, ``input-codec``,
+    ``input-samples``, ``input-meta``, ``aggregate``, ``input-weight``, ``output-cid``.
     ``progress(done, total)`` is called as input bytes arrive and as each stage ends.
     """
     start = time.perf_counter()
     if not record.inputs:
         raise AuditError("inputs", f"round {record.round} record {rcid} lists no input")
     params = record_params(record)
+    check_input_count(rcid, record, params)
     check_signatures(rcid, record)
     sources: list[StoredGradient | StoredCompressed] = []
     layouts = []

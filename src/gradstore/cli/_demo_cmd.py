@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from . import _exit
+from ._method_args import add_method_options
 from ._nodes import add_node_options
 
 
@@ -39,7 +40,9 @@ def register(sub: Any) -> None:
             "Federated training on scikit-learn's digits data set: one coordinator and N peers "
             "over one node (the Kubo at --api if it answers, else one started from "
             "scripts/install-kubo.sh, else the embedded local node), every gradient stored, "
-            "announced, verified and aggregated for real. Needs the demo extra: "
+            "announced, verified and aggregated for real (--method: any job file method). It "
+            "prints the coordinator's did and, at the end, the `gradstore audit history` "
+            "command that re-derives every round. Needs the demo extra: "
             "pip install 'gradstore[demo]'."
         ),
     )
@@ -93,6 +96,11 @@ def register(sub: Any) -> None:
         help="peers send compressed updates with error feedback: federated peers their model "
         "delta, data-parallel peers their gradient (e.g. topk:0.027,values=2bit, int8, bf16)",
     )
+    add_method_options(
+        p.add_argument_group("aggregation"),
+        note="; every round aggregates every peer's input (weighted: weight 1 each), and a "
+        "method that cannot work with --peers, or a parameter it does not take, is refused",
+    )
     add_node_options(p, api_help="Kubo RPC endpoint to use if it answers")
     out = p.add_argument_group("output")
     out.add_argument("--plot", metavar="PNG", default=None, help="save loss and accuracy per round")
@@ -102,7 +110,8 @@ def register(sub: Any) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Run the demo; stdout gets the node line, the per-round table and a closing line."""
+    """Run the demo; stdout gets the node, coordinator and job lines, the per-round table,
+    a closing line and the audit command (exit 2 for a method the peers cannot run)."""
     import asyncio  # here: every command's start registers this parser, few run the demo
 
     from ..demo import DemoConfig
@@ -119,8 +128,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
             local_epochs=args.local_epochs,
             compress=args.compress,
             hidden=args.hidden,
+            method=args.method,
+            trim_ratio=args.trim_ratio,
+            byzantine=args.byzantine,
+            select=args.select,
+            clip_input_norm=args.clip_input_norm,
+            clip_output_norm=args.clip_output_norm,
         )
-    except ValueError as exc:
+    except ValueError as exc:  # AggregationError too: a method the peers cannot run
         print(f"error: {exc}", file=sys.stderr)
         return _exit.USAGE
     return asyncio.run(_demo(args, config))
@@ -138,16 +153,20 @@ async def _demo(args: argparse.Namespace, config: Any) -> int:
         write_plot,
         write_summary,
     )
+    from ..messages import SigningKey
 
     data = digits_split(config.peers, config.seed)  # fails early without scikit-learn
     quiet = bool(args.quiet)
     auth = args.api_auth or os.environ.get("GRADSTORE_API_AUTH")
+    coordinator = SigningKey.generate()
     async with open_demo_node(args.api, args.local, auth) as demo_node:
         print(f"node: {demo_node.description}", flush=True)
+        print(f"coordinator: {coordinator.did}", flush=True)
         shard = len(data.shards[0])
         print(
             f"job: {config.mode} {config.model}, {config.peers} peers x {shard} samples, "
-            f"{len(data.y_test)} held out, {config.rounds} rounds, lr {config.learning_rate}"
+            f"{len(data.y_test)} held out, {config.rounds} rounds, lr {config.learning_rate}, "
+            f"aggregated with {config.method_text}"
             + (f", compressed with {config.compress}" if config.compress else ""),
             flush=True,
         )
@@ -166,6 +185,7 @@ async def _demo(args: argparse.Namespace, config: Any) -> int:
                 demo_node.node,
                 data,
                 node_name=demo_node.description,
+                coordinator_key=coordinator,
                 on_round=on_round,
                 on_phase=progress.show,
             )
@@ -178,8 +198,7 @@ async def _demo(args: argparse.Namespace, config: Any) -> int:
             f"{len(result.rows)} rounds; head record {head}",
             flush=True,
         )
-        if demo_node.reach is not None:
-            print(f"audit it: gradstore audit history {head} {demo_node.reach}", flush=True)
+        print(_audit_line(head, coordinator.did, demo_node.reach, demo_node.gone), flush=True)
     if args.plot:
         write_plot(
             result.rows,
@@ -189,3 +208,14 @@ async def _demo(args: argparse.Namespace, config: Any) -> int:
     if args.summary_json:
         write_summary(result, args.summary_json)
     return _exit.SUCCESS
+
+
+def _audit_line(head: object, coordinator: str, reach: str | None, gone: str) -> str:
+    """The command that re-derives every round of the run, pinned to its coordinator; or,
+    when the node does not outlive the demo, why there is none and how to get one."""
+    if reach is not None:
+        return f"audit it: gradstore audit history {head} --coordinator {coordinator} {reach}"
+    return (
+        f"audit it: not after the demo exits ({gone}); for a command that works afterwards, "
+        "run the demo with --local DIR or against a running Kubo (--api URL)"
+    )

@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from ._argtypes import byte_count
 from ._compress_args import add_compress_options
-from ._lazy import LazyChoices, lazy
+from ._lazy import lazy
+from ._method_args import METHOD_CHOICES, add_method_options
 from ._nodes import add_node_options, add_timeout_option
-
-
-def _methods() -> Sequence[str]:
-    from ..aggregate import METHODS
-
-    return METHODS
 
 
 def register(sub: Any) -> None:
@@ -78,7 +72,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--method",
         required=True,
-        choices=LazyChoices(_methods),
+        choices=METHOD_CHOICES,
         metavar="METHOD",
         help="one of: %(choices)s",
     )
@@ -120,13 +114,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--name", default=None, help="job name, part of the pubsub topics (default: job-<random>)"
     )
-    p.add_argument(
-        "--method",
-        default="fedavg",
-        choices=LazyChoices(_methods),
-        metavar="METHOD",
-        help="aggregation method, one of: %(choices)s (default fedavg)",
-    )
+    add_method_options(p)
     p.add_argument(
         "--rounds", type=int, default=1, help="rounds to run (default 1; 0: until stopped)"
     )
@@ -137,14 +125,6 @@ def register(sub: Any) -> None:
         "--deadline", type=float, default=60.0, metavar="S", help="seconds per round (default 60)"
     )
     p.add_argument("--max-gradient-bytes", type=byte_count, default=None, metavar="N")
-    for option, kind in (
-        ("--trim-ratio", float),
-        ("--byzantine", int),
-        ("--select", int),
-        ("--clip-input-norm", float),
-        ("--clip-output-norm", float),
-    ):
-        p.add_argument(option, type=kind, default=None)
     p.set_defaults(run=lazy("_job_init", "cmd_job_init"))
 
     rnd = sub.add_parser("round", help="inspect round records")

@@ -18,6 +18,7 @@ from ..job import parse_job
 from ..messages import SigningKey, public_key_from_did
 from . import _exit
 from ._exit import UsageError
+from ._method_args import method_names
 from ._output import announce_written, is_stdout, open_output
 
 _DID = "did:key:"
@@ -50,7 +51,7 @@ def job_text(args: argparse.Namespace) -> str:
         "]",
         "",
         "[aggregation]",
-        f"method = {q(args.method)}  # {' | '.join(_methods())}",
+        f"method = {q(args.method)}  # {' | '.join(method_names())}",
     ]
     if args.method == "weighted":
         weights = ", ".join(f"{q(did)} = 1.0" for did, _ in peers)
@@ -73,12 +74,6 @@ def job_text(args: argparse.Namespace) -> str:
 
 def _from(source: str) -> str:
     return "" if source.startswith(_DID) else f"  # {json.dumps(source)[1:-1]}"
-
-
-def _methods() -> tuple[str, ...]:
-    from ..aggregate import METHODS
-
-    return tuple(METHODS)
 
 
 def cmd_job_init(args: argparse.Namespace) -> int:

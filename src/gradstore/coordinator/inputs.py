@@ -4,9 +4,10 @@ An attempt first resolves the root block, within ``resolve_timeout_s``, and chec
 size it declares against the job's limit before a single leaf is fetched: a peer that
 lies about its size, or announces a CID nobody serves, costs one block and a timeout.
 Then the document is fetched within a memory budget (every block verified on the way),
-decoded with the job's limits, checked against the schema, for NaN/Inf and (compressed)
-for values that come back beyond their dtype, and pinned, so it stays on the
-coordinator's node until the round is aggregated. Decoding and checks run off the event
+decoded with the job's limits, bound to its announcement by its meta (``binding``: the
+peer, round, job and sample count it names, when it names them), checked against the
+schema, for NaN/Inf and (compressed) for values that come back beyond their dtype, and
+pinned, so it stays on the coordinator's node until the round is aggregated. Decoding and checks run off the event
 loop, window by window, and the budget counts their scratch beside the document.
 
 ``InputRefused`` is final for the round; a ``NodeError`` or ``TimeoutError`` is passing
@@ -40,6 +41,7 @@ from ..format import (
 )
 from ..node import Node
 from ..store import GradientStore
+from .binding import Claim, check_binding
 from .rounds import Schema, schema_of, schema_text
 
 #: Slowest transfer an attempt allows once the root is in: its timeout grows with the size.
@@ -140,8 +142,11 @@ async def verify_input(
     budget: ByteBudget,
     keep: ByteBudget,
     clip: bool,
+    claim: Claim | None = None,
 ) -> VerifiedInput:
-    """One attempt at ``cid`` (see the module docstring)."""
+    """One attempt at ``cid`` (see the module docstring).
+
+    ``claim``: what the announcement says of the document (None: not checked)."""
     start = time.perf_counter()
     size, root = await root_block(node, cid, store.limits, resolve_timeout_s)
     held = size + SCRATCH_BYTES
@@ -163,6 +168,10 @@ async def verify_input(
             raise InputRefused(f"too-large: {exc}") from None
         except (FormatError, DAGError) as exc:
             raise InputRefused(f"malformed: {exc}") from None
+        if claim is not None:
+            unbound = check_binding(gradient.meta, claim)
+            if unbound is not None:
+                raise InputRefused(unbound)
         schema, problem, norm = await asyncio.to_thread(_check, gradient, expected, clip)
         if problem is not None:
             raise InputRefused(problem)

@@ -15,6 +15,7 @@ from enum import StrEnum
 from typing import Any
 
 from ..format import CompressedGradient, CompressedTensor, Gradient, dtype_code
+from .binding import duplicates
 
 Schema = tuple[tuple[str, str, tuple[int, ...]], ...]
 
@@ -41,6 +42,7 @@ class Slot:
     reason: str | None = None
     nbytes: int = 0
     schema: Schema | None = None
+    accepted_at: float = 0.0  # when its announcement was accepted: the first of a CID keeps it
 
     @property
     def settled(self) -> bool:
@@ -68,6 +70,7 @@ class RoundBook:
         """Record ``peer``'s accepted announcement (made durable by the caller first)."""
         slot = self.slots[peer]
         slot.state, slot.cid, slot.num_samples = PeerState.RECEIVED, cid, num_samples
+        slot.accepted_at = at
         self.refusals.pop(peer, None)
         if self.started_at is None or at < self.started_at:
             self.started_at = max(at, self.opened_at)
@@ -153,6 +156,19 @@ def cut_off(book: RoundBook) -> list[str]:
     for peer in late:
         book.fail(peer, "unavailable: not verified by the deadline")
     return late
+
+
+def drop_duplicate_cids(book: RoundBook) -> list[str]:
+    """Verified inputs that repeat a CID an earlier announcement of the round holds fail.
+
+    Earlier by acceptance time, ties by peer id, so every coordinator decides the same.
+    Returns the peers that failed (``duplicate-cid``).
+    """
+    order = sorted(book.in_state(PeerState.VERIFIED), key=lambda p: (book.slots[p].accepted_at, p))
+    repeated = duplicates((p, book.slots[p].cid or "") for p in order)
+    for peer, reason in repeated.items():
+        book.fail(peer, reason)
+    return sorted(repeated)
 
 
 def keep_majority_schema(book: RoundBook) -> list[str]:

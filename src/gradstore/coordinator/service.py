@@ -43,9 +43,11 @@ from ..messages import (
     encode_fitted,
     verify_message,
 )
+from ..messages.refusal_log import RefusalLog
 from ..node import Node, follow
 from ..store import GradientStore
 from .admission import AdmissionState, Verdict, admit
+from .binding import Claim
 from .closing import DEFAULT_CLOSE_RETRY_S, close_round, with_retries
 from .fetch_plan import DEFAULT_ATTEMPTS, FetchPlan
 from .inputs import ByteBudget, InputRefused, VerifiedInput, verify_input
@@ -55,6 +57,7 @@ from .rounds import (
     RoundBook,
     Schema,
     cut_off,
+    drop_duplicate_cids,
     judge,
     keep_majority_schema,
     schema_from_json,
@@ -159,6 +162,7 @@ class Coordinator:
         self.outcomes: list[RoundOutcome] = []
         self.refusals: Counter[str] = Counter()  # reason -> how many, for logs and tests
         self.recent_refusals: deque[tuple[str, str]] = deque(maxlen=RECENT_REFUSALS)
+        self.refusal_log = RefusalLog()  # which refusals get a line of their own
         self.round = 0
         self.head: CID | None = None
         self.run_id = ""
@@ -360,6 +364,8 @@ class Coordinator:
         for peer in cut_off(book):
             self.journal.set_input_state(r, peer, PeerState.FAILED, book.slots[peer].reason)
         self._plan.drop_round(r)
+        for peer in drop_duplicate_cids(book):
+            self.journal.set_input_state(r, peer, PeerState.FAILED, book.slots[peer].reason)
         if self._known_schema() is None:
             for peer in keep_majority_schema(book):
                 self.journal.set_input_state(r, peer, PeerState.FAILED, book.slots[peer].reason)
@@ -459,12 +465,20 @@ class Coordinator:
     async def _forget(self, book: RoundBook, *, keep_pins: bool) -> None:
         """Drop a closed round's inputs from memory (and their pins, if it was not aggregated)."""
         r = book.round
-        for key in [k for k in self._verified if k[0] == r]:
-            item = self._verified.pop(key)
+        items = [self._verified.pop(k) for k in [k for k in self._verified if k[0] == r]]
+        # one CID may be two inputs' (duplicate-cid): it stays pinned if either was aggregated
+        kept = {
+            i.cid.to_v1()
+            for i in items
+            if keep_pins and book.slots[i.peer].state == PeerState.AGGREGATED
+        }
+        unpinned: set[CID] = set()
+        for item in items:
             if item.gradient is not None:
                 self._keep.give_back(item.nbytes)
-            aggregated = book.slots[item.peer].state == PeerState.AGGREGATED
-            if not (keep_pins and aggregated):
+            cid = item.cid.to_v1()
+            if cid not in kept and cid not in unpinned:
+                unpinned.add(cid)
                 with contextlib.suppress(NodeError):
                     await self.node.unpin(item.cid)
         for key in [k for k in self._announced if k[0] <= r]:
@@ -501,8 +515,8 @@ class Coordinator:
         cfg = self.config
         try:
             ann = verify_message(data, job=cfg.job, coordinator=cfg.coordinator, peers=cfg.roster)
-        except MessageError as exc:
-            return self._refused(exc.reason, str(exc))
+        except MessageError as exc:  # before its signature proved a sender: no sender
+            return self._refused(exc.reason, str(exc).removeprefix(f"{exc.reason}: "))
         if not isinstance(ann, Announce):
             return self._refused("unexpected-type", f"{type(ann).__name__} on the gradients topic")
         state = AdmissionState(
@@ -525,18 +539,34 @@ class Coordinator:
                         self._past.popitem(last=False)
                 if book.refuse(ann.peer, decision.text):
                     self._mark(ann.round)
-            return self._refused(decision.reason, f"{ann.peer}: {decision.text}")
+            return self._refused(decision.reason, f"{ann.peer}: {decision.text}", ann.peer)
         self._announced[ann.round, ann.peer] = ann.cid
         self.journal.accept(ann.round, ann.peer, ann.cid, ann.num_samples, data)
         self._accepted.append((ann, self.clock()))
         self._journal_wake.set()
         return Verdict.ACCEPT
 
-    def _refused(self, reason: str, detail: str) -> Verdict:
+    def _refused(self, reason: str, detail: str, sender: str | None = None) -> Verdict:
+        """Count a refusal; log it in full only if ``refusal_log`` says so (``sender``: the
+        peer its signature proved, None for unauthenticated junk)."""
         self.refusals[reason] += 1
         self.recent_refusals.append((reason, detail))
-        log.warning("refused announcement: %s: %s", reason, detail)
+        now = self.clock()
+        if self.refusal_log.refused(reason, sender, now):
+            log.warning(
+                "refused announcement: %s: %s (repeats are summed up every %.0f s)",
+                reason,
+                detail,
+                self.refusal_log.every_s,
+            )
+        self._log_refusals(now)
         return Verdict.REFUSE
+
+    def _log_refusals(self, now: float) -> None:
+        """Log the summary of refusals not logged one by one, when one is due."""
+        line = self.refusal_log.summary(now)
+        if line is not None:
+            log.warning("%s", line)
 
     async def _journal_writer(self) -> None:
         """Commit queued journal writes in batches; then act on the accepted announcements."""
@@ -601,6 +631,14 @@ class Coordinator:
                 budget=self._budget,
                 keep=self._keep,
                 clip=self.config.clip_input_norm is not None,
+                claim=Claim(
+                    peer,
+                    r,
+                    self.config.job,
+                    slot.num_samples,
+                    self.run_id,
+                    self.config.inputs.require_bound_meta,
+                ),
             )
         except InputRefused as exc:
             self._plan.finished(key)
@@ -716,6 +754,7 @@ class Coordinator:
                     self._mark(r)
             await self._publish_result()
             await self._publish_failure()
+            self._log_refusals(self.clock())  # a flood's last counts, once it stopped
             await asyncio.sleep(self.rebroadcast_s)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shlex
 import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -19,11 +20,16 @@ _PROBE_TIMEOUTS = Timeouts(connect=2.0, read=5.0, write=5.0, pool=2.0)
 
 @dataclass(frozen=True)
 class DemoNode:
-    """The node in use, the line that describes it, and how to reach it again (None: it is gone)."""
+    """The node in use, the line that describes it, and how to reach it after the demo.
+
+    ``reach`` is the node option of a later command (``--api URL``, ``--local DIR``,
+    shell-quoted) when the node outlives the demo; otherwise ``gone`` says what removes it.
+    """
 
     node: Node
     description: str
-    reach: str | None = None  # "--api URL" or "--local DIR" while the node outlives the demo
+    reach: str | None = None
+    gone: str = ""
 
 
 async def kubo_version(api: str, auth: str | None = None) -> str | None:
@@ -58,7 +64,7 @@ async def open_demo_node(
     if local is not None:
         node = LocalNode(local)
         try:
-            yield DemoNode(node, f"local node in {node.path}", f"--local {node.path}")
+            yield DemoNode(node, f"local node in {node.path}", _option("--local", node.path))
         finally:
             await node.aclose()
         return
@@ -67,7 +73,7 @@ async def open_demo_node(
     if version is not None:
         kubo = KuboNode(url, auth=auth)
         try:
-            yield DemoNode(kubo, f"kubo {version} at {kubo.api}", f"--api {kubo.api}")
+            yield DemoNode(kubo, f"kubo {version} at {kubo.api}", _option("--api", kubo.api))
         finally:
             await kubo.aclose()
         return
@@ -82,6 +88,7 @@ async def open_demo_node(
                 yield DemoNode(
                     kubo,
                     f"kubo {version} at {kubo.api} (started by the demo; nothing answered at {url})",
+                    gone="the Kubo the demo started is stopped and its repo deleted",
                 )
             finally:
                 await kubo.aclose()
@@ -95,6 +102,12 @@ async def open_demo_node(
                 node,
                 f"local node in {node.path} (no Kubo answered at {url} and none is installed; "
                 "run scripts/install-kubo.sh)",
+                gone="the demo's temporary local node is deleted",
             )
         finally:
             await node.aclose()
+
+
+def _option(name: str, value: object) -> str:
+    """``--local '/a dir'``: an option as a shell takes it back."""
+    return f"{name} {shlex.quote(str(value))}"

@@ -69,18 +69,20 @@ class Progress:
 
 
 def summary(result: DemoResult) -> dict[str, Any]:
-    """The summary JSON: mode, rounds, final held-out accuracy and loss, the bytes of all
-    documents the peers stored over the run (``bytes_moved``), the compression spec, the
-    head record and the node."""
+    """The summary JSON: mode, aggregation method, rounds, final held-out accuracy and loss,
+    the bytes of all documents the peers stored over the run (``bytes_moved``), the
+    compression spec, the head record, the coordinator's did and the node."""
     last = result.rows[-1] if result.rows else None
     return {
         "mode": result.config.mode,
+        "method": result.config.method,
         "rounds": len(result.rows),
         "accuracy": None if last is None else last.accuracy,
         "loss": None if last is None else last.loss,
         "bytes_moved": sum(row.bytes_stored for row in result.rows),
         "compress": result.config.compress,
         "head_record": None if result.head_record is None else str(result.head_record),
+        "coordinator": result.coordinator,
         "node": result.node,
     }
 

@@ -3,22 +3,22 @@
 Every round each peer computes on its shard, stores its tensors on the node
 (``Peer.publish``: put, signed announcement over pubsub, re-announced until the
 coordinator acknowledges), the in-process ``Coordinator`` fetches and verifies
-every input, fedavgs them, stores the aggregate and a signed round record and
-announces the result; each peer awaits that result, fetches and verifies the
-aggregate and continues from it. Nothing is shared between the parties except
+every input, aggregates them (fedavg unless ``DemoConfig.method`` says otherwise),
+stores the aggregate and a signed round record and announces the result; each peer
+awaits that result, fetches and verifies the aggregate and continues from it. Nothing is shared between the parties except
 through the node.
 
 - ``data-parallel``: peers publish the loss gradient at the shared parameters and
   take one SGD step with the aggregate; with equal shards this is full-batch
   gradient descent on their union.
 - ``federated``: peers run local mini-batch SGD from the global model and publish
-  their model state (meta kind "state"); the fedavg of the states is the next
-  global model (FedAvg, McMahan et al. 2017).
+  their model state (meta kind "state"); the aggregate of the states is the next
+  global model (with fedavg: FedAvg, McMahan et al. 2017).
 
 With ``compress`` (a spec such as ``topk:0.015,values=int8``) every peer compresses its
 update with error feedback (its residual kept in memory across rounds): data-parallel
 peers their gradient, federated peers their model delta (state minus the global model,
-meta kind "delta"), and the peers add the fedavg of the deltas to the global model.
+meta kind "delta"), and the peers add the aggregate of the deltas to the global model.
 """
 
 from __future__ import annotations
@@ -35,10 +35,11 @@ from typing import Any
 
 import numpy as np
 
+from ..aggregate import AggregationParams
 from ..compress import parse_spec, with_feedback
 from ..coordinator import Coordinator, RoundOutcome
 from ..dag import CID
-from ..errors import CoordinatorError
+from ..errors import AggregationError, CoordinatorError
 from ..format import CompressedGradient, Gradient, encode
 from ..job import JobConfig, parse_job
 from ..messages import SigningKey
@@ -49,6 +50,7 @@ from ._models import FRAMEWORK_MODELS, Model, Params, accuracy, make_model
 from ._train import local_sgd
 
 MODES = ("federated", "data-parallel")
+_METHOD_PARAMETERS = ("trim_ratio", "byzantine", "select", "clip_input_norm", "clip_output_norm")
 DEFAULT_LR = {"federated": 0.1, "data-parallel": 0.5}
 
 
@@ -68,6 +70,13 @@ class DemoConfig:
     deadline_s: float = 120.0
     compress: str | None = None  # a compression spec: peers send compressed updates
     hidden: int | None = None  # the mlp's hidden units (default 64)
+    # The coordinator's aggregation: any job file method with its parameters (None: unset).
+    method: str = "fedavg"
+    trim_ratio: float | None = None
+    byzantine: int | None = None
+    select: int | None = None
+    clip_input_norm: float | None = None
+    clip_output_norm: float | None = None
 
     def __post_init__(self) -> None:
         if self.compress is not None:
@@ -94,6 +103,52 @@ class DemoConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.lr is not None and not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
+        self._check_aggregation()
+
+    def _check_aggregation(self) -> None:
+        """The aggregator's own checks, for every round's ``peers`` inputs (AggregationError,
+        a ValueError): an unknown method, a parameter it does not take or lacks, too few peers."""
+        params = AggregationParams(
+            self.method,
+            weights=(1.0,) * self.peers if self.method == "weighted" else None,
+            trim_ratio=self.trim_ratio,
+            byzantine=self.byzantine,
+            select=self.select,
+            clip_input_norm=self.clip_input_norm,
+            clip_output_norm=self.clip_output_norm,
+        )
+        try:
+            params.validate(self.peers)
+        except AggregationError as exc:
+            raise AggregationError(
+                f"--method {self.method} with --peers {self.peers}: {exc}"
+            ) from exc
+        if self.method == "sum" and self.mode == "federated" and self.compress is None:
+            raise AggregationError(
+                "sum of the peers' model states is no model (it grows with every round): "
+                "use it with --mode data-parallel or --compress (the sum of model deltas)"
+            )
+
+    def _method_params(self) -> dict[str, float | int]:
+        """The parameters that are set, by their job file names."""
+        values = {name: getattr(self, name) for name in _METHOD_PARAMETERS}
+        return {name: value for name, value in values.items() if value is not None}
+
+    def aggregation(self, peers: list[str]) -> dict[str, Any]:
+        """The job file's ``[aggregation]`` table for ``peers`` (dids); ``weighted`` gives
+        every peer weight 1."""
+        table: dict[str, Any] = {"method": self.method, **self._method_params()}
+        if self.method == "weighted":
+            table["weights"] = dict.fromkeys(peers, 1.0)
+        return table
+
+    @property
+    def method_text(self) -> str:
+        """``median``, ``krum (byzantine 1)``: the method and its parameters, for people."""
+        params = self._method_params()
+        if not params:
+            return self.method
+        return f"{self.method} ({', '.join(f'{k} {v}' for k, v in params.items())})"
 
     @property
     def learning_rate(self) -> float:
@@ -154,15 +209,17 @@ def job_config(
     rounds: int,
     deadline_s: float,
     schema: Params,
+    aggregation: dict[str, Any] | None = None,
 ) -> JobConfig:
-    """The in-memory job: fedavg, every peer needed in every round, a generous deadline,
-    and the model's tensors as the schema every input must have."""
+    """The in-memory job: ``aggregation`` (a job file's table; default fedavg), every peer
+    needed in every round, a generous deadline, and the model's tensors as the schema every
+    input must have."""
     return parse_job(
         {
             "job": job,
             "coordinator": coordinator.did,
             "peers": [k.did for k in peers],
-            "aggregation": {"method": "fedavg"},
+            "aggregation": aggregation or {"method": "fedavg"},
             "rounds": {"count": rounds, "quorum": len(peers), "deadline_s": deadline_s},
             "schema": [
                 {"name": name, "dtype": a.dtype.str, "shape": list(a.shape)}
@@ -187,7 +244,7 @@ async def run_demo(
     """Train for ``config.rounds`` rounds over ``node``; ``on_round`` sees each finished round.
 
     ``data`` must have ``config.peers`` shards. Keys are fresh unless
-    ``coordinator_key`` is given (tests use it to forge records).
+    ``coordinator_key`` is given (the CLI prints its did before the run starts).
     """
     if len(data.shards) != config.peers:
         raise ValueError(f"{len(data.shards)} shards for {config.peers} peers")
@@ -196,7 +253,13 @@ async def run_demo(
     keys = [SigningKey.generate() for _ in range(config.peers)]
     initial = model.init(np.random.default_rng(config.seed))
     job = job_config(
-        f"digits-{secrets.token_hex(4)}", ckey, keys, config.rounds, config.deadline_s, initial
+        f"digits-{secrets.token_hex(4)}",
+        ckey,
+        keys,
+        config.rounds,
+        config.deadline_s,
+        initial,
+        config.aggregation([k.did for k in keys]),
     )
     parties = [
         _Party(i, k, shard, {n: a.copy() for n, a in initial.items()})
@@ -380,7 +443,7 @@ async def _step(
     got = await peer.await_result(round_, timeout=config.deadline_s + 30.0)
     if config.mode == "data-parallel":
         party.params = apply(party.params, got.gradient, lr)
-    elif config.compress is not None:  # the global model plus the fedavg of the deltas
+    elif config.compress is not None:  # the global model plus the aggregate of the deltas
         party.params = {
             n: party.params[n] + np.asarray(a, dtype=np.float64)
             for n, a in got.gradient.tensors.items()

@@ -29,6 +29,7 @@ from flwr.serverapp.strategy import FedAvg, Strategy
 
 from ..aggregate import METHODS, global_norm
 from ..aggregate.methods import MethodName
+from ..coordinator.binding import Claim, duplicates
 from ..coordinator.closing import close_round
 from ..coordinator.inputs import ByteBudget, InputRefused, VerifiedInput, verify_input
 from ..coordinator.journal import new_run_id
@@ -104,6 +105,10 @@ class GradstoreStrategy(Strategy, Closing):
     kept in memory until the aggregation; the others are read back from the node.
     ``inner``'s own ``aggregate_train`` never runs, so a strategy that has one of its own
     (FedMedian, FedAdam, ...) is refused unless ``replace_aggregation`` (see ``_inner``).
+    A document announced by CID must be the announcing client's: the keys of its meta
+    (peer, round, job, run, num_samples) must agree with the announcement, and with
+    ``require_bound_meta`` it must name its peer, round and job; a CID another reply of the
+    round already announced is refused (``duplicate-cid``; the first reply keeps it).
     """
 
     def __init__(
@@ -129,6 +134,7 @@ class GradstoreStrategy(Strategy, Closing):
         memory_bytes: int = DEFAULT_KEEP_BYTES,
         keep_bytes: int = DEFAULT_KEEP_BYTES,
         replace_aggregation: bool = False,
+        require_bound_meta: bool = False,
     ) -> None:
         self.inner: Strategy = inner if inner is not None else FedAvg()
         check_inner(self.inner, replace_aggregation=replace_aggregation)
@@ -143,6 +149,7 @@ class GradstoreStrategy(Strategy, Closing):
         self.limits = limits
         self.resolve_timeout_s = resolve_timeout_s
         self.fetch_attempts = max(1, fetch_attempts)
+        self.require_bound_meta = require_bound_meta
         self.weighted_by_key: str = getattr(self.inner, "weighted_by_key", "num-examples")
         self._job = JobConfig(
             job=job,
@@ -372,7 +379,7 @@ class GradstoreStrategy(Strategy, Closing):
                     if c.tensors is not None:
                         got = await self._from_arrays(store, instruction, c)
                     else:
-                        got = await self._from_cid(store, c)
+                        got = await self._from_cid(store, instruction, c)
                     verified.append(got)
                     self._announced[got.peer] = c.announced or self._sign_for(c, got, instruction)
                 except Refused as exc:
@@ -401,7 +408,22 @@ class GradstoreStrategy(Strategy, Closing):
                     c.cid,
                 )
             )
-        return verified
+        return self._first_of_each_cid(candidates, verified, refused)
+
+    def _first_of_each_cid(
+        self, candidates: list[Candidate], verified: list[VerifiedInput], refused: list[Refused]
+    ) -> list[VerifiedInput]:
+        """``verified`` without the inputs whose CID an earlier reply of the round holds
+        (refused as ``duplicate-cid``): a client cannot enter again what another sent."""
+        order = {c.peer: i for i, c in enumerate(candidates)}
+        by_peer = {c.peer: c for c in candidates}
+        verified.sort(key=lambda v: order[v.peer])
+        repeated = duplicates((v.peer, str(v.cid)) for v in verified)
+        for peer, reason in repeated.items():
+            c = by_peer[peer]
+            refused.append(Refused(c.node_id, peer, reason, c.cid))
+            self._announced.pop(peer, None)
+        return [v for v in verified if v.peer not in repeated]
 
     async def _from_arrays(
         self, store: GradientStore, ins: Instruction, c: Candidate
@@ -440,8 +462,11 @@ class GradstoreStrategy(Strategy, Closing):
             time.perf_counter() - start,
         )
 
-    async def _from_cid(self, store: GradientStore, c: Candidate) -> VerifiedInput:
-        """One attempt at a CID announced instead of arrays, as the coordinator fetches it.
+    async def _from_cid(
+        self, store: GradientStore, ins: Instruction, c: Candidate
+    ) -> VerifiedInput:
+        """One attempt at a CID announced instead of arrays, as the coordinator fetches it
+        (and bound to the announcement by the document's meta, as the coordinator does).
 
         ``Refused`` is final; a ``NodeError`` or ``TimeoutError`` may pass (retried later).
         """
@@ -458,6 +483,9 @@ class GradstoreStrategy(Strategy, Closing):
                 budget=self._budget,
                 keep=self._keep,
                 clip=self._job.clip_input_norm is not None,
+                claim=Claim(
+                    c.peer, ins.round, ins.job, c.num_samples, ins.run, self.require_bound_meta
+                ),
             )
         except InputRefused as exc:
             raise Refused(c.node_id, c.peer, exc.reason, c.cid) from None

@@ -1,6 +1,7 @@
 """A federated job: who coordinates, who may contribute, how rounds run and aggregate."""
 
 from ._config import (
+    InputsConfig,
     JobConfig,
     MessagesConfig,
     RoundsConfig,
@@ -11,6 +12,7 @@ from ._config import (
 )
 
 __all__ = [
+    "InputsConfig",
     "JobConfig",
     "MessagesConfig",
     "RoundsConfig",

@@ -8,6 +8,7 @@ peers = ["did:key:z6Mk...", ...]
 [rounds]        count (0 = until stopped), quorum, deadline_s, max_ahead
 [limits]        max_gradient_bytes, max_tensors, max_elements
 [messages]      max_clock_skew_s (messages stamped further from now are refused)
+[inputs]        require_bound_meta (refuse documents whose meta names no peer, round, job)
 [[schema]]      optional: name, dtype, shape of every expected tensor
 """
 
@@ -51,6 +52,15 @@ class MessagesConfig:
 
 
 @dataclass(frozen=True)
+class InputsConfig:
+    """What an input's document must say of itself: with ``require_bound_meta``, its meta
+    must name its peer, round and job (``coordinator.binding``); without, only the keys it
+    has are checked."""
+
+    require_bound_meta: bool = False
+
+
+@dataclass(frozen=True)
 class TensorSpec:
     """One expected tensor of every gradient in the job."""
 
@@ -77,6 +87,7 @@ class JobConfig:
     limits: Limits = field(default_factory=Limits)
     schema: tuple[TensorSpec, ...] | None = None
     messages: MessagesConfig = field(default_factory=MessagesConfig)
+    inputs: InputsConfig = field(default_factory=InputsConfig)
 
     def params_for(self, peers: list[str]) -> AggregationParams:
         """Aggregation parameters for inputs from ``peers`` (in that order)."""
@@ -127,7 +138,17 @@ def parse_job(raw: Mapping[str, Any], source: str = "job") -> JobConfig:
     where = _Where(source)
     where.keys(
         raw,
-        {"job", "coordinator", "peers", "aggregation", "rounds", "limits", "schema", "messages"},
+        {
+            "job",
+            "coordinator",
+            "peers",
+            "aggregation",
+            "rounds",
+            "limits",
+            "schema",
+            "messages",
+            "inputs",
+        },
         "",
     )
     job = where.req(raw, "job", str, "")
@@ -226,6 +247,14 @@ def parse_job(raw: Mapping[str, Any], source: str = "job") -> JobConfig:
         )
     )
 
+    inputs_raw = raw.get("inputs", {})
+    where.keys(inputs_raw, {"require_bound_meta"}, "inputs.")
+    inputs = InputsConfig(
+        require_bound_meta=where.bool_(
+            inputs_raw.get("require_bound_meta", False), "inputs.require_bound_meta"
+        )
+    )
+
     schema = None
     if "schema" in raw:
         specs: list[TensorSpec] = []
@@ -263,6 +292,7 @@ def parse_job(raw: Mapping[str, Any], source: str = "job") -> JobConfig:
         limits=limits,
         schema=schema,
         messages=messages,
+        inputs=inputs,
     )
     for key in ("trim_ratio", "byzantine", "select", "clip_input_norm", "clip_output_norm"):
         if key in agg:  # each parameter on its own first, so the error names its key
@@ -278,6 +308,13 @@ def parse_job(raw: Mapping[str, Any], source: str = "job") -> JobConfig:
     except AggregationError as exc:
         raise CoordinatorError(
             f"{source}: [aggregation] cannot work with quorum {rounds.quorum}: {exc}"
+        ) from exc
+    # and for the largest one, every peer: krum and multikrum take at most MAX_KRUM_INPUTS
+    try:
+        cfg.params_for(list(peers)).validate(len(peers))
+    except AggregationError as exc:
+        raise where.err(
+            "peers", f"lists {len(peers)} peers, too many for [aggregation]: {exc}"
         ) from exc
     return cfg
 
@@ -335,6 +372,11 @@ class _Where:
         if positive and value <= 0:
             raise self.err(key, "must be > 0")
         return float(value)
+
+    def bool_(self, value: Any, key: str) -> bool:
+        if not isinstance(value, bool):
+            raise self.err(key, "must be true or false")
+        return value
 
     def int_(self, value: Any, key: str, minimum: int) -> int:
         if isinstance(value, bool) or not isinstance(value, int):

@@ -60,7 +60,11 @@ def check_did(name: str, value: object) -> str:
 
 
 def check_cid(name: str, value: object, codec: int | None = None) -> str:
-    """The canonical string of a CID given as a string or a ``CID``."""
+    """The canonical string (base32 CIDv1) of a CID given as a string or a ``CID``.
+
+    A CIDv0 becomes its CIDv1: a signature then covers the one text a record's reader
+    rebuilds, whichever form the sender started from.
+    """
     if not isinstance(value, str | CID):
         raise MessageError(
             "malformed", f"`{name}` must be a CID string, got {type(value).__name__}"
@@ -75,7 +79,7 @@ def check_cid(name: str, value: object, codec: int | None = None) -> str:
             "malformed",
             f"`{name}` must be a {codec_name(codec)} CID, got {cid.codec_name}",
         )
-    return value if canonical is not None and isinstance(value, str) else str(cid)
+    return value if canonical is not None and isinstance(value, str) else str(cid.to_v1())
 
 
 def check_dids(name: str, value: object) -> tuple[str, ...]:

@@ -10,6 +10,7 @@ earlier run of the same job is trusted or answered.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
@@ -40,6 +41,7 @@ from ..messages import (
     inline_lists,
     verify_message,
 )
+from ..messages.refusal_log import RefusalLog
 from ..node import Node, follow
 from ..store import GradientStore
 from ._view import CoordinatorView, Standing
@@ -103,6 +105,8 @@ class Peer:
         self._started_at = 0.0
         self._listening_since_ms = 0
         self._skew_warned = False
+        # junk on the results topic: a line per reason, then sums
+        self._ignored = RefusalLog(verb="ignored")
         self._lists: dict[str, PeerLists] = {}
         self._news = asyncio.Condition()
         self._sub: object = None
@@ -145,12 +149,21 @@ class Peer:
     async def _read(self, sub: object) -> None:
         cfg = self.config
         async for msg in follow(self.node, sub):  # type: ignore[arg-type]
+            summary = self._ignored.summary(time.monotonic())
+            if summary is not None:
+                log.warning("on %s: %s", cfg.results_topic, summary)
             try:
                 parsed = verify_message(
                     msg.data, job=cfg.job, coordinator=cfg.coordinator, peers=cfg.roster
                 )
-            except MessageError as exc:
-                log.warning("ignored a message on %s: %s", cfg.results_topic, exc)
+            except MessageError as exc:  # anyone can publish here: no sender to name
+                if self._ignored.refused(exc.reason, None, time.monotonic()):
+                    log.warning(
+                        "ignored a message on %s: %s (repeats are summed up every %.0f s)",
+                        cfg.results_topic,
+                        exc,
+                        self._ignored.every_s,
+                    )
                 continue
             if not isinstance(parsed, Status | Result):
                 continue
@@ -216,31 +229,28 @@ class Peer:
     async def _wait(
         self, ready: Callable[[], bool], step: float | None, deadline: float | None
     ) -> bool:
-        """Wait until ``ready()``, ``step`` seconds, the deadline, or coordinator silence.
+        """Wait until ``ready()``, ``step`` seconds from now, the deadline, or coordinator silence.
 
         True when ready; raises the "no coordinator" error once the coordinator has been
-        silent for ``coordinator_timeout_s``.
+        silent for ``coordinator_timeout_s``. Messages that leave ``ready()`` false wake the
+        wait but do not restart ``step``: the coordinator repeats itself every few seconds.
         """
+        until = deadline
+        if step is not None:
+            stop = time.monotonic() + step
+            until = stop if deadline is None else min(deadline, stop)
         async with self._news:
             while True:
                 if ready():
                     return True
-                now = time.monotonic()
                 silent_left = self.coordinator_timeout_s - self._silent_for()
                 if silent_left <= 0:
                     raise self._no_coordinator()
-                limit = silent_left
-                if step is not None:
-                    limit = min(limit, step)
-                if deadline is not None:
-                    limit = min(limit, deadline - now)
+                limit = silent_left if until is None else min(silent_left, until - time.monotonic())
                 if limit <= 0:
-                    return ready()
-                try:
+                    return False
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._news.wait(), limit)
-                except TimeoutError:
-                    if step is not None or (deadline is not None and time.monotonic() >= deadline):
-                        return ready()
 
     # -- publishing ----------------------------------------------------------------------
     async def publish(
@@ -338,7 +348,8 @@ class Peer:
     ) -> bool:
         """After an announcement stamped ``since_ms``: True once verified; False to announce
         again (not heard of within ``delay``, the run changed, or the deadline passed);
-        RefusedError if refused. Only statuses stamped after the announcement count."""
+        RefusedError if refused, or as soon as the round failed. Only statuses stamped after
+        the announcement count."""
         assert self.key is not None
         did = self.key.did
 
@@ -349,26 +360,30 @@ class Peer:
             return self.run != run or standing()[0] is not Standing.UNKNOWN
 
         await self._wait(moved, delay, deadline)
-        over_since: float | None = None
+        # A round over without a word about our input: its result may still be on its way,
+        # so wait for it until a fixed time. The coordinator's repeated statuses wake the wait
+        # but do not move that time (they used to restart it, so it never came).
+        over_until: float | None = None
         while self.run == run:  # heard of: wait for the verdict, without re-announcing
             where, reason = standing()
             if where is Standing.VERIFIED:
                 return True
-            if where is Standing.REFUSED:
-                raise RefusedError(self.config.job, round_, did, reason or "refused")
+            if where in (Standing.REFUSED, Standing.FAILED):
+                raise RefusedError(self.config.job, round_, did, reason or where.value)
             if where is Standing.UNKNOWN:
                 return False
-            if where is Standing.OVER:  # its result may still be on its way
-                over_since = over_since or time.monotonic()
-                if time.monotonic() - over_since >= _OVER_GRACE_S:
+            until = deadline
+            if where is Standing.OVER:
+                over_until = over_until or time.monotonic() + _OVER_GRACE_S
+                if time.monotonic() >= over_until:
                     raise RefusedError(self.config.job, round_, did, reason or "round over")
+                until = over_until if deadline is None else min(deadline, over_until)
             before = (where, reason)
 
             def changed(before: tuple[Standing, str | None] = before) -> bool:
                 return self.run != run or standing() != before
 
-            step = _OVER_GRACE_S if where is Standing.OVER else None
-            await self._wait(changed, step, deadline)
+            await self._wait(changed, None, until)
             if deadline is not None and time.monotonic() >= deadline:
                 return False
         return False

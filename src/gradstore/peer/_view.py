@@ -25,7 +25,8 @@ class Standing(Enum):
     RECEIVED = "received"  # journaled: stop announcing, it is being verified
     VERIFIED = "verified"  # verified (or aggregated): done
     REFUSED = "refused"  # refused or excluded, with a reason
-    OVER = "over"  # the round ended without it
+    FAILED = "failed"  # the round failed: no aggregate will come, so nothing to wait for
+    OVER = "over"  # the round ended without it (its result may still be on its way)
 
 
 @dataclass
@@ -115,7 +116,7 @@ class CoordinatorView:
             if reason is not None:
                 return Standing.REFUSED, reason
             if view.failed is not None:
-                return Standing.OVER, f"round {round_} failed: {view.failed}"
+                return Standing.FAILED, f"round {round_} failed: {view.failed}"
             lists = view.lists
             if lists is not None and self.roster.has(lists.verified, peer):
                 return Standing.VERIFIED, None

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from ...errors import AggregationError
-from .base import Linear, Method, MethodName, OrderStatistic, Selection
+from .base import MAX_KRUM_INPUTS, Linear, Method, MethodName, OrderStatistic, Selection
 from .fedavg import FedAvg, check_num_samples
 from .krum import Krum
 from .mean import Mean
@@ -38,6 +38,7 @@ def method_of(name: str, params: Mapping[str, Any]) -> Method:
 
 
 __all__ = [
+    "MAX_KRUM_INPUTS",
     "MEDIAN_MIN_INPUTS",
     "REGISTRY",
     "FedAvg",

@@ -9,7 +9,8 @@ branch on a method's name; they ask what kind of method it is:
   weighted);
 - ``OrderStatistic``: the mean of the sorted values at rows ``first .. stop - 1`` of every
   coordinate (median, trimmed_mean);
-- ``Selection``: Krum's scores choose inputs, which are then averaged (krum, multikrum).
+- ``Selection``: Krum's scores choose inputs, which are then averaged (krum, multikrum);
+  at most ``MAX_KRUM_INPUTS`` of them.
 """
 
 from __future__ import annotations
@@ -19,13 +20,25 @@ import numbers
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Final, Literal
 
-from ...errors import AggregationError
+from ...errors import AggregationError, TooManyInputsError
 
 MethodName = Literal[
     "sum", "mean", "fedavg", "weighted", "median", "trimmed_mean", "krum", "multikrum"
 ]
+
+
+#: The most inputs krum and multikrum take. Besides its inputs' windows, Krum as the
+#: coordinator and the auditor run it (streamed) holds three (n, n) float64 matrices at its
+#: peak (the Gram sum, a chunk's sum and a block's product; then the Gram sum, the distances
+#: and row blocks of them) and, per input, a float64 row of a 32 Ki-element block (256 KiB)
+#: and a window read of at most as much again (float64 when decompressed):
+#: 3 x 8 x n^2 + n x 512 KiB, 536 MiB at 1024 inputs (24 MiB of it for tiny tensors),
+#: within a 1 GiB budget that 2048 would break (1.1 GiB). The in-memory kernel holds two
+#: more matrices per worker thread. An auditor refuses a record listing more before it
+#: fetches an input: anyone can sign one.
+MAX_KRUM_INPUTS: Final = 1024
 
 
 @dataclass(frozen=True)
@@ -90,6 +103,8 @@ class Selection(Method):
 
     def validate(self, n: int) -> None:
         super().validate(n)
+        if n > MAX_KRUM_INPUTS:
+            raise TooManyInputsError(self.name, n, MAX_KRUM_INPUTS)
         f = self.f
         if n < 2 * f + 3:
             raise AggregationError(
