@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from ..errors import AggregationError
-from ._clip import NORM_SUMS, NormSum
+from ._clip import NORM_SUMS, OUTPUT_CLIPS, NormSum, OutputClip
 from .methods import REGISTRY, Method, method_of
 from .methods.base import number
 
@@ -41,6 +41,8 @@ class AggregationParams:
     clip_output_norm: float | None = None
     #: How norms sum their squares: set by the record's version, never stored in ``params``.
     norm_sum: NormSum = "sequential"
+    #: When output clipping rounds: set by the record's version, never stored in ``params``.
+    output_clip: OutputClip = "float64"
     strategy: Method = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -65,6 +67,8 @@ class AggregationParams:
                 object.__setattr__(self, name, bound)
         if self.norm_sum not in NORM_SUMS:
             raise AggregationError(f"unknown norm summation {self.norm_sum!r}")
+        if self.output_clip not in OUTPUT_CLIPS:
+            raise AggregationError(f"unknown output clipping rule {self.output_clip!r}")
 
     def validate(self, n_inputs: int) -> None:
         """Refuse (AggregationError) unless this method can honestly combine ``n_inputs`` inputs."""
@@ -81,16 +85,20 @@ class AggregationParams:
 
     @classmethod
     def from_record(
-        cls, method: str, params: Mapping[str, Any], norm_sum: NormSum = "sequential"
+        cls,
+        method: str,
+        params: Mapping[str, Any],
+        norm_sum: NormSum = "sequential",
+        output_clip: OutputClip = "float64",
     ) -> AggregationParams:
         """Rebuild parameters from :meth:`to_record`'s output; unknown keys are refused.
 
-        ``norm_sum`` comes from the record's version (round/2 and round/3 summed norms
-        blockwise-pairwise)."""
+        ``norm_sum`` and ``output_clip`` come from the record's version (round/2 and round/3
+        summed norms blockwise-pairwise and clipped the rounded output)."""
         unknown = sorted(set(params) - set(PARAMETERS))
         if unknown:
             raise AggregationError(f"unknown aggregation parameter(s): {', '.join(unknown)}")
         values = dict(params)
         if isinstance(values.get("weights"), list):
             values["weights"] = tuple(values["weights"])
-        return cls(method, **values, norm_sum=norm_sum)
+        return cls(method, **values, norm_sum=norm_sum, output_clip=output_clip)
