@@ -6,12 +6,19 @@ protocols too: callers test for them, not for a class. ``KuboDaemon`` and
 """
 
 from .._closing import Closing
-from ._config import MAX_PUBSUB_DATA, DaemonSettings, Retry, Timeouts
+from ._config import MAX_PUBSUB_DATA, Retry
 from ._follow import follow
 from .base import Node, NodeIdentity, PubsubMessage, Subscription
 from .capabilities import GuardedImport, SupportsCatInto, SupportsGuardedImport
-from .daemon import KuboDaemon, find_kubo_binary, stop_all
-from .kubo import KuboNode, KuboSubscription
+from .kubo import (
+    DaemonSettings,
+    KuboDaemon,
+    KuboNode,
+    KuboSubscription,
+    Timeouts,
+    find_kubo_binary,
+    stop_all,
+)
 from .local import LocalNode, LocalSubscription
 
 __all__ = [

@@ -1,6 +1,6 @@
 """``KuboNode``: the ``Node`` interface over Kubo's RPC API (``/api/v0``) with httpx.
 
-Request building and answer parsing live in ``kubo_rpc``; this module only
+Request building and answer parsing live in ``rpc``; this module only
 sends: one ``httpx.AsyncClient`` per node, retries for calls that are safe to
 repeat, streamed bodies and answers, and pubsub subscriptions that drain
 Kubo's stream on their own client.
@@ -16,23 +16,24 @@ from typing import TYPE_CHECKING, Any, cast
 
 import httpx
 
-from .._closing import AsyncClosing
-from ..dag.block import Block
-from ..dag.chunker import as_bytes_view
-from ..dag.cid import CID, verify_block
-from ..errors import (
+from ..._closing import AsyncClosing
+from ...dag.block import Block
+from ...dag.chunker import as_bytes_view
+from ...dag.cid import CID, verify_block
+from ...errors import (
     BlockNotFoundError,
     DAGError,
     IntegrityError,
     NodeError,
     NodeTimeoutError,
 )
-from . import _bulk
-from . import kubo_rpc as rpc
-from ._config import DEFAULT_API, DEFAULT_TIMEOUTS, Retry, Timeouts, check_pubsub_size
-from ._guarded_import import CanaryGuardedImport
-from ._subscription import QueuedSubscription
-from .base import NodeIdentity
+from .._config import Retry, check_pubsub_size
+from .._subscription import QueuedSubscription
+from ..base import NodeIdentity
+from . import bulk as _bulk
+from . import rpc
+from .guarded_import import CanaryGuardedImport
+from .settings import DEFAULT_API, DEFAULT_TIMEOUTS, Timeouts
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
