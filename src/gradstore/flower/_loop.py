@@ -14,7 +14,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from ..format import DEFAULT_LIMITS, Limits
-from ..node import KuboNode, Node
+from ..node import Node, connect
 from ..store import GradientStore
 
 T = TypeVar("T")
@@ -23,10 +23,11 @@ NodeSource = str | Callable[[], Node]
 
 
 def node_factory(node: NodeSource) -> Callable[[], Node]:
-    """A Kubo RPC URL, or a function that makes a Node (called on the private loop)."""
+    """A Kubo RPC URL (``gradstore.node.connect``), or a function that makes a Node (called on
+    the private loop)."""
     if isinstance(node, str):
         url = node
-        return lambda: KuboNode(url)
+        return lambda: connect(url)
     return node
 
 

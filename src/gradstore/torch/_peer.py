@@ -21,7 +21,6 @@ and a federated one (each peer trains locally, the job averages the model deltas
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from pathlib import Path
@@ -34,14 +33,11 @@ from ..errors import CoordinatorError
 from ..format import Gradient
 from ..job import JobConfig, load_job
 from ..messages import SigningKey
-from ..node import KuboNode, Node
+from ..node import Node, connect
 from ..peer import AggregateResult, Peer
 from ._convert import numpy_to_tensor, to_gradient
 
 T = TypeVar("T")
-
-#: Where the Kubo RPC API is, when neither ``api`` nor $GRADSTORE_API says.
-DEFAULT_API = "http://127.0.0.1:5001"
 
 #: What gradients are taken from: a module, or its ``named_parameters()``-like pairs.
 Parameters = torch.nn.Module | Iterable[tuple[str, torch.Tensor]]
@@ -89,9 +85,10 @@ class TorchPeer:
     """One peer of a job, for a synchronous PyTorch loop; use it as a context manager.
 
     ``config`` is a JobConfig or the path of a job file; ``key`` a SigningKey or the path
-    of a key file (None: await results only). The node is Kubo at ``api`` (default
-    $GRADSTORE_API, else http://127.0.0.1:5001), or what ``node()`` returns (called on
-    the peer's own event loop). ``timeout`` bounds each publish and each wait, in seconds.
+    of a key file (None: await results only). The node is Kubo at ``api`` (else where
+    ``gradstore.node.connect`` finds it: $GRADSTORE_API, $IPFS_PATH/api, 127.0.0.1:5001), or
+    what ``node()`` returns (called on the peer's own event loop). ``timeout`` bounds each
+    publish and each wait, in seconds.
     """
 
     def __init__(
@@ -107,9 +104,7 @@ class TorchPeer:
         self.config = config if isinstance(config, JobConfig) else load_job(config)
         self.key = key if isinstance(key, SigningKey) or key is None else SigningKey.load(key)
         if node is None:
-            url = api or os.environ.get("GRADSTORE_API") or DEFAULT_API
-            auth = os.environ.get("GRADSTORE_API_AUTH")
-            node = lambda: KuboNode(url, auth=auth)  # noqa: E731  (an httpx client per loop)
+            node = lambda: connect(api)  # noqa: E731  (an httpx client per loop)
         self._make_node = node
         self.timeout = timeout
         self._first_backoff_s = first_backoff_s
