@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import numpy as np
 
+from .._sync import LoopThread
 from ..dag import CID
 from ..format import CompressedGradient, Gradient, Limits
 from ..node import Closing, Node
@@ -14,10 +13,14 @@ from ._store import GradientStore, VerifyReport
 
 
 class SyncGradientStore(Closing):
-    """GradientStore with blocking methods; owns a private event loop until ``close()``."""
+    """GradientStore with blocking methods; owns a private event loop until ``close()``.
+
+    The loop runs in a thread of its own (``LoopThread``), so the methods work in a notebook
+    whose own loop is already running.
+    """
 
     def __init__(self, node: Node, *, limits: Limits | None = None) -> None:
-        self._runner = asyncio.Runner()
+        self._runner = LoopThread("gradstore-sync-store")
         self.store = GradientStore(node) if limits is None else GradientStore(node, limits=limits)
 
     def put(

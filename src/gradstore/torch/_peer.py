@@ -20,14 +20,13 @@ and a federated one (each peer trains locally, the job averages the model deltas
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 
+from .._sync import LoopThread
 from ..dag import CID
 from ..errors import CoordinatorError
 from ..format import Gradient
@@ -57,30 +56,6 @@ def snapshot(model: Parameters) -> dict[str, torch.Tensor]:
     return {name: p.detach().clone() for name, p in named_parameters(model).items()}
 
 
-class _LoopThread:
-    """An event loop running in a daemon thread; ``run`` blocks on one coroutine."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(
-            target=self.loop.run_forever, name="gradstore-torch-peer", daemon=True
-        )
-        self.thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        try:
-            return future.result()
-        except BaseException:  # KeyboardInterrupt in the caller: stop the step too
-            future.cancel()
-            raise
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join()
-        self.loop.close()
-
-
 class TorchPeer:
     """One peer of a job, for a synchronous PyTorch loop; use it as a context manager.
 
@@ -108,7 +83,7 @@ class TorchPeer:
         self._make_node = node
         self.timeout = timeout
         self._first_backoff_s = first_backoff_s
-        self._loop: _LoopThread | None = None
+        self._loop: LoopThread | None = None
         self._node: Node | None = None
         self._peer: Peer | None = None
 
@@ -123,7 +98,7 @@ class TorchPeer:
         """Start the event loop, connect to the node and subscribe to the job's results."""
         if self._loop is not None:
             return
-        self._loop = _LoopThread()
+        self._loop = LoopThread("gradstore-torch-peer")
 
         async def start() -> tuple[Node, Peer]:
             node = self._make_node()
