@@ -21,6 +21,9 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+RAISED_BY_MAX_BYTES = frozenset(("max_bytes", "max_elements"))
+"""The limits ``--max-bytes`` sets (``command_limits``); every other one is the default."""
+
 
 def parse_meta(items: list[str]) -> dict[str, Any]:
     """``k=v`` pairs: v as JSON when it parses (numbers, true/false/null, quoted strings), else a string."""
@@ -57,13 +60,12 @@ def named_limits(args: argparse.Namespace, what: str) -> Iterator[None]:
     try:
         yield
     except LimitExceededError as exc:
-        text = str(exc)
-        if any(word in text for word in ("max_bytes", "-byte limit", "max_elements")):
+        if exc.limit in RAISED_BY_MAX_BYTES:
             limit = command_limits(args).max_bytes
             hint = f"the limit is --max-bytes {limit}; pass a larger --max-bytes N to allow it"
         else:
             hint = "a limit every reader applies by default, which no option raises"
-        raise LimitExceededError(f"{what}: {text} ({hint})") from exc
+        raise LimitExceededError(f"{what}: {exc} ({hint})", exc.limit) from exc
 
 
 def check_limits(
