@@ -16,12 +16,11 @@ from typing import Any
 import numpy as np
 
 from ..errors import FormatError
+from ..files import check_npz_dtypes, is_safetensors
 from ..format import CompressedGradient, CompressedTensor, Gradient
 from ._documents import command_limits, named_limits
 from ._exit import UsageError
-from ._npz import check_npz_dtypes
-from ._output import announce_written
-from ._tensor_files import is_safetensors, save_gradient
+from ._output import announce_written, save_output
 from ._text import printable
 
 
@@ -32,7 +31,7 @@ def write_dense(
     ``decode`` do: decompressed if it is compressed, saying so on stderr once it is written."""
     with named_limits(args, subject):
         gradient, note = _dense_to_write(document, args, subject)
-    save_gradient(args.output, gradient)
+    save_output(args.output, gradient)
     if note is not None:
         print(note, file=sys.stderr)
     announce_written(args.output)

@@ -11,11 +11,11 @@ import argparse
 from collections.abc import Iterator
 
 from ..dag import file_cid
+from ..files import open_gradient
 from . import _exit
 from ._documents import check_limits, command_limits, parse_meta, read_document
 from ._exit import UsageError
 from ._output import announce_written, open_output
-from ._tensor_files import open_gradient
 
 _FILE_CHUNK = 16 << 20
 

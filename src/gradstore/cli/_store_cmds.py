@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..dag import CID
 from ..errors import CIDError, FormatError
+from ..files import load_gradient, open_gradient
 from ..format import EncodedDocument, Limits
 from ..store import GradientStore
 from . import _exit
@@ -29,10 +30,9 @@ from ._documents import (
     read_document,
 )
 from ._nodes import node_from_args
-from ._output import announce_written, check_target
+from ._output import announce_written, check_target, open_output
 from ._patience import Patience
 from ._progress import ProgressBar
-from ._tensor_files import load_gradient, open_gradient
 from ._text import printable
 
 if TYPE_CHECKING:
@@ -133,10 +133,10 @@ def _put_compressed(args: argparse.Namespace) -> object:
 
 def cmd_get(args: argparse.Namespace) -> int:
     """Fetch and verify; a dense document of NumPy's types goes to an ``.npz`` as bytes
-    (``_document_npz``: no NumPy), anything else is decoded (decompressed) and written."""
+    (``files.write_document_npz``: no NumPy), anything else is decoded (decompressed) and
+    written."""
+    from ..files import is_safetensors, write_document_npz, writes_as_bytes
     from ..format import read_header
-    from ._document_npz import write_document_npz, writes_as_bytes
-    from ._tensor_files import is_safetensors
 
     cid = CID.parse(args.cid)
     check_target(args.output)  # before fetching: a directory or a terminal cannot take it
@@ -150,7 +150,8 @@ def cmd_get(args: argparse.Namespace) -> int:
     with _refusals(args, str(cid)):
         header = read_header(buf, command_limits(args))
     if writes_as_bytes(header) and not args.float64 and not is_safetensors(args.output):
-        write_document_npz(args.output, header, buf)
+        with open_output(args.output) as out:
+            write_document_npz(out.stream, header, buf)
         announce_written(args.output)
         return _exit.SUCCESS
     from ..format import from_header
