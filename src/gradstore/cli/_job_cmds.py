@@ -45,7 +45,10 @@ def cmd_peer_publish(args: argparse.Namespace) -> int:
     gradient = load_gradient(args.gradient)
     # --compress: the residual is replaced once the coordinator verified the input
     document, taken = compressed_update(
-        args, gradient, default_residual=residual_next_to_key(args.key, config.job)
+        args.compress,
+        args.residual,
+        gradient,
+        default_residual=residual_next_to_key(args.key, config.job),
     )
 
     async def run() -> CID:
