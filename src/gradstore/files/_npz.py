@@ -1,4 +1,4 @@
-"""Gradients from and to ``.npz`` files, the CLI's exchange format (never pickled).
+"""Gradients from and to ``.npz`` files, gradstore's exchange format (never pickled).
 
 Stored (uncompressed) members, what ``np.savez`` writes, are read straight into their
 arrays and written straight from them (``_stored_zip``), CRC-32 checked either way;
