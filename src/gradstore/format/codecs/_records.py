@@ -1,7 +1,8 @@
 """What the codecs' payload methods share: records as NumPy rows, a bounded window of them
 at a time, float32 fields, and the error naming the first bad record.
 
-Imported by the codecs' payload methods only, so naming a codec loads no NumPy.
+NumPy is imported only inside ``f32``: these work on arrays they are given, so the codec
+modules import this at their top and still load no NumPy to name a codec.
 """
 
 from __future__ import annotations
@@ -9,14 +10,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Final
 
-import numpy as np
-
 from ...errors import InvalidDocumentError
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from .base import Codec
 
-Array = np.ndarray[Any, Any]
+    Array = np.ndarray[Any, Any]
 
 #: Payload bytes checked at a time, so what the checks hold stays bounded whatever the
 #: document's size (checked whole, a topk payload cost up to 16 times its size at once).
@@ -26,10 +27,8 @@ CHECK_WINDOW: Final = 1 << 20
 #: 12-bit position of 1.5 bytes unpacks to 8 bytes of int64, then to its difference).
 CHECK_SCRATCH_BYTES: Final = 20 * CHECK_WINDOW
 
-#: The smallest normal float32: a non-zero scale is at least this.
-MIN_NORMAL32: Final = float(np.finfo(np.float32).tiny)
-
-F64: Final = np.dtype(np.float64)
+#: The smallest normal float32 (2^-126): a non-zero scale is at least this.
+MIN_NORMAL32: Final = float.fromhex("0x1p-126")
 
 
 def rows(buf: Array, offset: int, n: int, size: int) -> Array:
@@ -39,6 +38,8 @@ def rows(buf: Array, offset: int, n: int, size: int) -> Array:
 
 def f32(raw: Array) -> Array:
     """Little-endian float32s from an (n, 4m) uint8 view."""
+    import numpy as np
+
     return np.ascontiguousarray(raw).view("<f4")
 
 
@@ -59,5 +60,5 @@ def windows(codec: Codec, payload: Array, count: int) -> Iterator[tuple[Array, i
 def fail(message: str, bad: Array, where: int, what: str, path: str) -> None:
     """Raise for the first True of ``bad`` (one per record), if any."""
     if bad.any():
-        index = where + int(np.argmax(bad))
+        index = where + int(bad.argmax())
         raise InvalidDocumentError(f"{what} {index}: {message}", path)

@@ -19,6 +19,7 @@ import dataclasses
 from abc import ABCMeta
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from functools import cache
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from ...errors import CompressionError, InvalidDocumentError
@@ -94,7 +95,7 @@ class Codec(metaclass=_ByName):
     @classmethod
     def params(cls) -> tuple[str, ...]:
         """Its parameters, in the order its map writes them (after ``name``)."""
-        return tuple(f.name for f in dataclasses.fields(cls))
+        return _params(cls)
 
     def fields(self) -> dict[str, Any]:
         """The codec map: ``name`` first, then the parameters in their order."""
@@ -215,6 +216,11 @@ class Codec(metaclass=_ByName):
             keep = (positions >= start) & (positions < stop)
             positions, values = positions[keep], values[keep]
         return positions - start, values
+
+
+@cache
+def _params(cls: type[Codec]) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
 
 
 def _where(cls: type) -> str:

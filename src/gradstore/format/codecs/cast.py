@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ...errors import CompressionError
+from ._records import CHECK_WINDOW
 from .base import Codec
 
 if TYPE_CHECKING:
@@ -45,7 +46,6 @@ class Cast(Codec):
 
     def finite(self, payload: Array, count: int) -> bool:
         """No value has every exponent bit set, looked at a window at a time."""
-        from ._records import CHECK_WINDOW
 
         bits = payload.view("<u2")
         step = CHECK_WINDOW // 2

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ...errors import CompressionError
+from ._records import MIN_NORMAL32, f32, fail, rows, windows
 from .base import DEFAULT_GROUP, MAX_GROUP, Codec, int_in, spec_int
 
 if TYPE_CHECKING:
@@ -49,10 +50,8 @@ class Int8(Codec):
     def validate(self, payload: Array, count: int, path: str) -> None:
         import numpy as np
 
-        from ._records import windows
-
-        for rows, _, where in windows(self, payload, count):
-            check_int8(rows[:, :4], rows[:, 4:].view(np.int8), where, path)
+        for window, _, where in windows(self, payload, count):
+            check_int8(window[:, :4], window[:, 4:].view(np.int8), where, path)
 
     def finite(self, payload: Array, count: int) -> bool:
         return True  # a valid scale is finite, and so is every product with it
@@ -60,17 +59,15 @@ class Int8(Codec):
     def read(self, buf: Array, count: int, first: int, start: int, stop: int, out: Array) -> Array:
         import numpy as np
 
-        from ._records import F64, f32, rows
-
         g = self.block
         end = min(count, -(-stop // g) * g)
         direct = first == start and end == stop
-        dense = out if direct else np.empty(end - first, F64)
+        dense = out if direct else np.empty(end - first, np.float64)
         for offset, n, length, at in self.runs(count, first, stop):
             records = rows(buf, offset, n, 4 + length)
-            scales = f32(records[:, :4]).astype(F64)
+            scales = f32(records[:, :4]).astype(np.float64)
             target = dense[at - first : at - first + n * length].reshape(n, length)
-            np.multiply(records[:, 4:].view(np.int8), scales, out=target, dtype=F64)
+            np.multiply(records[:, 4:].view(np.int8), scales, out=target, dtype=np.float64)
         if not direct:
             out[:] = dense[start - first : stop - first]
         return out
@@ -80,8 +77,6 @@ def check_int8(raw_scales: Array, q: Array, where: int, path: str, what: str = "
     """The int8 rules for records whose (n, 4) scale bytes are ``raw_scales`` and whose
     (n, m) values are ``q``; the first record is number ``where`` (a ``what``)."""
     import numpy as np
-
-    from ._records import MIN_NORMAL32, f32, fail
 
     scales = f32(raw_scales)[:, 0]
     with np.errstate(invalid="ignore"):

@@ -12,9 +12,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cache
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from ...errors import CompressionError, InvalidDocumentError
+from ._records import f32, fail, rows, windows
 from .base import DEFAULT_GROUP, MAX_GROUP, Codec, int_in, spec_int
 from .int8 import check_int8
 
@@ -125,19 +127,16 @@ class TopK(Codec):
 
     # -- checks ----------------------------------------------------------------------
     def validate(self, payload: Array, count: int, path: str) -> None:
-        from ._records import windows
 
-        for rows, length, where in windows(self, payload, count):
-            self._check(rows, self.kept(length), length, where, path)
+        for window, length, where in windows(self, payload, count):
+            self._check(window, self.kept(length), length, where, path)
 
-    def _check(self, rows: Array, kept: int, length: int, where: int, path: str) -> None:
+    def _check(self, records: Array, kept: int, length: int, where: int, path: str) -> None:
         import numpy as np
 
-        from ._records import fail
-
         header = self.header_nbytes()
-        values = rows[:, header : header + self.value_nbytes(kept)]
-        raw_index = rows[:, header + self.value_nbytes(kept) :]
+        values = records[:, header : header + self.value_nbytes(kept)]
+        raw_index = records[:, header + self.value_nbytes(kept) :]
         positions, pad = _positions(raw_index, kept, self.index == 12)
         fail("the padding bits of its positions must be zero", pad, where, "chunk", path)
         ascending = np.asarray((np.diff(positions, axis=1) > 0).all(axis=1))
@@ -159,9 +158,9 @@ class TopK(Codec):
                 path,
             )
         elif self.values == "int8":
-            check_int8(rows[:, :4], values.view(np.int8), where, path, "chunk")
+            check_int8(records[:, :4], values.view(np.int8), where, path, "chunk")
         else:
-            _check_levels(rows[:, :8], values, kept, where, path)
+            _check_levels(records[:, :8], values, kept, where, path)
 
     def finite(self, payload: Array, count: int) -> bool:
         """Scales and levels are finite by ``validate``'s rules: only bfloat16 values are
@@ -170,10 +169,8 @@ class TopK(Codec):
             return True
         import numpy as np
 
-        from ._records import windows
-
-        for rows, length, _ in windows(self, payload, count):
-            bits = np.ascontiguousarray(rows[:, : self.value_nbytes(self.kept(length))])
+        for window, length, _ in windows(self, payload, count):
+            bits = np.ascontiguousarray(window[:, : self.value_nbytes(self.kept(length))])
             if ((bits.view("<u2") & 0x7F80) == 0x7F80).any():
                 return False
         return True
@@ -188,8 +185,6 @@ class TopK(Codec):
     def entries(self, buf: Array, count: int, first: int, stop: int) -> tuple[Array, Array]:
         import numpy as np
 
-        from ._records import F64, rows
-
         positions: list[Array] = []
         values: list[Array] = []
         for offset, n, length, start in self.runs(count, first, stop):
@@ -201,7 +196,7 @@ class TopK(Codec):
             positions.append(pos.reshape(-1))
             values.append(self._values(records, kept).reshape(-1))
         if not positions:
-            return np.empty(0, np.int64), np.empty(0, F64)
+            return np.empty(0, np.int64), np.empty(0, np.float64)
         if len(positions) == 1:
             return positions[0], values[0]
         return np.concatenate(positions), np.concatenate(values)
@@ -210,18 +205,16 @@ class TopK(Codec):
         """The kept values of each record, exactly as float64: (n, kept)."""
         import numpy as np
 
-        from ._records import F64, f32
-
         header = self.header_nbytes()
         values = records[:, header : header + self.value_nbytes(kept)]
         if self.values == "bf16":
             bits = np.ascontiguousarray(values).view("<u2").astype(np.uint32) << 16
             with np.errstate(invalid="ignore"):  # a signalling NaN widens to a quiet one
-                return bits.view(np.float32).astype(F64)
+                return bits.view(np.float32).astype(np.float64)
         if self.values == "int8":
-            scales = f32(records[:, :4]).astype(F64)
-            return np.multiply(values.view(np.int8), scales, dtype=F64)
-        levels = f32(records[:, :8]).astype(F64)
+            scales = f32(records[:, :4]).astype(np.float64)
+            return np.multiply(values.view(np.int8), scales, dtype=np.float64)
+        levels = f32(records[:, :8]).astype(np.float64)
         codes = _codes(values)[:, :kept]
         magnitude = np.where((codes & 1) != 0, levels[:, 1:2], levels[:, 0:1])
         return np.where((codes & 2) != 0, -magnitude, magnitude)
@@ -230,8 +223,6 @@ class TopK(Codec):
 def _check_levels(raw: Array, packed: Array, kept: int, where: int, path: str) -> None:
     """The 2-bit rules: levels finite, >= +0.0, lo <= hi, each used as it must be."""
     import numpy as np
-
-    from ._records import f32, fail
 
     levels = f32(raw)
     lo, hi = levels[:, 0], levels[:, 1]
@@ -269,11 +260,17 @@ def _check_levels(raw: Array, packed: Array, kept: int, where: int, path: str) -
 
 def _codes(packed: Array) -> Array:
     """2-bit codes, four per byte, the first in the lowest bits: (n, 4 * bytes) uint8."""
+    n = packed.shape[0]
+    return ((packed[:, :, None] >> _shifts2()) & 3).reshape(n, -1)
+
+
+@cache
+def _shifts2() -> Array:
     import numpy as np
 
-    n = packed.shape[0]
     shifts = np.array([0, 2, 4, 6], np.uint8)
-    return ((packed[:, :, None] >> shifts) & 3).reshape(n, -1)
+    shifts.setflags(write=False)
+    return shifts
 
 
 def _positions(raw: Array, kept: int, twelve: bool) -> tuple[Array, Array]:
