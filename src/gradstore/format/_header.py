@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 from ..errors import InvalidDocumentError, LimitExceededError, MalformedDocumentError
-from ._codec import PARAMS, Codec
 from ._dtype_codes import DTYPES, FLOATS, ITEMSIZE
 from ._layout import (
     ALIGN,
@@ -30,6 +29,7 @@ from ._names import name_problem
 from ._pack import pack_str
 from ._paths import PathError, render
 from ._unpack import ARRAY, BIN, INT, MAP, STR, Reader
+from .codecs import MAX_TEXT, REGISTRY, Codec
 
 if TYPE_CHECKING:
     import numpy as np
@@ -189,7 +189,6 @@ def _read_meta(r: Reader, limits: Limits) -> dict[str, Any]:
 _WANT_MAP: Final = (
     "a map of exactly the keys format, meta, tensors (or format, meta, codec, tensors)"
 )
-_MAX_CODEC_TEXT: Final = 8  # the longest codec name or value format
 
 
 def _read_codec(r: Reader) -> Codec:
@@ -199,11 +198,12 @@ def _read_codec(r: Reader) -> Codec:
         raise InvalidDocumentError(f"codec must be a map, found {kind}", "$.codec")
     _expect(r, pack_str("name"), "key 'name' first", "$.codec")
     name = _codec_text(r, "name")
-    params = PARAMS.get(name)
-    if params is None:
+    cls = REGISTRY.get(name)
+    if cls is None:
         raise InvalidDocumentError(
-            f"unknown codec {name!r}; known: {', '.join(PARAMS)}", "$.codec.name"
+            f"unknown codec {name!r}; known: {', '.join(REGISTRY)}", "$.codec.name"
         )
+    params = cls.params()
     if count != 1 + len(params):
         raise InvalidDocumentError(
             f"codec {name} is a map of the keys {', '.join(('name', *params))}, found {count} keys",
@@ -212,21 +212,21 @@ def _read_codec(r: Reader) -> Codec:
     values: dict[str, Any] = {}
     for param in params:
         _expect(r, pack_str(param), f"key {param!r} next", "$.codec")
-        if param == "values":
+        if param in cls.text_params:
             values[param] = _codec_text(r, param)
             continue
         kind, arg = r.head()
         if kind is not INT:
             raise InvalidDocumentError(f"{param} must be an int, found {kind}", f"$.codec.{param}")
         values[param] = arg
-    return Codec(name, **values)  # range checks: InvalidDocumentError at $.codec.<param>
+    return cls(**values)  # range checks: InvalidDocumentError at $.codec.<param>
 
 
 def _codec_text(r: Reader, key: str) -> str:
     kind, n = r.head()
     if kind is not STR:
         raise InvalidDocumentError(f"{key} must be a str, found {kind}", f"$.codec.{key}")
-    if n > _MAX_CODEC_TEXT:
+    if n > MAX_TEXT:
         raise InvalidDocumentError(f"unknown {key} (a {n}-byte str)", f"$.codec.{key}")
     return r.text(n)
 
