@@ -31,7 +31,7 @@ MAX_DEPTH: Final = 64
 _TAG_CID: Final = 42
 _PROFILE_CODECS: Final = frozenset((RAW, DAG_PB, DAG_CBOR))
 _LINK_PREFIX: Final = b"\xd8\x2a"  # tag 42, minimally encoded
-_CID_V1_LEN: Final = 1 + 1 + 2 + SHA2_256_LEN  # 0x00 prefix, version, codec, multihash
+_CID_V1_LEN: Final = 1 + 1 + 1 + 2 + SHA2_256_LEN  # 0x00 prefix, version, codec, multihash
 _U16: Final = struct.Struct(">H")
 _U32: Final = struct.Struct(">L")
 _U64: Final = struct.Struct(">Q")
@@ -41,6 +41,12 @@ _HEAD_U16: Final = struct.Struct(">BH")
 _HEAD_U32: Final = struct.Struct(">BL")
 _HEAD_U64: Final = struct.Struct(">BQ")
 _HEAD_F64: Final = struct.Struct(">Bd")
+#: Everything a CIDv1 link holds before its digest, by codec: tag, byte-string head, 0x00
+#: multibase prefix, version, codec, sha2-256 multihash head.
+_LINK_V1_HEADS: Final = {
+    codec: _LINK_PREFIX + bytes((0x58, _CID_V1_LEN, 0x00, 0x01, codec, SHA2_256, SHA2_256_LEN))
+    for codec in _PROFILE_CODECS
+}
 _SMALL: Final = tuple(tuple(bytes((major << 5 | n,)) for n in range(24)) for major in range(8))
 _FALSE, _TRUE, _NULL = b"\xf4", b"\xf5", b"\xf6"
 _INT_LIMIT: Final = 1 << 64
@@ -150,31 +156,52 @@ def _encode_list(value: list[Any], out: bytearray, depth: int) -> None:
             raise
 
 
-def _key_order(pair: tuple[bytes, object]) -> tuple[int, bytes]:
-    return len(pair[0]), pair[0]
+def _key_order(pair: tuple[object, bytes]) -> tuple[int, bytes]:
+    return len(pair[1]), pair[1]
+
+
+def _plan(keys: tuple[object, ...]) -> tuple[tuple[Any, bytes], ...]:
+    """A map's keys in canonical order, each with its encoding (head and UTF-8)."""
+    pairs = []
+    for key in keys:
+        if not isinstance(key, str):
+            raise _Unencodable(f"map key {key!r:.40} (keys are text)")
+        pairs.append((key, _utf8(key)))
+    pairs.sort(key=_key_order)
+    plan = tuple((key, _head(3, len(raw)) + raw) for key, raw in pairs)
+    if len(keys) <= _PLANNED_KEYS:  # the same few shapes recur: every input of a record
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[keys] = plan
+    return plan
+
+
+#: Key plans of small maps, by their keys in insertion order.
+_PLANS: Final[dict[tuple[object, ...], tuple[tuple[Any, bytes], ...]]] = {}
+_PLANNED_KEYS: Final = 16
+_MAX_PLANS: Final = 256
 
 
 def _encode_dict(value: dict[Any, Any], out: bytearray, depth: int) -> None:
     if depth <= 0:
         raise _Unencodable("arrays and maps nested deeper than the bound")
-    pairs = []
-    for key, item in value.items():
-        if not isinstance(key, str):
-            raise _Unencodable(f"map key {key!r:.40} (keys are text)")
-        pairs.append((_utf8(key), item))
-    pairs.sort(key=_key_order)
-    out += _head(5, len(pairs))
-    for raw, item in pairs:
-        out += _head(3, len(raw))
-        out += raw
+    keys = tuple(value)
+    plan = _PLANS.get(keys) or _plan(keys)
+    out += _head(5, len(plan))
+    for key, encoded in plan:
+        out += encoded
         try:
-            _encode(item, out, depth - 1)
+            _encode(value[key], out, depth - 1)
         except _Unencodable as exc:
-            exc.path.append("." + raw.decode())
+            exc.path.append(f".{key}")
             raise
 
 
 def _encode_cid(value: CID, out: bytearray, depth: int) -> None:
+    if value.version == 1:  # the profile's codecs are one-byte varints
+        out += _LINK_V1_HEADS[value.codec]
+        out += value.digest
+        return
     raw = value.bytes
     out += _LINK_PREFIX
     out += _head(2, len(raw) + 1)
@@ -212,8 +239,10 @@ def _item(buf: bytes | memoryview, pos: int, end: int, depth: int) -> tuple[Any,
     """The value at ``pos`` and the offset after it."""
     if pos >= end:
         raise _fail("truncated, a value is missing", pos)
-    start = pos
     initial = buf[pos]
+    if initial < 24:  # the commonest item: a small unsigned integer
+        return initial, pos + 1
+    start = pos
     major = initial >> 5
     info = initial & 0x1F
     pos += 1
@@ -292,7 +321,7 @@ def _item(buf: bytes | memoryview, pos: int, end: int, depth: int) -> tuple[Any,
 
 def _text(raw: bytes | memoryview, at: int) -> str:
     try:
-        return str(raw, "utf-8")
+        return raw.decode() if type(raw) is bytes else str(raw, "utf-8")
     except UnicodeDecodeError as exc:
         raise _fail(f"text is not UTF-8 ({exc.reason})", at) from None
 
@@ -315,7 +344,9 @@ def _map(
             pos += 1
             if length > end - pos:
                 raise _fail(f"key of {length} bytes runs past the end", at)
-            raw = bytes(buf[pos : pos + length])
+            raw = buf[pos : pos + length]
+            if type(raw) is not bytes:  # a memoryview's slice, for the comparisons below
+                raw = bytes(raw)
             pos += length
         elif initial >> 5 == 3:
             key, pos = _item(buf, pos, end, 0)  # the head's checks, bounds and UTF-8
