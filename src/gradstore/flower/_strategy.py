@@ -5,8 +5,9 @@ The inner Flower strategy (FedAvg by default) picks the clients, builds the inst
 aggregates the metrics and runs evaluation; gradstore takes the arrays. Every reply
 becomes a verified gradstore/1 document (put from the arrays it carried, or fetched by
 the CID it announced, every block hashed), the documents are aggregated in peer order
-with the coordinator's own code (``coordinator.closing.close_round``: the aggregate is
-stored and pinned, the record is signed, stored and pinned the same way), and Flower gets
+with the coordinator's own round kernel (``gradstore.coordinator``: each input is verified
+by ``verify_input`` or ``verify_gradient``, the round closed by ``close_round``: the aggregate
+is stored and pinned, the record signed, stored and pinned the same way), and Flower gets
 the aggregate read back from the record's output CID, with the record's CID in the
 round's metrics. A reply that fails a check is excluded with its reason; the round goes on.
 """
@@ -27,25 +28,23 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Strategy
 
-from ..aggregate import METHODS, global_norm
 from ..aggregate.methods import MethodName
-from ..coordinator.binding import Claim, duplicates
-from ..coordinator.closing import close_round
-from ..coordinator.inputs import ByteBudget, InputRefused, VerifiedInput, verify_input
-from ..coordinator.journal import new_run_id
-from ..coordinator.rounds import Schema, schema_of, schema_text
-from ..dag import CID, file_cid
-from ..errors import AggregationError, GradstoreError, IntegrityError, NodeError
-from ..format import (
-    DEFAULT_LIMITS,
-    EncodedDocument,
-    Gradient,
-    Limits,
-    TensorInfo,
-    all_finite,
-    dtype_code,
-    encode,
+from ..coordinator import (
+    ByteBudget,
+    Claim,
+    InputRefused,
+    Schema,
+    VerifiedInput,
+    close_round,
+    duplicates,
+    new_run_id,
+    verify_gradient,
+    verify_input,
 )
+from ..coordinator import tensor_infos as tensor_infos  # its former home (tests import it here)
+from ..dag import CID
+from ..errors import AggregationError, GradstoreError, NodeError
+from ..format import DEFAULT_LIMITS, Gradient, Limits, dtype_code
 from ..job import JobConfig
 from ..messages import Announce, SigningKey, announcement_signature, encode_message
 from ..messages.schema import check_job
@@ -155,7 +154,7 @@ class GradstoreStrategy(Strategy, Closing):
             job=job,
             coordinator=self.key.did,
             peers=(),
-            method=_method(method),
+            method=cast(MethodName, method),  # an unknown name is refused just below
             weights=dict(weights or {}),
             trim_ratio=trim_ratio,
             byzantine=byzantine,
@@ -425,42 +424,34 @@ class GradstoreStrategy(Strategy, Closing):
             self._announced.pop(peer, None)
         return [v for v in verified if v.peer not in repeated]
 
+    def _claim(self, ins: Instruction, c: Candidate) -> Claim:
+        """What ``c``'s reply says of its document: the round kernel checks the document's meta."""
+        return Claim(c.peer, ins.round, ins.job, c.num_samples, ins.run, self.require_bound_meta)
+
     async def _from_arrays(
         self, store: GradientStore, ins: Instruction, c: Candidate
     ) -> VerifiedInput:
-        """Arrays that came through Flower: checked, encoded, CID compared, stored and pinned."""
-        start = time.perf_counter()
+        """Arrays that came through Flower, as the document the client would have stored:
+        verified by the round kernel, stored and pinned."""
         assert c.tensors is not None
         meta = reply_meta(ins.job, ins.run, ins.round, c.peer, c.num_samples)
         try:
             gradient = Gradient(c.tensors, meta)
         except (GradstoreError, TypeError, ValueError) as exc:
             raise Refused(c.node_id, c.peer, f"malformed: {exc}", c.cid) from None
-        schema, problem = await asyncio.to_thread(_check, gradient, self._schema)
-        if problem is not None:
-            raise Refused(c.node_id, c.peer, problem, c.cid)
-        document = encode(gradient)
-        cid = await asyncio.to_thread(file_cid, document)
-        if c.cid is not None and cid != c.cid.to_v1():
-            raise Refused(
-                c.node_id,
+        try:
+            return await verify_gradient(
+                store,
                 c.peer,
-                f"integrity: the arrays make document {cid}, the signed reply names {c.cid}",
-                c.cid,
+                gradient,
+                c.num_samples,
+                expected=self._schema,
+                clip=self._job.clip_input_norm is not None,
+                claim=self._claim(ins, c),
+                announced=c.cid,
             )
-        stored = await store.put_document(document)
-        norm = global_norm(gradient.tensors) if self._job.clip_input_norm is not None else None
-        return VerifiedInput(
-            c.peer,
-            stored,
-            c.num_samples,
-            document.size,
-            schema,
-            norm,
-            gradient,
-            tensor_infos(gradient, document),
-            time.perf_counter() - start,
-        )
+        except InputRefused as exc:
+            raise Refused(c.node_id, c.peer, exc.reason, c.cid) from None
 
     async def _from_cid(
         self, store: GradientStore, ins: Instruction, c: Candidate
@@ -483,18 +474,10 @@ class GradstoreStrategy(Strategy, Closing):
                 budget=self._budget,
                 keep=self._keep,
                 clip=self._job.clip_input_norm is not None,
-                claim=Claim(
-                    c.peer, ins.round, ins.job, c.num_samples, ins.run, self.require_bound_meta
-                ),
+                claim=self._claim(ins, c),
             )
         except InputRefused as exc:
             raise Refused(c.node_id, c.peer, exc.reason, c.cid) from None
-        except IntegrityError as exc:  # the node served a block that is not its CID's
-            raise Refused(c.node_id, c.peer, f"integrity: {exc}", c.cid) from None
-        except (NodeError, TimeoutError):
-            raise
-        except GradstoreError as exc:  # a CID outside the profile, ...
-            raise Refused(c.node_id, c.peer, f"malformed: {exc}", c.cid) from None
 
     async def _close(
         self,
@@ -548,30 +531,6 @@ class GradstoreStrategy(Strategy, Closing):
         return metrics if isinstance(metrics, MetricRecord) else MetricRecord()
 
 
-def tensor_infos(gradient: Gradient, document: EncodedDocument) -> dict[str, TensorInfo]:
-    """Where each tensor's data sits in ``document`` (what ``read_header`` would say).
-
-    The document streams the arrays' own memory, so each tensor's data is the piece that
-    shares memory with it; its offset is the length of the pieces before it. (An empty
-    tensor has nothing to read back; its offset is only a position at or before its place.)
-    """
-    pieces = list(document)
-    starts = np.cumsum([0, *(p.nbytes for p in pieces)])
-    infos: dict[str, TensorInfo] = {}
-    at = 0
-    for name, arr in sorted(gradient.tensors.items(), key=lambda kv: kv[0].encode()):
-        offset = int(starts[at])
-        if arr.nbytes:
-            while not np.shares_memory(np.asarray(pieces[at]), arr):
-                at += 1
-            offset = int(starts[at])
-            at += 1
-        code = dtype_code(arr.dtype)
-        assert code is not None  # the gradient was built: its dtypes are storable
-        infos[name] = TensorInfo(name, code, tuple(arr.shape), offset, int(arr.nbytes))
-    return infos
-
-
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -579,23 +538,3 @@ def _now_ms() -> int:
 def _reason(text: str) -> str:
     text = " ".join(text.split()) or "refused"
     return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 3] + "..."
-
-
-def _check(gradient: Gradient, expected: Schema | None) -> tuple[Schema, str | None]:
-    """The gradient's schema, and why it cannot enter the round (or None)."""
-    schema = schema_of(gradient)
-    if expected is not None and schema != expected:
-        return schema, (
-            f"schema-mismatch: expected {schema_text(expected)}, got {schema_text(schema)}"
-        )
-    for name, arr in gradient.tensors.items():
-        if not all_finite(arr):
-            return schema, f"non-finite: tensor {name!r} holds NaN or Inf"
-    return schema, None
-
-
-def _method(name: str) -> MethodName:
-    """A method name gradstore knows (AggregationError naming the known ones otherwise)."""
-    if name not in METHODS:
-        raise AggregationError(f"unknown aggregation method {name!r} (one of {', '.join(METHODS)})")
-    return cast(MethodName, name)
