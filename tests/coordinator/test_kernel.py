@@ -168,3 +168,21 @@ def test_a_document_error_anywhere_in_an_attempt_is_a_refusal(kubo: KuboDaemon) 
             return info.value.reason
 
     assert asyncio.run(run()).startswith("integrity: ")
+
+
+def test_the_fetch_plan_waits_by_the_shared_backoff() -> None:
+    from gradstore.coordinator.fetch_plan import FetchPlan
+
+    plan = FetchPlan(workers=1)
+    plan.add((1, "p"))
+    waits: list[float] = []
+    now = 0.0
+    while True:
+        key, _ = plan.next(now)
+        assert key == (1, "p")
+        at = plan.retry(key, now)
+        if at is None:
+            break
+        waits.append(at - now)
+        now = at
+    assert waits == list(coordinator.FETCH_RETRY.delays()) == [0.5, 1.0, 2.0]

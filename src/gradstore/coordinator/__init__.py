@@ -11,6 +11,7 @@ all exported here.
 from .admission import Admission, AdmissionState, Verdict, admit
 from .journal import Journal
 from .kernel import (
+    FETCH_RETRY,
     ByteBudget,
     Claim,
     Closed,
@@ -32,6 +33,7 @@ from .rounds import PeerState, RoundBook, Slot
 from .service import Coordinator, Progress, RoundOutcome, format_outcome
 
 __all__ = [
+    "FETCH_RETRY",
     "Admission",
     "AdmissionState",
     "ByteBudget",

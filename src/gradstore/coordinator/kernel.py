@@ -7,7 +7,8 @@
   give a ``VerifiedInput``, or raise ``InputRefused`` with the reason;
 - ``duplicates``: the announcements that repeat a CID another announced first;
 - ``close_round``: aggregate the verified inputs, store the aggregate and the signed record;
-- ``ByteBudget``: how many bytes of documents are held at once;
+- ``ByteBudget``: how many bytes of documents are held at once; ``FETCH_RETRY``: the waits
+  between the attempts at an input;
 - ``new_run_id``: a fresh run's id; ``Schema``, ``schema_of``, ``schema_text``.
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from .binding import Claim, check_binding, duplicates
 from .closing import Closed, close_round
+from .fetch_plan import FETCH_RETRY
 from .inputs import (
     ByteBudget,
     InputRefused,
@@ -28,6 +30,7 @@ from .journal import new_run_id
 from .rounds import Schema, schema_of, schema_text
 
 __all__ = [
+    "FETCH_RETRY",
     "ByteBudget",
     "Claim",
     "Closed",

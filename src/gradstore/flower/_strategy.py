@@ -30,6 +30,7 @@ from flwr.serverapp.strategy import FedAvg, Strategy
 
 from ..aggregate.methods import MethodName
 from ..coordinator import (
+    FETCH_RETRY,
     ByteBudget,
     Claim,
     InputRefused,
@@ -389,14 +390,13 @@ class GradstoreStrategy(Strategy, Closing):
             return None
 
         pending = candidates
-        delay = 0.5
-        for attempt in range(self.fetch_attempts):
-            if attempt:
-                await asyncio.sleep(delay)
-                delay *= 2
+        delays = replace(FETCH_RETRY, retries=self.fetch_attempts - 1).delays()
+        while True:
             pending = [c for c in await asyncio.gather(*(one(c) for c in pending)) if c]
-            if not pending:
+            delay = next(delays, None)
+            if not pending or delay is None:
                 break
+            await asyncio.sleep(delay)
         for c in pending:
             refused.append(
                 Refused(
