@@ -157,9 +157,15 @@ class GradstoreStrategy(Strategy, Closing):
             peers=(),
             method=cast(MethodName, method),  # an unknown name is refused just below
             weights=dict(weights or {}),
-            trim_ratio=trim_ratio,
-            byzantine=byzantine,
-            select=select,
+            method_params={
+                k: v
+                for k, v in (
+                    ("trim_ratio", trim_ratio),
+                    ("byzantine", byzantine),
+                    ("select", select),
+                )
+                if v is not None
+            },
             clip_input_norm=clip_input_norm,
             clip_output_norm=clip_output_norm,
             limits=limits,
