@@ -17,10 +17,10 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from logging import INFO, WARNING
-from typing import Any, Final, Literal, cast
+from typing import Any, Final, Literal
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
@@ -28,7 +28,6 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Strategy
 
-from ..aggregate.methods import MethodName
 from ..coordinator import (
     FETCH_RETRY,
     ByteBudget,
@@ -45,7 +44,7 @@ from ..coordinator import (
 from ..coordinator import tensor_infos as tensor_infos  # its former home (tests import it here)
 from ..dag import CID
 from ..errors import AggregationError, GradstoreError, NodeError
-from ..format import DEFAULT_LIMITS, Gradient, Limits, dtype_code
+from ..format import Gradient, dtype_code
 from ..job import JobConfig
 from ..messages import Announce, SigningKey, announcement_signature, encode_message
 from ..messages.schema import check_job
@@ -53,6 +52,7 @@ from ..node import Closing
 from ..store import GradientStore
 from ._arrays import arrays_to_tensors, tensors_to_arrays
 from ._inner import check_inner
+from ._job import job_config
 from ._loop import NodeLoop, NodeSource
 from ._protocol import (
     CONFIG_KEY,
@@ -96,9 +96,13 @@ class GradstoreStrategy(Strategy, Closing):
 
     ``node``: the Kubo RPC URL (or a function making a ``Node``) where documents, aggregates
     and records are stored and pinned. ``key``: the coordinator's signing key (a fresh one
-    when None; its did signs every record). ``peers``: the dids allowed to contribute
-    (None: any signed client, plus unsigned ones when ``allow_unsigned``). ``method`` and
-    the parameters after it are gradstore's aggregation (``gradstore.aggregate``).
+    when None; its did signs every record). ``config``: the job, as a gradstore job file
+    states it (``load_job``): its name, its coordinator (``key``'s did), its ``peers`` (the
+    dids allowed to contribute; none listed: any signed client, plus unsigned ones when
+    ``allow_unsigned``), its ``[aggregation]`` (gradstore's method and parameters), its
+    ``[limits]`` and its ``[inputs]``; its rounds are Flower's and its schema the global
+    model's. Without ``config``, the keywords it replaces build one (``job="flower"``,
+    ``method=``, ``trim_ratio=``, ..., ``peers=``, ``limits=``, ``require_bound_meta=``).
     ``model_via="ipfs"`` sends the global model by CID too (clients read it with
     ``GradstoreClient.model``), so Flower's messages carry no arrays either way.
     ``memory_bytes`` bounds the documents being verified at once and ``keep_bytes`` those
@@ -107,8 +111,9 @@ class GradstoreStrategy(Strategy, Closing):
     (FedMedian, FedAdam, ...) is refused unless ``replace_aggregation`` (see ``_inner``).
     A document announced by CID must be the announcing client's: the keys of its meta
     (peer, round, job, run, num_samples) must agree with the announcement, and with
-    ``require_bound_meta`` it must name its peer, round and job; a CID another reply of the
-    round already announced is refused (``duplicate-cid``; the first reply keeps it).
+    ``[inputs] require_bound_meta`` it must name its peer, round and job; a CID another
+    reply of the round already announced is refused (``duplicate-cid``; the first reply
+    keeps it).
     """
 
     def __init__(
@@ -117,59 +122,44 @@ class GradstoreStrategy(Strategy, Closing):
         *,
         node: NodeSource,
         key: SigningKey | None = None,
-        job: str = "flower",
-        method: str = "fedavg",
-        weights: Mapping[str, float] | None = None,
-        trim_ratio: float | None = None,
-        byzantine: int | None = None,
-        select: int | None = None,
-        clip_input_norm: float | None = None,
-        clip_output_norm: float | None = None,
-        peers: Collection[str] | None = None,
+        config: JobConfig | None = None,
         allow_unsigned: bool = True,
         model_via: Literal["flower", "ipfs"] = "flower",
-        limits: Limits = DEFAULT_LIMITS,
         resolve_timeout_s: float = 10.0,
         fetch_attempts: int = 3,
         memory_bytes: int = DEFAULT_KEEP_BYTES,
         keep_bytes: int = DEFAULT_KEEP_BYTES,
         replace_aggregation: bool = False,
-        require_bound_meta: bool = False,
+        **keywords: Any,
     ) -> None:
         self.inner: Strategy = inner if inner is not None else FedAvg()
         check_inner(self.inner, replace_aggregation=replace_aggregation)
-        self.key = key if key is not None else SigningKey.generate()
-        self.job = check_job("job", job)
+        if config is None:
+            self.key = key if key is not None else SigningKey.generate()
+            config = job_config(self.key.did, **keywords)
+        elif keywords:
+            raise TypeError(
+                f"pass config or the keywords it replaces ({', '.join(sorted(keywords))}), not both"
+            )
+        elif key is None or key.did != config.coordinator:
+            raise ValueError(
+                f"the job's coordinator is {config.coordinator}: pass its key (key=...)"
+            )
+        else:
+            self.key = key
+        self.job = check_job("job", config.job)
         self.run_id = new_run_id()
-        self.peers = None if peers is None else frozenset(peers)
+        self.peers = frozenset(config.peers) or None
         self.allow_unsigned = allow_unsigned
         if model_via not in ("flower", "ipfs"):
             raise ValueError(f"model_via must be 'flower' or 'ipfs', got {model_via!r}")
         self.model_via = model_via
-        self.limits = limits
+        self.limits = config.limits
         self.resolve_timeout_s = resolve_timeout_s
         self.fetch_attempts = max(1, fetch_attempts)
-        self.require_bound_meta = require_bound_meta
+        self.require_bound_meta = config.inputs.require_bound_meta
         self.weighted_by_key: str = getattr(self.inner, "weighted_by_key", "num-examples")
-        self._job = JobConfig(
-            job=job,
-            coordinator=self.key.did,
-            peers=(),
-            method=cast(MethodName, method),  # an unknown name is refused just below
-            weights=dict(weights or {}),
-            method_params={
-                k: v
-                for k, v in (
-                    ("trim_ratio", trim_ratio),
-                    ("byzantine", byzantine),
-                    ("select", select),
-                )
-                if v is not None
-            },
-            clip_input_norm=clip_input_norm,
-            clip_output_norm=clip_output_norm,
-            limits=limits,
-        )
+        self._job = config
         self._job.params_for([])  # refuse a misplaced parameter now, not at round 1
         self.history: dict[int, FlowerRound] = {}
         self._secret = secrets.token_bytes(32)
@@ -182,7 +172,7 @@ class GradstoreStrategy(Strategy, Closing):
         self._did_nodes: dict[str, int] = {}
         self._budget = ByteBudget(memory_bytes)
         self._keep = ByteBudget(keep_bytes)
-        self._io = NodeLoop(node, limits=limits, name="gradstore-flower-strategy")
+        self._io = NodeLoop(node, limits=self.limits, name="gradstore-flower-strategy")
 
     # -- lifecycle -------------------------------------------------------------
     def close(self) -> None:
