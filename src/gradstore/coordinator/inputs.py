@@ -20,7 +20,9 @@ and the fetch plan may try again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -35,7 +37,6 @@ from ..aggregate import (
 from ..dag import CID, RAW, Block, FileAssembler, file_cid
 from ..errors import (
     DAGError,
-    FormatError,
     GradstoreError,
     IntegrityError,
     LimitExceededError,
@@ -163,83 +164,46 @@ async def verify_input(
 
     ``claim``: what the announcement says of the document (None: not checked). Whatever
     the document does wrong is an ``InputRefused``; only the node's failures pass through."""
-    try:
-        return await _verify_input(
-            node,
-            store,
-            peer,
-            cid,
-            num_samples,
-            expected=expected,
-            resolve_timeout_s=resolve_timeout_s,
-            budget=budget,
-            keep=keep,
-            clip=clip,
-            claim=claim,
-        )
-    except (InputRefused, NodeError):
-        raise
-    except IntegrityError as exc:  # a block that is not its CID's, wherever it came up
-        raise InputRefused(f"integrity: {exc}") from None
-    except GradstoreError as exc:  # a CID outside the profile, ...
-        raise InputRefused(f"malformed: {exc}") from None
-
-
-async def _verify_input(
-    node: Node,
-    store: GradientStore,
-    peer: str,
-    cid: CID,
-    num_samples: int,
-    *,
-    expected: Schema | None,
-    resolve_timeout_s: float,
-    budget: ByteBudget,
-    keep: ByteBudget,
-    clip: bool,
-    claim: Claim | None,
-) -> VerifiedInput:
-    start = time.perf_counter()
-    size, root = await root_block(node, cid, store.limits, resolve_timeout_s)
-    held = size + SCRATCH_BYTES
-    await budget.acquire(held)
-    kept = False
-    try:
-        timeout = resolve_timeout_s + size / MIN_RATE_BYTES_S
-        limits = store.limits
+    with _as_refusal():
+        start = time.perf_counter()
+        size, root = await root_block(node, cid, store.limits, resolve_timeout_s)
+        held = size + SCRATCH_BYTES
+        await budget.acquire(held)
+        kept = False
         try:
-            if cid.codec == RAW:  # a one-block document: the root is all of it
-                buf: Any = root
-            else:
-                buf = await asyncio.wait_for(store.fetch_document(cid), timeout)
-            # off the loop: a compressed payload's checks take time in proportion to it
-            gradient, header = await asyncio.to_thread(decode_with_header, buf, limits)
-        except IntegrityError as exc:
-            raise InputRefused(f"integrity: {exc}") from None
-        except LimitExceededError as exc:
-            raise InputRefused(f"too-large: {exc}") from None
-        except (FormatError, DAGError) as exc:
-            raise InputRefused(f"malformed: {exc}") from None
-        _check_claim(gradient, claim)
-        schema, problem, norm = await asyncio.to_thread(check_gradient, gradient, expected, clip)
-        if problem is not None:
-            raise InputRefused(problem)
-        await asyncio.wait_for(node.pin(cid), timeout)
-        kept = keep.try_take(size)
-        return VerifiedInput(
-            peer,
-            cid,
-            num_samples,
-            size,
-            schema,
-            norm,
-            gradient if kept else None,
-            {t.name: t for t in header.tensors},
-            time.perf_counter() - start,
-            header.codec,
-        )
-    finally:
-        await budget.release(held)
+            timeout = resolve_timeout_s + size / MIN_RATE_BYTES_S
+            limits = store.limits
+            try:
+                if cid.codec == RAW:  # a one-block document: the root is all of it
+                    buf: Any = root
+                else:
+                    buf = await asyncio.wait_for(store.fetch_document(cid), timeout)
+                # off the loop: a compressed payload's checks take time in proportion to it
+                gradient, header = await asyncio.to_thread(decode_with_header, buf, limits)
+            except LimitExceededError as exc:  # the rest: see _as_refusal
+                raise InputRefused(f"too-large: {exc}") from None
+            _check_claim(gradient, claim)
+            schema, problem, norm = await asyncio.to_thread(
+                check_gradient, gradient, expected, clip
+            )
+            if problem is not None:
+                raise InputRefused(problem)
+            await asyncio.wait_for(node.pin(cid), timeout)
+            kept = keep.try_take(size)
+            return VerifiedInput(
+                peer,
+                cid,
+                num_samples,
+                size,
+                schema,
+                norm,
+                gradient if kept else None,
+                {t.name: t for t in header.tensors},
+                time.perf_counter() - start,
+                header.codec,
+            )
+        finally:
+            await budget.release(held)
 
 
 async def verify_gradient(
@@ -256,29 +220,30 @@ async def verify_gradient(
     """An input that came as arrays, not fetched: bound and checked as ``verify_input`` does,
     then encoded, its CID compared with ``announced`` (the one its peer signed, if any), and
     stored and pinned. It stays in memory (its arrays are there already)."""
-    start = time.perf_counter()
-    _check_claim(gradient, claim)
-    schema, problem, norm = await asyncio.to_thread(check_gradient, gradient, expected, clip)
-    if problem is not None:
-        raise InputRefused(problem)
-    document = encode(gradient)
-    cid = await asyncio.to_thread(file_cid, document)
-    if announced is not None and cid != announced.to_v1():
-        raise InputRefused(
-            f"integrity: the arrays make document {cid}, the signed reply names {announced}"
+    with _as_refusal():
+        start = time.perf_counter()
+        _check_claim(gradient, claim)
+        schema, problem, norm = await asyncio.to_thread(check_gradient, gradient, expected, clip)
+        if problem is not None:
+            raise InputRefused(problem)
+        document = encode(gradient)
+        cid = await asyncio.to_thread(file_cid, document)
+        if announced is not None and cid != announced.to_v1():
+            raise InputRefused(
+                f"integrity: the arrays make document {cid}, the signed reply names {announced}"
+            )
+        stored = await store.put_document(document)
+        return VerifiedInput(
+            peer,
+            stored,
+            num_samples,
+            document.size,
+            schema,
+            norm,
+            gradient,
+            tensor_infos(gradient, document),
+            time.perf_counter() - start,
         )
-    stored = await store.put_document(document)
-    return VerifiedInput(
-        peer,
-        stored,
-        num_samples,
-        document.size,
-        schema,
-        norm,
-        gradient,
-        tensor_infos(gradient, document),
-        time.perf_counter() - start,
-    )
 
 
 def tensor_infos(gradient: Gradient, document: EncodedDocument) -> dict[str, TensorInfo]:
@@ -303,6 +268,21 @@ def tensor_infos(gradient: Gradient, document: EncodedDocument) -> dict[str, Ten
         assert code is not None  # the gradient was built: its dtypes are storable
         infos[name] = TensorInfo(name, code, tuple(arr.shape), offset, int(arr.nbytes))
     return infos
+
+
+@contextlib.contextmanager
+def _as_refusal() -> Iterator[None]:
+    """Whatever a document does wrong, as an ``InputRefused``; the node's failures pass."""
+    try:
+        yield
+    except (InputRefused, NodeError):
+        raise
+    except IntegrityError as exc:  # a block that is not its CID's, wherever it came up
+        raise InputRefused(f"integrity: {exc}") from None
+    except (
+        GradstoreError
+    ) as exc:  # a document that breaks the format, a DAG that is not a file, ...
+        raise InputRefused(f"malformed: {exc}") from None
 
 
 def _check_claim(gradient: Gradient | CompressedGradient, claim: Claim | None) -> None:
