@@ -89,18 +89,48 @@ def test_mean_with_input_clipping_equals_mean_of_clipped(seed: int) -> None:
 
 @pytest.mark.parametrize("seed", [341])
 @pytest.mark.parametrize("method", ["sum", "median", "krum"])
-def test_output_clipping_for_every_method(seed: int, method: str) -> None:
+@pytest.mark.parametrize("rule", ["float64", "rounded"])
+def test_output_clipping_for_every_method(seed: int, method: str, rule: str) -> None:
     inputs = make_inputs(seed, 5)
     extra: dict[str, Any] = {"byzantine": 1} if method == "krum" else {}
     plain = aggregate(inputs, AggregationParams(method, **extra))
+    # the float64 aggregate: the same operations over the inputs widened, without the rounding
+    wide = aggregate(
+        [{k: v.astype(np.float64) for k, v in x.items()} for x in inputs],
+        AggregationParams(method, **extra),
+    )
     bound = norm64(plain) / 2
     clipped, info = aggregate_with_info(
-        inputs, AggregationParams(method, clip_output_norm=bound, **extra)
+        inputs, AggregationParams(method, clip_output_norm=bound, output_clip=rule, **extra)
     )
-    assert info.output_norm == pytest.approx(norm64(plain), rel=1e-12)
-    assert info.output_scale == pytest.approx(0.5, rel=1e-12)
+    assert info.output_norm is not None and info.output_scale is not None
+    # round/4 ("float64"): the norm of the float64 aggregate, the scaled values rounded once;
+    # round/2 and round/3 ("rounded"): the rounded aggregate's norm, scaled and rounded again
+    before = wide if rule == "float64" else plain
+    assert info.output_norm == global_norm(before)
+    assert info.output_scale == bound / info.output_norm
+    for name, values in before.items():
+        want = (values.astype(np.float64) * info.output_scale).astype(np.float32)
+        np.testing.assert_array_equal(clipped[name], want)
     assert norm64(clipped) <= bound * (1 + 4 * float(np.finfo(np.float32).eps))
-    np.testing.assert_allclose(clipped["w"], plain["w"] * 0.5, rtol=1e-6)
+
+
+def test_round_4_output_clipping_rounds_once() -> None:
+    """Round/4 scales the float64 mean and rounds once; rounding the mean first (the rule of
+    round/2 and round/3) gives other float32 bits for these inputs."""
+    rng = np.random.default_rng(0)
+    inputs = [{"w": v} for v in rng.standard_normal((3, 4)).astype(np.float32)]
+    once = aggregate(inputs, AggregationParams("mean", clip_output_norm=0.5))["w"]
+    twice = aggregate(
+        inputs, AggregationParams("mean", clip_output_norm=0.5, output_clip="rounded")
+    )["w"]
+    mean64 = (inputs[0]["w"].astype(np.float64) + inputs[1]["w"] + inputs[2]["w"]) / 3
+    norm = math.sqrt(sum(float(v) ** 2 for v in mean64))  # sequential, in element order
+    np.testing.assert_array_equal(once, (mean64 * (0.5 / norm)).astype(np.float32))
+    rounded = mean64.astype(np.float32).astype(np.float64)
+    norm = math.sqrt(sum(float(v) ** 2 for v in rounded))
+    np.testing.assert_array_equal(twice, (rounded * (0.5 / norm)).astype(np.float32))
+    assert (once != twice).any()
 
 
 def test_round_4_norms_sum_their_squares_one_at_a_time_in_order() -> None:
@@ -123,3 +153,18 @@ def test_older_records_norms_sum_each_block_pairwise() -> None:
     for lo in range(0, a.size, 1 << 16):
         total += float(np.square(a[lo : lo + (1 << 16)], dtype=np.float64).sum())
     assert global_norm({"a": a}, "blocked-pairwise") == math.sqrt(total)
+
+
+def test_round_4_order_statistics_write_no_negative_zero_after_output_clipping() -> None:
+    """A median of -2^-149 (float32's smallest) scaled by the clip rounds to zero: round/4
+    writes +0.0 there, as median always does; round/2 and round/3 kept the -0.0."""
+    tiny = -(2.0**-149)
+    inputs = [{"w": np.array([tiny, 1000.0 + i], np.float32)} for i in range(3)]
+    params = {"clip_output_norm": 1.0}
+    once = aggregate(inputs, AggregationParams("median", **params))["w"]
+    assert once[0] == 0 and not np.signbit(once[0])
+    legacy = aggregate(inputs, AggregationParams("median", output_clip="rounded", **params))["w"]
+    assert legacy[0] == 0 and np.signbit(legacy[0])
+    # linear methods keep IEEE's sign: the mean of -2^-149 scaled is -0.0
+    mean = aggregate(inputs, AggregationParams("mean", **params))["w"]
+    assert mean[0] == 0 and np.signbit(mean[0])

@@ -105,9 +105,10 @@ def _from_values(name: str, values: list[float], shape: tuple[int, ...]) -> np.n
 
 
 def ref_linear(
-    inputs: list[Grad], coefs: list[float] | None, divisor: float | None
+    inputs: list[Grad], coefs: list[float] | None, divisor: float | None, rounded: bool = True
 ) -> dict[str, list[float]]:
-    """acc = c0*x0; acc += ci*xi in input order; acc / divisor; one rounding."""
+    """acc = c0*x0; acc += ci*xi in input order; acc / divisor; one rounding (unless not
+    ``rounded``: the float64 values)."""
     out = {}
     for name in inputs[0]:
         cols = [_elements(x[name]) for x in inputs]
@@ -119,7 +120,7 @@ def ref_linear(
                 acc += cols[i][j] if coefs is None else coefs[i] * cols[i][j]
             if divisor is not None:
                 acc /= divisor
-            result.append(round_ref(fmt, acc))
+            result.append(round_ref(fmt, acc) if rounded else acc)
         out[name] = result
     return out
 
@@ -283,8 +284,25 @@ def test_clipping_rounds_once_too() -> None:
     )
     assert info.input_scales is not None and info.output_scale is not None
     assert info.output_scale < 1.0
+    means = ref_linear(inputs, list(info.input_scales), 3.0, rounded=False)
+    norm = math.sqrt(math.fsum(v * v for vs in means.values() for v in vs))
+    assert info.output_norm == pytest.approx(norm, rel=1e-15)  # of the float64 mean
+    # round/4: the float64 mean, scaled in float64, rounded once
+    want = {
+        k: [round_ref("bfloat16", v * info.output_scale) for v in vs] for k, vs in means.items()
+    }
+    _same_bits(got, want, "clipped mean")
+
+
+def test_older_records_clip_the_rounded_output() -> None:
+    inputs = make_inputs("bfloat16", 3, SEED + 3)
+    params = AggregationParams(
+        "mean", clip_input_norm=1.0, clip_output_norm=0.1, output_clip="rounded"
+    )
+    got, info = aggregate_with_info(inputs, params)
+    assert info.input_scales is not None and info.output_scale is not None
     means = ref_linear(inputs, list(info.input_scales), 3.0)
-    # the clipped output: the rounded mean, scaled in float64, rounded once more
+    # round/2 and round/3: the rounded mean, scaled in float64, rounded once more
     want = {
         k: [round_ref("bfloat16", v * info.output_scale) for v in vs] for k, vs in means.items()
     }

@@ -2,7 +2,8 @@
 
 ``signed_round`` closes a round with ``coordinator.closing.close_round`` (a round/4 record,
 peers' announcements signed by their keys); ``legacy_round`` writes the round/2 or round/3
-record an earlier coordinator wrote (no peer signatures; norms summed blockwise-pairwise).
+record an earlier coordinator wrote (no peer signatures; norms summed blockwise-pairwise,
+the output rounded before it is clipped).
 """
 
 from __future__ import annotations
@@ -165,7 +166,8 @@ async def legacy_round(
     **aggregation: Any,
 ) -> Round:
     """The round/2 (round/3 when an input is compressed) record an earlier coordinator wrote:
-    no peers' signatures, and input and output norms summed blockwise-pairwise."""
+    no peers' signatures, input and output norms summed blockwise-pairwise, and the output
+    rounded before it is clipped."""
     keys = [key(i) for i in range(len(gradients))]
     config = job(keys, method, **aggregation)
     store = GradientStore(node)
@@ -176,7 +178,9 @@ async def legacy_round(
         verified.append(await _verified(node, store, k.did, cid, n, False))
     verified.sort(key=lambda v: v.peer)
     params = config.params_for([v.peer for v in verified])
-    params = AggregationParams.from_record(params.method, params.to_record(), "blocked-pairwise")
+    params = AggregationParams.from_record(
+        params.method, params.to_record(), "blocked-pairwise", "rounded"
+    )
     sources = [
         compressed_source(v.gradient)
         if isinstance(v.gradient, CompressedGradient)

@@ -142,6 +142,38 @@ def test_a_peer_announcing_its_previous_rounds_cid_is_excluded_as_wrong_round(
     asyncio.run(go())
 
 
+def test_a_document_replayed_into_a_new_run_of_the_job_is_excluded_as_wrong_run(
+    kubo_factory, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    # Defect: a peer's documents named no run, so a copy from an earlier run of the same job
+    # (same round number) passed as this run's work.
+    daemons = kubo_factory(3, connect=True)
+    config, coord, peers = make_job(2, method="mean", rounds=1, quorum=1)
+    a, b = 0, 1
+
+    async def go() -> None:
+        async with world(daemons, config, coord, peers) as w:
+            first, task = _coordinator(w, tmp_path / "first")
+            await wait_subscribed(w)
+            await _running(first)
+            old = await _publish(w, b, gradients(1, 0)[0], 0)
+            doc = await GradientStore(w.coord_node).get(old)
+            assert doc.meta["run"] == first.run_id
+            await _publish(w, a, gradients(1, 1)[0], 0)
+            await asyncio.wait_for(task, 60)
+            second, task = _coordinator(w, tmp_path / "second")
+            await _running(second)
+            assert second.run_id != first.run_id
+            await _publish(w, a, gradients(1, 2)[0], 0)
+            await _announce(second, w.peer_nodes[b], peers[b], old)
+            (outcome,) = await asyncio.wait_for(task, 60)
+            assert outcome.peers == (peers[a].did,)
+            reason = dict(outcome.excluded)[peers[b].did]
+            assert reason.startswith("wrong-run: the document names run")
+
+    asyncio.run(go())
+
+
 def test_the_second_announcement_of_one_cid_without_meta_is_excluded_as_duplicate(
     kubo_factory, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]

@@ -15,7 +15,15 @@ parameters that do not apply to the method.
 """
 
 from ._checks import Layout, Tensors
-from ._clip import NORM_SUMS, NormSum, clip_inputs, clip_output, global_norm
+from ._clip import (
+    NORM_SUMS,
+    OUTPUT_CLIPS,
+    NormSum,
+    OutputClip,
+    clip_inputs,
+    clip_output,
+    global_norm,
+)
 from ._compressed import (
     CompressedInMemory,
     Decompressing,
@@ -36,6 +44,7 @@ __all__ = [
     "CLIP_PARAMETERS",
     "METHODS",
     "NORM_SUMS",
+    "OUTPUT_CLIPS",
     "WINDOW_SCRATCH_BYTES",
     "AggregationInfo",
     "AggregationParams",
@@ -45,6 +54,7 @@ __all__ = [
     "InputSource",
     "Layout",
     "NormSum",
+    "OutputClip",
     "SparseInMemory",
     "SparseSource",
     "Tensors",

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any, Final, TypeAlias
 
 import numpy as np
 
 from ..errors import AggregationError
 from ..format import all_finite, dtype_code, is_float
+
+_F64: Final = np.dtype(np.float64)
 
 #: One peer's gradient: tensor name -> array.
 Tensors: TypeAlias = Mapping[str, np.ndarray[Any, Any]]
@@ -45,6 +47,10 @@ class Layout:
     def size(self, name: str) -> int:
         """Number of elements of tensor ``name``."""
         return int(np.prod(self.shapes[name], dtype=np.int64))
+
+    def widened(self) -> Layout:
+        """The same tensors in float64: where a method writes an aggregate still to be clipped."""
+        return Layout(self.names, self.shapes, {name: _F64 for name in self.names})
 
     def empty(self) -> dict[str, np.ndarray[Any, Any]]:
         """Uninitialised output arrays, one per tensor, in name order."""

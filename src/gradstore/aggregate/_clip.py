@@ -6,6 +6,11 @@ the record's version (``NormSum``): round/4 records add them one at a time, in o
 rule anyone can implement); round/2 and round/3 records summed each block of 65,536
 squares with NumPy's pairwise sum and added the blocks in order. Clipping multiplies by
 ``min(1, bound / norm)``.
+
+Output clipping is also part of the record's version (``OutputClip``): round/4 takes the
+norm of the float64 aggregate and rounds the scaled values once to the dtype
+(``clip_then_round``); round/2 and round/3 rounded the aggregate first, took the norm of
+the rounded values and rounded the scaled values again (``clip_output_into``).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import numpy as np
 
 from ..errors import AggregationError
 from ..format import all_finite, is_float
-from ._checks import Tensors, dtype_name
+from ._checks import NonFiniteResult, Tensors, dtype_name
 from ._rounding import round_into
 
 #: Elements per block when squaring or scaling.
@@ -30,6 +35,12 @@ _F64: Final = np.dtype(np.float64)
 #: ``blocked-pairwise`` (round/2 and round/3: NumPy's pairwise sum per ``BLOCK``).
 NormSum = Literal["sequential", "blocked-pairwise"]
 NORM_SUMS: Final[tuple[NormSum, ...]] = ("sequential", "blocked-pairwise")
+
+#: When output clipping rounds: ``float64`` (round/4: the norm of the float64 aggregate, then
+#: one rounding of the scaled values) or ``rounded`` (round/2 and round/3: the norm of the
+#: aggregate rounded to its dtype, whose scaled values are then rounded a second time).
+OutputClip = Literal["float64", "rounded"]
+OUTPUT_CLIPS: Final[tuple[OutputClip, ...]] = ("float64", "rounded")
 
 
 def global_norm(tensors: Tensors, rule: NormSum = "sequential") -> float:
@@ -86,6 +97,34 @@ def clip_output_into(
     scale = clip_scale(norm, bound)
     if scale != 1.0:
         scale_into(result, scale, result)
+    return norm, scale
+
+
+def clip_then_round(
+    result: dict[str, np.ndarray[Any, Any]],
+    out: dict[str, np.ndarray[Any, Any]],
+    bound: float,
+    method: str,
+    rule: NormSum,
+    positive_zeros: bool = False,
+) -> tuple[float, float]:
+    """``out = dtype(result * scale)``, rounded once: ``result`` is the float64 aggregate,
+    whose global norm sets the scale (1.0 within ``bound``); returns (norm, scale).
+
+    ``positive_zeros`` (median, trimmed_mean): a zero written is +0.0, also where a tiny
+    negative value rounds to zero. Raises NonFiniteResult naming a tensor whose rounded
+    values overflow their dtype."""
+    norm = global_norm(result, rule)
+    if not math.isfinite(norm):
+        raise AggregationError(f"{method}: the aggregate's L2 norm overflows float64")
+    scale = clip_scale(norm, bound)
+    with np.errstate(over="ignore", invalid="ignore"):
+        scale_into(result, scale, out)  # x * 1.0 is exact: unclipped values round as they are
+    for name, array in out.items():
+        if positive_zeros:
+            np.add(array, 0, out=array)  # -0.0 + 0 is +0.0; every other value stays
+        if not all_finite(array):
+            raise NonFiniteResult(name)
     return norm, scale
 
 

@@ -1,5 +1,8 @@
 """``aggregate``: check, clip, run the method's kernel, clip the output, report what was done.
 
+With output clipping (round/4), the kernel writes the float64 aggregate, whose norm sets the
+scale; the scaled values are then rounded once to the dtype (``clip_then_round``).
+
 Refusals happen before any arithmetic (parameters, layouts, dtypes, sample counts), except
 NaN/Inf, which the kernels detect on the way (no separate pass over the inputs) and which
 are then traced back to the input and tensor that hold them.
@@ -22,7 +25,7 @@ from ._checks import (
     flatten,
     non_finite_error,
 )
-from ._clip import clip_output_into, clip_scale, input_norms
+from ._clip import clip_output_into, clip_scale, clip_then_round, input_norms
 from ._krum import krum_scores, squared_distances
 from ._linear import combine
 from ._params import AggregationParams
@@ -34,12 +37,14 @@ from ._robust import order_mean
 class AggregationInfo:
     """What an aggregation did, for the round record.
 
-    ``weights``: the factor each input was multiplied by (1 for sum, 1/n for mean,
-    num_samples / total for fedavg, w / sum(w) for weighted, 1/m for the inputs Krum selected
-    and 0 for the others; None for the coordinate-wise median and trimmed_mean), before any
-    input clipping. ``scores``/``selected``: Krum scores and the
+    ``weights``: each input's share of the aggregate, before any input clipping (1 for
+    sum, 1/n for mean, num_samples / total for fedavg, w / sum(w) for weighted, 1/m for the
+    inputs Krum selected and 0 for the others; None for the coordinate-wise median and
+    trimmed_mean). The arithmetic multiplies by unnormalised coefficients and divides once
+    (docs/spec.md, section 6.4). ``scores``/``selected``: Krum scores and the
     selected input indices. ``input_norms``/``input_scales``: with ``clip_input_norm``.
-    ``output_norm``/``output_scale``: with ``clip_output_norm`` (the norm before clipping).
+    ``output_norm``/``output_scale``: with ``clip_output_norm`` (the norm before clipping:
+    of the float64 aggregate in round/4, of the rounded one in round/2 and round/3).
     """
 
     method: str
@@ -102,23 +107,38 @@ def aggregate_with_info(
         info["input_norms"], info["input_scales"] = tuple(norms), tuple(scales)
 
     flats = flatten(inputs, layout)
+    # clipped once (round/4): the method writes float64, the clip rounds to the dtype
+    once = params.clip_output_norm is not None and params.output_clip == "float64"
+    work = layout.widened() if once else layout
     try:
         if linear is not None:
             coefs, divisor = linear_plan(linear, scales, n, info)
-            result = combine(flats, layout, coefs, divisor, workers)
+            result = combine(flats, work, coefs, divisor, workers)
         elif isinstance(strategy, methods.OrderStatistic):
             first, stop = strategy.rows(n)
-            result = order_mean(flats, layout, first, stop, scales, workers)
+            result = order_mean(flats, work, first, stop, scales, workers)
         else:
             assert isinstance(strategy, methods.Selection)
             dist = squared_distances(flats, layout, scales, workers)
             scores = krum_scores(dist, strategy.f)
             selected, coefs, divisor = selection_plan(strategy, scores, scales, n, info)
-            result = combine([flats[i] for i in selected], layout, coefs, divisor, workers)
+            result = combine([flats[i] for i in selected], work, coefs, divisor, workers)
+        if once:
+            assert params.clip_output_norm is not None
+            wide, result = result, layout.empty()
+            info["output_norm"], info["output_scale"] = clip_then_round(
+                wide,
+                result,
+                params.clip_output_norm,
+                method,
+                params.norm_sum,
+                isinstance(strategy, methods.OrderStatistic),
+            )
+            del wide
     except NonFiniteResult as exc:
         raise non_finite_error(inputs, layout, method, exc.name) from None
 
-    if params.clip_output_norm is not None:
+    if params.clip_output_norm is not None and not once:
         norm, scale = clip_output_into(result, params.clip_output_norm, method, params.norm_sum)
         info["output_norm"], info["output_scale"] = norm, scale
     return result, AggregationInfo(method, n, **info)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ..errors import AggregationError
-from ._clip import NORM_SUMS, NormSum
+from ._clip import NORM_SUMS, OUTPUT_CLIPS, NormSum, OutputClip
 from .methods import REGISTRY, Method, method_of
 from .methods.base import number
 
@@ -44,6 +44,8 @@ class AggregationParams:
     clip_output_norm: float | None
     #: How norms sum their squares: set by the record's version, never stored in ``params``.
     norm_sum: NormSum
+    #: When output clipping rounds: set by the record's version, never stored in ``params``.
+    output_clip: OutputClip
 
     def __init__(
         self,
@@ -53,6 +55,7 @@ class AggregationParams:
         clip_input_norm: float | None = None,
         clip_output_norm: float | None = None,
         norm_sum: NormSum = "sequential",
+        output_clip: OutputClip = "float64",
         **params: Any,
     ) -> None:
         """``method`` by name with its own ``params`` (AggregationError for one it does not
@@ -72,6 +75,9 @@ class AggregationParams:
         if norm_sum not in NORM_SUMS:
             raise AggregationError(f"unknown norm summation {norm_sum!r}")
         object.__setattr__(self, "norm_sum", norm_sum)
+        if output_clip not in OUTPUT_CLIPS:
+            raise AggregationError(f"unknown output clipping rule {output_clip!r}")
+        object.__setattr__(self, "output_clip", output_clip)
 
     def __getattr__(self, name: str) -> Any:
         """A method parameter: the method's value, None if it is another method's."""
@@ -96,13 +102,17 @@ class AggregationParams:
 
     @classmethod
     def from_record(
-        cls, method: str, params: Mapping[str, Any], norm_sum: NormSum = "sequential"
+        cls,
+        method: str,
+        params: Mapping[str, Any],
+        norm_sum: NormSum = "sequential",
+        output_clip: OutputClip = "float64",
     ) -> AggregationParams:
         """Rebuild parameters from :meth:`to_record`'s output; unknown keys are refused.
 
-        ``norm_sum`` comes from the record's version (round/2 and round/3 summed norms
-        blockwise-pairwise)."""
+        ``norm_sum`` and ``output_clip`` come from the record's version (round/2 and round/3
+        summed norms blockwise-pairwise and clipped the rounded output)."""
         unknown = sorted(set(params) - set(parameter_names()))
         if unknown:
             raise AggregationError(f"unknown aggregation parameter(s): {', '.join(unknown)}")
-        return cls(method, **params, norm_sum=norm_sum)
+        return cls(method, **params, norm_sum=norm_sum, output_clip=output_clip)

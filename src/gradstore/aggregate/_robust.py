@@ -61,7 +61,7 @@ def order_mean(
             # and averaged in float64, exactly (a narrower copy would round them)
             dtype = _F64
         buf = scratch.get("rows", (n + 1, size), dtype)
-        finite_buf = scratch.get("finite", (n, size), np.dtype(np.bool_))
+        finite_buf = scratch.get("finite", (size,), np.dtype(np.bool_))
         acc_buf = scratch.get("acc", (size,), _F64)
         for lo, hi in blocks(start, end, size):
             width = hi - lo
@@ -71,10 +71,12 @@ def order_mean(
                     np.copyto(rows[i], flats[i][name][lo:hi])
                 else:
                     np.multiply(flats[i][name][lo:hi], factors[i], out=rows[i], dtype=_F64)
-            finite = finite_buf[:, :width]
-            np.isfinite(buf[:n, :width], out=finite)
-            if not finite.all():
-                raise NonFiniteResult(name)
+            # row by row into a contiguous mask: NumPy 2.4's SIMD isfinite wrote a strided
+            # (n, 1) output wrongly from n = 16 on, refusing one-element tensors as NaN
+            finite = finite_buf[:width]
+            for i in range(n):
+                if not np.isfinite(rows[i], out=finite).all():
+                    raise NonFiniteResult(name)
             spare = rows[n]
             for c in network:
                 a, b = rows[c.low], rows[c.high]

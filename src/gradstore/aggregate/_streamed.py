@@ -11,6 +11,8 @@ same order, because each element sees the same IEEE operations in the same order
 - Krum sums its Gram matrix chunk by chunk in ``chunks(layout)`` order, exactly as the
   in-memory kernel does (each chunk read in pieces of whole blocks, all inputs' pieces
   within the window bytes), then averages the inputs it selected like the linear methods;
+- output clipping (round/4) has the method write the float64 aggregate, whose norm sets
+  the scale before the one rounding to the dtype;
 - input clipping needs each input's global norm: the caller passes the norms it took
   when it verified the inputs (:func:`global_norm`), or a first pass takes them, block by
   block in the same order as :func:`global_norm`.
@@ -34,7 +36,7 @@ from ..format import is_float
 from . import methods
 from ._blocks import CHUNK, blocks, chunks, default_threads
 from ._checks import Layout, NonFiniteResult, dtype_name
-from ._clip import NormSum, SquareSum, clip_output_into, clip_scale
+from ._clip import NormSum, SquareSum, clip_output_into, clip_scale, clip_then_round
 from ._compressed import Decompressing, SparseSource
 from ._dispatch import AggregationInfo
 from ._krum import BLOCK, chunk_gram, distances_from_gram, krum_scores, row_width
@@ -116,15 +118,18 @@ async def aggregate_streamed(
     window = _window(n, itemsize, window_bytes)
     # one input at a time (O(model)) when even the smallest windows of all inputs are too many
     one_by_one = n * MIN_WINDOW * itemsize > window_bytes
+    # clipped once (round/4): the method writes float64, the clip rounds to the dtype
+    once = params.clip_output_norm is not None and params.output_clip == "float64"
+    work = layout.widened() if once else layout
     try:
         if linear is not None:
             coefs, divisor = linear_plan(linear, scales, n, info)
-            result = await _linear(sources, layout, coefs, divisor, window, workers, one_by_one)
+            result = await _linear(sources, work, coefs, divisor, window, workers, one_by_one)
         elif isinstance(strategy, methods.OrderStatistic):
             first, stop = strategy.rows(n)
             result = await _windowed(
                 sources,
-                layout,
+                work,
                 window,
                 lambda flats, sub: order_mean(flats, sub, first, stop, scales, workers),
             )
@@ -135,7 +140,20 @@ async def aggregate_streamed(
             del dist
             selected, coefs, divisor = selection_plan(strategy, scores, scales, n, info)
             chosen = [sources[i] for i in selected]
-            result = await _linear(chosen, layout, coefs, divisor, window, workers, one_by_one)
+            result = await _linear(chosen, work, coefs, divisor, window, workers, one_by_one)
+        if once:
+            assert params.clip_output_norm is not None
+            wide, result = result, layout.empty()
+            info["output_norm"], info["output_scale"] = await asyncio.to_thread(
+                clip_then_round,
+                wide,
+                result,
+                params.clip_output_norm,
+                method,
+                params.norm_sum,
+                isinstance(strategy, methods.OrderStatistic),
+            )
+            del wide
     except NonFiniteResult as exc:
         where = "the inputs" if exc.name is None else f"tensor {exc.name!r}"
         raise AggregationError(
@@ -143,7 +161,7 @@ async def aggregate_streamed(
             "or the sum overflows its dtype)"
         ) from None
 
-    if params.clip_output_norm is not None:
+    if params.clip_output_norm is not None and not once:
         norm, scale = clip_output_into(result, params.clip_output_norm, method, params.norm_sum)
         info["output_norm"], info["output_scale"] = norm, scale
     return result, AggregationInfo(method, n, **info)

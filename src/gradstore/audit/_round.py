@@ -22,6 +22,7 @@ from ..aggregate import (
     AggregationParams,
     Layout,
     NormSum,
+    OutputClip,
     aggregate_streamed,
     aggregate_with_info,
 )
@@ -140,12 +141,13 @@ UNSUPPORTED: Final = {
 
 
 def record_params(record: RoundRecord) -> AggregationParams:
-    """The record's method and parameters, with the norm summation its version states.
-
-    Checks: ``params``."""
-    norm_sum: NormSum = "sequential" if record.type == RECORD_TYPE_SIGNED else "blocked-pairwise"
+    """The record's method and parameters, with the norm summation and output clipping its
+    version states (docs/spec.md). Checks: ``params``."""
+    current = record.type == RECORD_TYPE_SIGNED
+    norm_sum: NormSum = "sequential" if current else "blocked-pairwise"
+    output_clip: OutputClip = "float64" if current else "rounded"
     try:
-        return AggregationParams.from_record(record.method, record.params, norm_sum)
+        return AggregationParams.from_record(record.method, record.params, norm_sum, output_clip)
     except (AggregationError, TypeError) as exc:
         raise AuditError("params", f"round {record.round}: recorded parameters: {exc}") from exc
 

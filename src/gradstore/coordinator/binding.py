@@ -3,8 +3,8 @@
 An announcement is signed by its peer, but the CID it names is anyone's: every CID is
 visible on the gradients topic, so without more a peer could announce another peer's
 document (and be aggregated with its work), or last round's document again. The
-documents ``Peer.publish`` stores name their own peer, round, job and sample count in
-their meta (Flower's clients add the run), and CIDs are hashes, so that meta cannot be
+documents ``Peer.publish`` stores name their own peer, round, job, sample count and run
+in their meta (Flower's clients add the run too), and CIDs are hashes, so that meta cannot be
 changed without changing the CID. ``check_binding`` compares what the meta names with what
 the announcement claims; a key the meta lacks is not checked, unless the job requires
 bound meta. ``duplicates`` finds the announcements that repeat a CID already announced in

@@ -133,7 +133,8 @@ class CompressedGradient:
         need = 8 * sum(t.size for t in self.tensors.values())
         if need > max_bytes:
             raise LimitExceededError(
-                f"decompressing needs {need} bytes of float64, over max_bytes={max_bytes}"
+                f"decompressing needs {need} bytes of float64, over max_bytes={max_bytes}",
+                "max_bytes",
             )
         return Gradient({n: t.decompress() for n, t in self.tensors.items()}, dict(self.meta))
 

@@ -107,7 +107,9 @@ def walk(mv: memoryview, limits: Limits) -> DocumentHeader:
     """read_header on a format-'B' memoryview."""
     size = mv.nbytes
     if size > limits.max_bytes:
-        raise LimitExceededError(f"document is {size} bytes, over max_bytes={limits.max_bytes}")
+        raise LimitExceededError(
+            f"document is {size} bytes, over max_bytes={limits.max_bytes}", "max_bytes"
+        )
     if size and mv[0] != PREFIX[0] and Reader(mv, 0, size).head()[0] is not MAP:
         raise InvalidDocumentError(
             f"{NOT_A_DOCUMENT} (it would begin with a msgpack map of format, meta, tensors; "
@@ -145,7 +147,8 @@ def walk(mv: memoryview, limits: Limits) -> DocumentHeader:
         raise InvalidDocumentError(f"tensors must be an array, found {kind}", "$.tensors")
     if count > limits.max_tensors:
         raise LimitExceededError(
-            f"document declares {count} tensors, over max_tensors={limits.max_tensors}"
+            f"document declares {count} tensors, over max_tensors={limits.max_tensors}",
+            "max_tensors",
         )
     infos: list[TensorInfo] = []
     prev = b""
@@ -254,7 +257,8 @@ def _read_tensor(
         raise InvalidDocumentError("name must not be empty", f"$.tensors[{i}].name")
     if n > limits.max_name_bytes:
         raise LimitExceededError(
-            f"tensor {i} name is {n} bytes, over max_name_bytes={limits.max_name_bytes}"
+            f"tensor {i} name is {n} bytes, over max_name_bytes={limits.max_name_bytes}",
+            "max_name_bytes",
         )
     at = r.pos
     name = r.text(n)
@@ -290,7 +294,7 @@ def _read_tensor(
         raise InvalidDocumentError(f"shape must be an array, found {kind}", f"$.tensors[{i}].shape")
     if rank > limits.max_rank:
         raise LimitExceededError(
-            f"tensor {name!r} has rank {rank}, over max_rank={limits.max_rank}"
+            f"tensor {name!r} has rank {rank}, over max_rank={limits.max_rank}", "max_rank"
         )
     dims = []
     count = 1
@@ -306,18 +310,21 @@ def _read_tensor(
         extent *= max(d, 1)
         if extent > limits.max_elements:
             raise LimitExceededError(
-                f"tensor {name!r} declares dimensions over max_elements={limits.max_elements}"
+                f"tensor {name!r} declares dimensions over max_elements={limits.max_elements}",
+                "max_elements",
             )
         dims.append(d)
     if count > elements_left:
         raise LimitExceededError(
             f"tensor {name!r} declares {count} elements; the document would pass "
-            f"max_elements={limits.max_elements}"
+            f"max_elements={limits.max_elements}",
+            "max_elements",
         )
     if codec is not None and count * ITEMSIZE[dtype] > dense_left:
         raise LimitExceededError(
             f"tensor {name!r} stands for {count * ITEMSIZE[dtype]} dense bytes; the document "
-            f"would stand for more than max_bytes={limits.max_bytes}"
+            f"would stand for more than max_bytes={limits.max_bytes}",
+            "max_bytes",
         )
 
     _expect(r, KEY_PAD, "key 'pad' fourth", tensor=i)

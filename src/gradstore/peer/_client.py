@@ -271,8 +271,14 @@ class Peer:
         raises ``RefusedError`` with the coordinator's reason as soon as it refuses or
         excludes it. Without ``wait`` it returns after the first announcement.
         """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        # the run goes into the document (``prepare``): a copy replayed into a later run of
+        # the same job, at the same round number, is then refused as wrong-run
+        if not await self._wait(lambda: self.run is not None, None, deadline):
+            raise TimeoutError(f"round {round_}: no word from the coordinator in {timeout}s")
         cid = await self.store.put(self.prepare(gradient, round_, num_samples))
-        return await self.announce(cid, round_, num_samples, wait=wait, timeout=timeout)
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        return await self.announce(cid, round_, num_samples, wait=wait, timeout=left)
 
     @overload
     def prepare(self, gradient: Gradient, round_: int, num_samples: int) -> Gradient: ...
@@ -283,7 +289,9 @@ class Peer:
     def prepare(
         self, gradient: Gradient | CompressedGradient, round_: int, num_samples: int
     ) -> Gradient | CompressedGradient:
-        """``gradient`` with the meta ``publish`` stores it with (round, peer, job, ...)."""
+        """``gradient`` with the meta ``publish`` stores it with (round, peer, job, run once
+        the coordinator's run is known, ...): the coordinator checks the document is this
+        announcement's."""
         key = self._signer()
         meta = dict(gradient.meta)
         meta.update(
@@ -295,6 +303,8 @@ class Peer:
                 "job": self.config.job,
             }
         )
+        if self.run is not None:
+            meta["run"] = self.run
         return dataclasses.replace(gradient, meta=meta)
 
     def _signer(self) -> SigningKey:

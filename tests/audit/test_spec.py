@@ -1,0 +1,361 @@
+"""docs/spec.md is enough to audit a round: ``spec_reference`` (written from it alone, standard
+library only) re-derives the output CID of honest rounds bit for bit.
+
+Rounds are closed by the coordinator's own code (``rounds.signed_round``, round/4) or written
+as an earlier coordinator did (``rounds.legacy_round``, round/2 and round/3), on an embedded
+node. They cover every method, the float dtypes, every codec, input and output clipping,
+signed zeros, even and odd counts, Krum ties and documents of several blocks. When the
+reference disagrees, the spec's words (or, where a rule could not be stated simply, the
+round/4 implementation) are what changes, never this test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import math
+import struct
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from gradstore.aggregate import AggregationParams, aggregate
+from gradstore.aggregate._rounding import round_into
+from gradstore.aggregate.methods import trimmed_per_side
+from gradstore.audit import verify_round
+from gradstore.dag import CID
+from gradstore.dag.builder import _leaves_inline, layout
+from gradstore.dag.chunker import chunks
+from gradstore.dag.cid import DAG_PB
+from gradstore.format import Gradient, encode
+from gradstore.messages import Announce, SigningKey, encode_message
+from gradstore.node import LocalNode
+
+from . import spec_reference as ref
+from .rounds import COORDINATOR, Round, key, legacy_round, put_record, signed_round
+
+SHAPES = {"a/w": (6, 7), "b.bias": (13,), "é": (2, 2), "Z": ()}
+#: float64 and large enough that the norm rules of round/4 and round/2 give other clip
+#: factors, whose last bits then reach the output
+LARGE = {"w": (300, 70), "v": (70_001,)}
+
+
+def getter(path: Path) -> ref.GetBlock:
+    node = LocalNode(path)
+    return lambda cid: asyncio.run(node.get_block(CID.from_bytes(cid)))
+
+
+def gradients(
+    n: int, dtype: Any, seed: int, shapes: dict[str, tuple[int, ...]] = SHAPES
+) -> list[Gradient]:
+    """Inputs with signed zeros where they matter: an element that is -0.0 in every input
+    (a linear method keeps it), one of mixed signs, one whose median is -0.0, and a tiny
+    negative one that output clipping scales to zero."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        tensors = {}
+        for name, shape in shapes.items():
+            values = rng.standard_normal(shape) * rng.uniform(0.2, 3.0)
+            flat = values.reshape(-1)
+            if flat.size >= 4:
+                flat[0] = -0.0
+                flat[1] = 0.0 if i % 2 else -0.0
+                flat[2] = -0.0 if i == n // 2 else (1.0 if i > n // 2 else -1.0)
+                flat[3] = -1e-45  # float32's smallest: a clip scale rounds it to -0.0
+            tensors[name] = values.astype(dtype)
+        out.append(Gradient(tensors))
+    return out
+
+
+def audited(path: Path, done: Round) -> ref.Audit:
+    """The reference's audit of ``done``; it must name the record's own output."""
+    result = ref.audit_round(getter(path), str(done.record_cid))
+    assert ref.cid_text(result.output) == str(done.record.output.to_v1())
+    return result
+
+
+F8 = np.dtype(ml_dtypes.float8_e4m3fn)
+E5 = np.dtype(ml_dtypes.float8_e5m2)
+BF = np.dtype(ml_dtypes.bfloat16)
+
+ROUNDS: list[tuple[str, dict[str, Any]]] = [
+    ("sum-f32", {"method": "sum", "n": 3, "dtype": np.float32}),
+    ("mean-f16-even", {"method": "mean", "n": 4, "dtype": np.float16}),
+    ("fedavg-bf16", {"method": "fedavg", "n": 3, "dtype": BF}),
+    ("weighted-f64-zero-weight", {"method": "weighted", "n": 4, "dtype": np.float64,
+                                  "weights": [1.0, 0.0, 2.5, 0.3]}),
+    ("median-f32-odd", {"method": "median", "n": 5, "dtype": np.float32}),
+    ("median-bf16-even", {"method": "median", "n": 4, "dtype": BF}),
+    ("trimmed-f32-0.3-of-10", {"method": "trimmed_mean", "n": 10, "dtype": np.float32,
+                               "trim_ratio": 0.3}),
+    # floor(100 * 0.29) is 28 in binary64: the slack of 1e-9 makes it 29
+    ("trimmed-100-inputs-0.29", {"method": "trimmed_mean", "n": 100, "dtype": np.float32,
+                                 "trim_ratio": 0.29}),
+    ("trimmed-e4m3-odd", {"method": "trimmed_mean", "n": 5, "dtype": F8, "trim_ratio": 0.2}),
+    ("sum-e5m2", {"method": "sum", "n": 3, "dtype": E5}),
+    ("krum-f32", {"method": "krum", "n": 5, "dtype": np.float32, "byzantine": 1}),
+    ("multikrum-f16-select", {"method": "multikrum", "n": 6, "dtype": np.float16,
+                              "byzantine": 1, "select": 3}),
+    ("multikrum-f64-default", {"method": "multikrum", "n": 5, "dtype": np.float64,
+                               "byzantine": 1}),
+    ("mean-clip-f64-large", {"method": "mean", "n": 3, "dtype": np.float64, "shapes": LARGE,
+                             "clip_input_norm": 150.0, "clip_output_norm": 100.0}),
+    ("mean-clip-both", {"method": "mean", "n": 4, "dtype": np.float32,
+                        "clip_input_norm": 3.0, "clip_output_norm": 0.5}),
+    ("fedavg-clip-f16", {"method": "fedavg", "n": 3, "dtype": np.float16,
+                         "clip_input_norm": 2.0, "clip_output_norm": 1.0}),
+    ("median-clip-both", {"method": "median", "n": 5, "dtype": np.float32,
+                          "clip_input_norm": 2.5, "clip_output_norm": 0.7}),
+    ("trimmed-clip-out-bf16", {"method": "trimmed_mean", "n": 6, "dtype": BF,
+                               "trim_ratio": 0.2, "clip_output_norm": 0.4}),
+    ("multikrum-clip-in", {"method": "multikrum", "n": 5, "dtype": np.float32, "byzantine": 1,
+                           "clip_input_norm": 2.0, "clip_output_norm": 0.5}),
+    ("fedavg-codecs", {"method": "fedavg", "n": 5, "dtype": np.float32,
+                       "codecs": ["int8:block=5", "topk:k=3,chunk=8,values=int8", None,
+                                  "topk:k=2,chunk=7,values=2bit,index=16", "bf16"]}),
+    ("mean-topk-bf16-clip", {"method": "mean", "n": 3, "dtype": np.float32,
+                             "codecs": ["topk:k=4,chunk=9", "topk:k=1,chunk=5", "fp16"],
+                             "clip_input_norm": 2.0, "clip_output_norm": 1.5}),
+    ("median-codecs-bf16", {"method": "median", "n": 4, "dtype": BF,
+                            "codecs": ["fp16", "bf16", "int8:block=3", None]}),
+    ("weighted-codecs-f16", {"method": "weighted", "n": 3, "dtype": np.float16,
+                             "weights": [0.5, 2.0, 1.0],
+                             "codecs": ["topk:k=2,chunk=4,values=2bit", "int8:block=64", None]}),
+    ("krum-codecs", {"method": "krum", "n": 5, "dtype": np.float32, "byzantine": 1,
+                     "codecs": ["int8:block=7", None, "fp16", "topk:k=5,chunk=6", "bf16"]}),
+]  # fmt: skip
+
+
+def _scenario(spec: dict[str, Any]) -> tuple[list[Gradient], list[int], dict[str, Any]]:
+    spec = dict(spec)
+    method, n, dtype = spec.pop("method"), spec.pop("n"), spec.pop("dtype")
+    shapes = spec.pop("shapes", SHAPES)
+    if "weights" in spec:  # the job file's weights, by peer
+        spec["weights"] = {key(i).did: w for i, w in enumerate(spec["weights"])}
+    seed = sum(map(ord, method)) + n
+    grads = gradients(n, dtype, seed, shapes)
+    return grads, [17 + 29 * i for i in range(n)], {"method": method, **spec}
+
+
+@pytest.mark.parametrize("version", ["round/4", "legacy"])
+@pytest.mark.parametrize(("name", "spec"), ROUNDS, ids=[r[0] for r in ROUNDS])
+def test_the_reference_rederives_every_round(
+    tmp_path: Path, name: str, spec: dict[str, Any], version: str
+) -> None:
+    grads, samples, aggregation = _scenario(spec)
+    build = signed_round if version == "round/4" else legacy_round
+    done = asyncio.run(build(LocalNode(tmp_path), grads, samples, **aggregation))
+    want = "gradstore/round/4" if version == "round/4" else (
+        "gradstore/round/3" if aggregation.get("codecs") else "gradstore/round/2"
+    )  # fmt: skip
+    assert done.record.type == want
+    result = audited(tmp_path, done)
+    if aggregation["method"] in ("median", "trimmed_mean"):
+        zeros = [v for _, _, values in result.tensors.values() for v in values if v == 0]
+        if version == "round/4" or "clip_output_norm" not in aggregation:
+            assert zeros and all(math.copysign(1.0, v) > 0 for v in zeros)  # never -0.0
+
+
+def test_a_linear_method_keeps_an_element_that_is_minus_zero_in_every_input(
+    tmp_path: Path,
+) -> None:
+    grads = gradients(3, np.float32, 5)
+    done = asyncio.run(signed_round(LocalNode(tmp_path), grads, [1, 2, 3], "fedavg"))
+    result = audited(tmp_path, done)
+    first = result.tensors["a/w"][2][0]
+    assert first == 0 and math.copysign(1.0, first) < 0
+
+
+@pytest.mark.slow
+def test_several_blocks_with_both_clippings_and_a_compressed_input(tmp_path: Path) -> None:
+    """Documents over 1 MiB (inputs and output of several leaves), in both versions."""
+    rng = np.random.default_rng(8)
+    shapes = {"big": (600_000,), "small": (5,)}  # a compressed fp16 input of 1.2 MB too
+    grads = [
+        Gradient({k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()})
+        for _ in range(3)
+    ]
+    clip = {"clip_input_norm": 500.0, "clip_output_norm": 300.0}
+    for build, codecs in ((signed_round, [None, "fp16", None]), (legacy_round, None)):
+        done = asyncio.run(
+            build(LocalNode(tmp_path), grads, [3, 1, 2], "mean", codecs=codecs, **clip)
+        )  # type: ignore[operator]
+        links = [i.gradient for i in done.record.inputs] + [done.record.output]
+        assert all(link.codec == DAG_PB for link in links)  # every document has 2+ leaves
+        audited(tmp_path, done)
+    median = asyncio.run(signed_round(LocalNode(tmp_path), grads, [1, 1, 1], "median"))
+    audited(tmp_path, median)
+
+
+def _ordered_keys(n: int) -> list[SigningKey]:
+    """Peer keys in record order (sorted by did), so input i of a scenario is record index i."""
+    return sorted((key(i) for i in range(n)), key=lambda k: k.did)
+
+
+def test_krum_exact_ties_select_the_lowest_indices(tmp_path: Path) -> None:
+    """Five inputs at the vertices of a simplex: every distance and score is equal."""
+    keys = _ordered_keys(5)
+    grads = [Gradient({"w": np.eye(5, dtype=np.float32)[i] * 3}) for i in range(5)]
+    for method, extra, want in (("krum", {}, (0,)), ("multikrum", {"select": 2}, (0, 1))):
+        done = asyncio.run(
+            signed_round(
+                LocalNode(tmp_path), grads, [1] * 5, method, peer_keys=keys, byzantine=1, **extra
+            )
+        )
+        assert audited(tmp_path, done).selected == want
+
+
+def test_krum_ranks_scores_at_nine_digits(tmp_path: Path) -> None:
+    """Input 1's score is below input 0's by 2^-35 (relative 1.3e-11): equal at 9 digits, so
+    the lower index wins, where exact ranking would pick input 1."""
+    keys = _ordered_keys(5)
+    eps = 2.0**-36
+    points = [[1.0, 0.0], [0.0, 0.0], [0.5 - eps, 1.0], [50.0, 50.0], [-50.0, 80.0]]
+    grads = [Gradient({"w": np.array(p, np.float64)}) for p in points]
+    done = asyncio.run(
+        signed_round(LocalNode(tmp_path), grads, [1] * 5, "krum", peer_keys=keys, byzantine=1)
+    )
+    result = audited(tmp_path, done)
+    assert result.selected == (0,)
+    s0, s1 = 2.25 + eps + eps * eps, 2.25 - eps + eps * eps
+    assert s1 < s0 and ref.rank_key(s0) == ref.rank_key(s1)
+
+
+def test_a_record_that_lies_about_its_output_fails_the_reference(tmp_path: Path) -> None:
+    grads = gradients(3, np.float32, 9)
+    node = LocalNode(tmp_path)
+    done = asyncio.run(signed_round(node, grads, [1, 2, 3], "mean"))
+    other = asyncio.run(signed_round(node, grads, [1, 2, 3], "sum", round_=1))
+    forged = dataclasses.replace(done.record, output=other.record.output)
+    cid = asyncio.run(put_record(node, forged))
+    with pytest.raises(ref.SpecAuditError) as caught:
+        ref.audit_round(getter(tmp_path), str(cid))
+    assert caught.value.check == "output-cid"
+    inflated = dataclasses.replace(
+        done.record,
+        inputs=(
+            dataclasses.replace(done.record.inputs[0], num_samples=999),
+            *done.record.inputs[1:],
+        ),
+    )
+    cid = asyncio.run(put_record(node, inflated))
+    with pytest.raises(ref.SpecAuditError) as caught:
+        ref.audit_round(getter(tmp_path), str(cid))
+    assert caught.value.check == "input-signature"
+    # gradstore's own audit agrees on the honest record
+    asyncio.run(verify_round(node, done.record_cid, coordinator=COORDINATOR.did))
+
+
+# -- the pieces, against gradstore's own ----------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["<f2", "<f4", "bfloat16", "float8_e4m3fn", "float8_e5m2"])
+def test_rounding_to_each_dtype_is_gradstores(dtype: str) -> None:
+    """§6.9 against ``round_into``: random values over the whole range, halfway cases (where
+    rounding through float32 would differ), the largest value and just beyond it."""
+    rng = np.random.default_rng(1)
+    fmt = ref.FORMATS[dtype]
+    top = math.log2(fmt.largest)
+    values = list(
+        rng.standard_normal(4000) * np.exp2(rng.uniform(fmt.emin - fmt.p - 2, top + 1, 4000))
+    )
+    for m in range(1, 200):  # halfway between neighbours, and a hair above
+        half = (2 * m + 1) * 2.0 ** (-fmt.p - 1)
+        values += [1 + half, -(1 + half), 1 + half + 2**-45]
+    values += [
+        fmt.largest,
+        fmt.largest * (1 + 2.0 ** (-fmt.p - 2)),
+        fmt.largest * (1 + 2.0 ** (-fmt.p - 1)),
+    ]
+    values += [2.0 ** (fmt.emin - fmt.p - 1), -(2.0 ** (fmt.emin - fmt.p - 2)), 464.0, 470.0]
+    want = np.empty(len(values), np.dtype(getattr(ml_dtypes, dtype, dtype)))
+    with np.errstate(over="ignore", invalid="ignore"):
+        round_into(want, np.array(values, np.float64))
+    got = [ref.round_to(dtype, v) for v in values]
+    wide = want.astype(np.float64)
+    for v, g, w in zip(values, got, wide.tolist(), strict=True):
+        assert (g == w and math.copysign(1, g) == math.copysign(1, w)) or (g != g and w != w), v
+    finite = [g for g in got if math.isfinite(g)]
+    assert ref.encode_floats(dtype, finite) == np.array(finite).astype(want.dtype).tobytes()
+
+
+def test_blocked_pairwise_norms_are_numpys() -> None:
+    rng = np.random.default_rng(2)
+    for n in (1, 7, 8, 9, 127, 128, 129, 1000, 8193, 65_536, 65_537, 140_000):
+        x = rng.standard_normal(n) * np.exp(rng.uniform(-20, 20, n))
+        blocks = sum(float(np.square(x[lo : lo + 65_536]).sum()) for lo in range(0, n, 65_536))
+        assert ref.norm_blocked_pairwise([x.tolist()]) == math.sqrt(blocks)
+
+
+def test_trimmed_counts_are_gradstores() -> None:
+    for n in range(1, 60):
+        for r in (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.33, 0.4, 0.45, 0.49, 0.57 / 2):
+            assert ref.trimmed_per_side(n, r) == trimmed_per_side(n, r), (n, r)
+
+
+def test_file_cids_are_gradstores_at_every_depth() -> None:
+    """§3 with small chunks and fan-out, so trees of depth 1 to 4 stay small."""
+    data = bytes(range(256)) * 40
+    for size in (1, 15, 16, 17, 48, 49, 200, 1000, len(data)):
+        for fanout in (2, 3, 1024):
+            blocks = list(layout(_leaves_inline(chunks([data[:size]], 16)), max_links=fanout))
+            assert ref.file_cid(data[:size], chunk=16, max_links=fanout) == blocks[-1].cid.bytes
+
+
+def test_documents_encode_as_gradstore_does() -> None:
+    meta = {"z": [1, -40, 2.5, None, True, b"\x00"], "é": {"b": 1, "a": "x" * 40}, "a": 300}
+    arrays = {
+        "b": np.arange(3, dtype=np.float32),
+        "a": np.ones((2, 70), np.float16),
+        "e": np.zeros((0, 3), np.float64),
+    }
+    doc = encode(Gradient(arrays, meta)).tobytes()
+    mine = ref.encode_document(
+        meta, [(k, v.dtype.str, v.shape, v.tobytes()) for k, v in arrays.items()]
+    )
+    assert mine == doc
+    parsed = ref.decode_document(doc)
+    assert parsed.meta == meta and [t.name for t in parsed.tensors] == ["a", "b", "e"]
+    assert ref.file_cid(doc) == CID.parse(str(ref.cid_text(ref.file_cid(doc)))).bytes
+
+
+def test_announcements_are_the_bytes_peers_sign() -> None:
+    k = key(3)
+    cid = "bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy"
+    ann = Announce("job-1", "run0run0run0", 7, k.did, cid, 12, 1_700_000_000_123)
+    wire = encode_message(ann, k)
+    signed = ref.announcement_bytes("job-1", "run0run0run0", 7, k.did, cid, 12, 1_700_000_000_123)
+    assert wire[1:].startswith(signed[1:]) and signed[0] == 0x89 and wire[0] == 0x8A
+    assert ref.ed25519_verify(ref.public_key(k.did), signed, wire[-64:])
+    assert not ref.ed25519_verify(ref.public_key(k.did), signed + b"x", wire[-64:])
+
+
+def test_the_linear_rule_accumulates_from_the_first_term() -> None:
+    """§6.4: -0.0 in every input stays -0.0 (0.0 + ... would give +0.0)."""
+    inputs = [{"w": np.array([-0.0, 1.0], np.float32)}] * 3
+    out = aggregate(inputs, AggregationParams("mean"))["w"]
+    mine = ref.linear([[-0.0, 1.0]] * 3, [1.0] * 3, 3.0)
+    assert struct.pack("<d", mine[0]) == struct.pack("<d", float(out[0])) == struct.pack("<d", -0.0)
+
+
+VECTORS = Path(__file__).resolve().parents[2] / "tests" / "vectors"
+VECTOR_LIST = json.loads((VECTORS / "vectors.json").read_text("utf-8"))["vectors"]
+
+
+@pytest.mark.parametrize("vector", VECTOR_LIST, ids=[v["name"] for v in VECTOR_LIST])
+def test_the_reference_rederives_every_conformance_vector(
+    tmp_path: Path, vector: dict[str, Any]
+) -> None:
+    """tests/vectors, read by the reference from their CARs: the output vectors.json names."""
+    node = LocalNode(tmp_path)
+    data = (VECTORS / vector["car"]).read_bytes()
+    roots = asyncio.run(node.import_car([data]))
+    assert [str(r) for r in roots] == [vector["record"]]
+    result = ref.audit_round(getter(tmp_path), vector["record"])
+    assert ref.cid_text(result.output) == vector["output"]
+    assert result.record["coordinator"] == vector["coordinator"]
