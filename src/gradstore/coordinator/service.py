@@ -1,22 +1,14 @@
-"""The coordinator service: the asyncio tasks that apply what ``state.CoordinatorState`` decides.
+"""The coordinator service: asyncio tasks that wait for I/O and apply what the state decides.
 
-Every decision (admission, the replay filter, which input to fetch and when a failure is
-final, when a round closes and whom it aggregates, what peers hear and what the beacon
-repeats, recovery) is the state's: a task here waits for I/O, hands the event to the
-state, and applies the ``Effects`` it returns. The tasks, all in one ``asyncio.TaskGroup``
-(so every one is awaited, cancelled or not):
-
-- the reader hands each announcement to the state; it never waits on the node, the
-  journal or a publish, so a flood of replays costs O(1) each;
-- the journal writer commits accepted announcements in batches, and only then are they
-  acknowledged and fetched;
-- the dispatcher starts fetch attempts as the state's ``FetchPlan`` allows, each a task
-  of its own (``inputs.verify_input``), and the kernel is prepared in one as well;
-- the publisher sends each changed round's status at most every ``STATUS_EVERY_S``;
-- the beacon repeats what the state says peers may have missed, re-signed with a fresh
-  time, because pubsub may drop messages and peers refuse stale ones;
-- the round loop opens a round, waits until it should close, and closes it
-  (``closing.close_round``).
+Every decision is ``state.CoordinatorState``'s: a task here hands it an event and applies
+the ``Effects`` it returns. The tasks all live in one ``asyncio.TaskGroup`` (so every one
+is awaited, cancelled or not): the reader (each announcement, never waiting, so a flood
+of replays costs O(1) each); the journal writer (accepted announcements are committed in
+batches, and only then acknowledged and fetched); the dispatcher and its fetch attempts
+(``inputs.verify_input``), and the kernel's preparation; the status publisher (each
+changed round at most every ``STATUS_EVERY_S``); the beacon (what peers may have missed,
+re-signed, since pubsub drops messages and peers refuse stale ones); and the round loop,
+which opens a round, waits until it should close, and closes it (``closing.close_round``).
 """
 
 from __future__ import annotations
@@ -26,8 +18,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
@@ -36,10 +27,10 @@ from ..dag import CID
 from ..errors import AggregationError, CoordinatorError, NodeError
 from ..format import Gradient
 from ..job import JobConfig
-from ..messages import SigningKey, announcement_signature, decode_record, encode_fitted
-from ..messages.refusal_log import RefusalLog
+from ..messages import SigningKey, decode_record, encode_fitted
 from ..node import Node, follow
 from ..store import GradientStore
+from ._tasks import relay, until, unwrap
 from .admission import Verdict
 from .closing import DEFAULT_CLOSE_RETRY_S, Closed, close_round, with_retries
 from .fetch_plan import DEFAULT_ATTEMPTS
@@ -87,10 +78,9 @@ class Coordinator:
         self.node = node
         self.state_dir = Path(state_dir)
         self.store = GradientStore(node, limits=config.limits)
-        grace = min(config.rounds.deadline_s, 30.0) if restart_grace_s is None else restart_grace_s
         self.state = CoordinatorState(
             config,
-            restart_grace_s=grace,
+            restart_grace_s=restart_grace_s,
             fetch_workers=fetch_concurrency,
             fetch_attempts=fetch_attempts,
         )
@@ -101,6 +91,10 @@ class Coordinator:
         self.on_round = on_round
         self.clock = clock
         self.outcomes: list[RoundOutcome] = []
+        # the state's own counters, never rebound: refusals by reason, the recent ones, logs
+        self.refusals, self.recent_refusals = self.state.refusals, self.state.recent_refusals
+        self.refusal_log = self.state.refusal_log
+        self._books = self.state.books  # the open round's and buffered ones (tests watch them)
         self._budget = ByteBudget(memory_budget_bytes)
         self._keep = ByteBudget(keep_bytes)
         self._attempts: dict[Key, asyncio.Task[None]] = {}
@@ -123,26 +117,8 @@ class Coordinator:
         return self.state.run_id
 
     @property
-    def head(self) -> CID | None:
-        """The last closed round's record."""
+    def head(self) -> CID | None:  # the last closed round's record
         return self.state.head
-
-    @property
-    def refusals(self) -> Counter[str]:
-        """Refused announcements by reason (exact replays count as ``duplicate``)."""
-        return self.state.refusals
-
-    @property
-    def recent_refusals(self) -> deque[tuple[str, str]]:
-        return self.state.recent_refusals
-
-    @property
-    def refusal_log(self) -> RefusalLog:
-        return self.state.refusal_log
-
-    @property
-    def _books(self) -> dict[int, RoundBook]:  # tests watch a round's book
-        return self.state.books
 
     def progress(self) -> RoundProgress | None:
         """The open round's counts and time left (None when no round is open)."""
@@ -182,7 +158,7 @@ class Coordinator:
                 self.state.run_id = journal.bind(self.config.job, self.config.coordinator)
                 await self._recover()
                 async with self.node.subscribe(self.config.gradients_topic) as sub:
-                    await _unwrap(self._serve(sub, stop))
+                    await unwrap(self._serve(sub, stop))
             finally:
                 self._journal = None
         return self.outcomes
@@ -196,12 +172,12 @@ class Coordinator:
                 tg.create_task(self._dispatch(), name="coordinator-fetches"),
                 tg.create_task(self._publisher(), name="coordinator-statuses"),
                 tg.create_task(self._beacon(), name="coordinator-beacon"),
-                tg.create_task(_relay(stop, self._news), name="coordinator-stop"),
+                tg.create_task(relay(stop, self._news), name="coordinator-stop"),
             ]
             try:
                 await self._rounds(stop)
                 if not stop.is_set() and self.linger_s > 0:
-                    await _until(stop, self.linger_s)  # let late peers see the last result
+                    await until(stop, self.linger_s)  # let late peers see the last result
             finally:
                 for task in (*background, *self._attempts.values()):
                     task.cancel()
@@ -223,13 +199,8 @@ class Coordinator:
         self.state.remember(journal.inputs_from(self.state.round))
         journal.flush()
         if rows:
-            log.info(
-                "resuming job %s run %s at round %d (head record %s)",
-                self.config.job,
-                self.run_id,
-                self.round,
-                self.head,
-            )
+            job, run, r, head = self.config.job, self.run_id, self.round, self.head
+            log.info("resuming job %s run %s at round %d (head record %s)", job, run, r, head)
 
     # -- rounds ----------------------------------------------------------------------------
     async def _rounds(self, stop: asyncio.Event) -> None:
@@ -245,7 +216,7 @@ class Coordinator:
                 check = self.state.should_close(book, now := self.clock())
                 if check.close:
                     break
-                await _until(self._news, None if check.wake_at is None else check.wake_at - now)
+                await until(self._news, None if check.wake_at is None else check.wake_at - now)
             outcome = await self._close(book)
             self.journal.set_stats(book.round, outcome.stats)
             await asyncio.to_thread(self.journal.flush)
@@ -261,7 +232,6 @@ class Coordinator:
             self._attempts[key].cancel()
         judged = self.state.judge(book, self.clock())
         self._apply(judged.effects)
-        outcome: RoundOutcome
         if judged.failure is not None:
             outcome = await self._fail(judged, judged.failure)
         else:
@@ -276,7 +246,7 @@ class Coordinator:
                     inputs=judged.inputs,
                     excluded=judged.excluded_cids,
                     prev=self.head,
-                    announcements=self._announcements(r, judged.verified),
+                    announcements=self.journal.signatures(r, judged.verified),
                     give_up_after=self.close_retry_s,
                 )
             except AggregationError as exc:
@@ -290,16 +260,6 @@ class Coordinator:
         # from the first accepted announcement (when the round's clock started) to the end
         outcome.stats["started_s"] = round(self.clock() - (book.started_at or book.opened_at), 3)
         return outcome
-
-    def _announcements(self, round_: int, peers: Sequence[str]) -> dict[str, tuple[int, bytes]]:
-        """Each peer's signed announcement of ``round_`` as the journal keeps it (sent_at, sig)."""
-        out = {}
-        for peer in peers:
-            data = self.journal.message(round_, peer)
-            if data is not None:
-                ann, sig = announcement_signature(data)
-                out[peer] = (ann.sent_at, sig)
-        return out
 
     async def _closed(self, judged: Judged, closed: Closed, t_close: float) -> RoundOutcome:
         r = judged.round
@@ -358,7 +318,7 @@ class Coordinator:
                 assert self._tg is not None
                 self._attempts[key] = self._tg.create_task(self._attempt(key))
                 continue
-            await _until(self._plan_wake, None if wake is None else max(0.0, wake - self.clock()))
+            await until(self._plan_wake, None if wake is None else max(0.0, wake - self.clock()))
             self._plan_wake.clear()
 
     async def _attempt(self, key: Key) -> None:
@@ -390,8 +350,7 @@ class Coordinator:
             got = FetchFailed(f"internal error: {type(exc).__name__}: {exc}")
         finally:
             self._attempts.pop(key, None)
-            seconds = time.perf_counter() - start
-            self._apply(self.state.fetched(key, got, seconds, self.clock()))
+            self._apply(self.state.fetched(key, got, time.perf_counter() - start, self.clock()))
 
     # -- publishing ---------------------------------------------------------------------------
     async def _publisher(self) -> None:
@@ -425,30 +384,6 @@ class Coordinator:
             await self._publish(self.state.failure(self._stamp()))
             self.state.log_refusals(self.clock())  # a flood's last counts, once it stopped
             await asyncio.sleep(self.rebroadcast_s)
-
-
-async def _until(event: asyncio.Event, timeout: float | None) -> None:
-    """Wait until ``event`` is set or ``timeout`` seconds pass (no task of its own)."""
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(timeout):
-            await event.wait()
-
-
-async def _relay(stop: asyncio.Event, news: asyncio.Event) -> None:
-    """Wake the round loop when ``stop`` is set (it waits on ``news`` alone)."""
-    await stop.wait()
-    news.set()
-
-
-async def _unwrap(coro: Any) -> None:
-    """Await ``coro``; a TaskGroup's single error is raised as itself, not as a group."""
-    try:
-        await coro
-    except BaseExceptionGroup as group:
-        errors = [e for e in group.exceptions if not isinstance(e, asyncio.CancelledError)]
-        if len(errors) == 1:
-            raise errors[0] from None
-        raise
 
 
 async def _prepare(gradient: Gradient) -> None:

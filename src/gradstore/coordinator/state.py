@@ -195,12 +195,16 @@ class CoordinatorState:
         self,
         config: JobConfig,
         *,
-        restart_grace_s: float,
+        restart_grace_s: float | None = None,
         fetch_workers: int = 16,
         fetch_attempts: int = DEFAULT_ATTEMPTS,
     ) -> None:
         self.config = config
-        self.restart_grace_s = restart_grace_s
+        #: after a restart past a round's deadline, how long its journaled inputs are
+        #: resolved again before it is judged (default: the deadline, at most 30 s)
+        self.restart_grace_s = (
+            min(config.rounds.deadline_s, 30.0) if restart_grace_s is None else restart_grace_s
+        )
         self.run_id = ""
         self.round = 0  # the open round; between two rounds, the next to open
         self.head: CID | None = None  # the last closed round's record
