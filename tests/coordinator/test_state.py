@@ -396,3 +396,10 @@ def test_a_restart_past_the_deadline_gives_journaled_inputs_a_grace_period() -> 
 def test_the_default_restart_grace_is_the_deadline_at_most_30_s() -> None:
     assert Job(2, deadline_s=10).state.restart_grace_s == 10.0
     assert Job(2, deadline_s=600).state.restart_grace_s == 30.0
+
+
+def test_the_coordinators_progress_is_round_progress_under_its_old_name_too() -> None:
+    # one Progress name per meaning: gradstore.store's Progress is a byte-count callback
+    from gradstore.coordinator import Progress, RoundProgress
+
+    assert Progress is RoundProgress

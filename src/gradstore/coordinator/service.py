@@ -145,7 +145,9 @@ class Coordinator:
         if effects.give_back:
             self._keep.give_back(effects.give_back)
         if effects.prepare is not None and self._tg is not None:
-            self._prepared = self._tg.create_task(_prepare(effects.prepare), name="kernel")
+            self._prepared = self._tg.create_task(
+                _prepare(effects.prepare), name="coordinator-kernel"
+            )
         return effects
 
     # -- lifecycle -------------------------------------------------------------------------

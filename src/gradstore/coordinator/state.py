@@ -216,6 +216,7 @@ class CoordinatorState:
         self.learned: Schema | None = None  # the schema of the first aggregated round
         self.last_result: tuple[RoundRecord, str] | None = None  # the beacon repeats it
         self.last_failure: tuple[int, str] | None = None  # and this, (round, reason)
+        # never rebound, these three: the Coordinator shows the very objects
         self.refusals: Counter[str] = Counter()  # reason -> how many, for logs and tests
         self.recent_refusals: deque[tuple[str, str]] = deque(maxlen=RECENT_REFUSALS)
         self.refusal_log = RefusalLog()  # which refusals get a line of their own
