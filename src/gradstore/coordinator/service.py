@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any, Final
 
@@ -144,10 +144,8 @@ class Coordinator:
                 wake.set()
         if effects.give_back:
             self._keep.give_back(effects.give_back)
-        if effects.prepare is not None and self._tg is not None:
-            self._prepared = self._tg.create_task(
-                _prepare(effects.prepare), name="coordinator-kernel"
-            )
+        if effects.prepare is not None and self._tg is not None:  # once per run
+            self._prepared = self._tg.create_task(_prepare(effects.prepare), name="kernel")
         return effects
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -192,7 +190,7 @@ class Coordinator:
         journal = self.journal
         rows = journal.rounds()
         for r, cid, publish in self.state.recovered(rows, journal.get_meta("schema")):
-            read = functools.partial(self.node.get_block, cid)
+            read = partial(self.node.get_block, cid)
             data = await with_retries(f"reading round record {cid}", read)
             self.state.announce_result(decode_record(data, cid=cid), cid)
             if publish:
@@ -271,8 +269,7 @@ class Coordinator:
         self.state.announce_result(closed.record, closed.record_cid)
         await self._publish(self.state.result(self._stamp()))
         self.journal.mark_published(r)
-        stats = judged.stats
-        stats.update(closed.stats)
+        stats = judged.stats | closed.stats
         stats["publish_s"] = stats.pop("store_s", 0.0)
         stats["close_s"] = round(time.perf_counter() - t_close, 3)
         peers = tuple(i.peer for i in closed.record.inputs)
