@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -20,10 +21,18 @@ from gradstore.aggregate import (
     AggregationParams,
     InMemory,
     Layout,
+    _krum,
     aggregate_streamed,
     aggregate_with_info,
 )
-from gradstore.aggregate._krum import BLOCK
+from gradstore.aggregate._checks import NonFiniteResult
+from gradstore.aggregate._krum import (
+    BLOCK,
+    centre_on_median,
+    chunk_gram,
+    distances_from_gram,
+    squared_distances,
+)
 
 from .krum_exact import Flat, exact_distances, exact_scores, possible_selections
 
@@ -100,3 +109,55 @@ def test_a_far_input_0_does_not_change_the_honest_selection(seed: int, near: boo
         )
         assert again == info
         assert all(streamed[k].tobytes() == result[k].tobytes() for k in result)
+
+
+@pytest.fixture(params=["network", "partition"])
+def median_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Take each block's median with the sorting network, or with ``ndarray.partition``."""
+    if request.param == "partition":
+        monkeypatch.setattr(_krum, "NETWORK_INPUTS", 0)
+    yield request.param
+
+
+def _median_of(block: np.ndarray) -> np.ndarray:
+    return np.partition(block, (block.shape[0] - 1) // 2, axis=0)[(block.shape[0] - 1) // 2]
+
+
+@pytest.mark.usefixtures("median_path")
+@pytest.mark.parametrize("n", [*range(3, 41), 64, 101])
+def test_each_column_is_centred_on_its_lower_median(n: int) -> None:
+    """Random columns with repeated values and zeros of both signs, strips of 7 columns."""
+    rng = np.random.default_rng(n)
+    block = rng.integers(-3, 4, (n, 50)).astype(np.float64) * rng.choice([1.0, 0.5], (n, 50))
+    block[rng.random(block.shape) < 0.1] = -0.0
+    block[:, :25] = rng.standard_normal((n, 25))
+    want = block - _median_of(block)
+    centre_on_median(block, np.empty((n + 1, 7)))
+    assert np.array_equal(block, want)
+
+
+def test_both_median_paths_give_the_same_distances(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The network and ``partition`` select the same values, so the distances' bits agree."""
+    flats = far_round(4, near=True)
+    layout = _layout(flats[0])
+    network = squared_distances(flats, layout, None, 2)
+    monkeypatch.setattr(_krum, "NETWORK_INPUTS", 0)
+    assert squared_distances(flats, layout, None, 2).tobytes() == network.tobytes()
+
+
+@pytest.mark.usefixtures("median_path")
+@pytest.mark.parametrize("n", [5, 40])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("rows", [1, "most"])
+def test_a_non_finite_value_makes_the_gram_matrix_non_finite(
+    n: int, bad: float, rows: int | str
+) -> None:
+    """Whether or not the median of that column is itself non-finite."""
+    rng = np.random.default_rng(n)
+    flats = [{"w": rng.standard_normal(100).astype("<f4")} for _ in range(n)]
+    for i in range(1 if rows == 1 else n // 2 + 1):
+        flats[n - 1 - i]["w"][17] = bad
+    gram = chunk_gram(flats, "w", 0, 100, None)
+    assert not np.isfinite(gram).all()
+    with pytest.raises(NonFiniteResult):
+        distances_from_gram(gram)
