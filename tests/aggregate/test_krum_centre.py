@@ -124,16 +124,28 @@ def _median_of(block: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.usefixtures("median_path")
+@pytest.mark.parametrize("strip", ["<f8", "<f4"])
 @pytest.mark.parametrize("n", [*range(3, 41), 64, 101])
-def test_each_column_is_centred_on_its_lower_median(n: int) -> None:
-    """Random columns with repeated values and zeros of both signs, strips of 7 columns."""
+def test_each_column_is_centred_on_its_lower_median(n: int, strip: str) -> None:
+    """Random columns with repeated values and zeros of both signs, strips of 7 columns (a
+    float32 strip for float32 values)."""
     rng = np.random.default_rng(n)
     block = rng.integers(-3, 4, (n, 50)).astype(np.float64) * rng.choice([1.0, 0.5], (n, 50))
     block[rng.random(block.shape) < 0.1] = -0.0
-    block[:, :25] = rng.standard_normal((n, 25))
+    block[:, :25] = rng.standard_normal((n, 25)).astype(np.float32)
     want = block - _median_of(block)
-    centre_on_median(block, np.empty((n + 1, 7)))
+    centre_on_median(block, np.empty((n + 1, 7), strip))
     assert np.array_equal(block, want)
+
+
+@pytest.mark.parametrize("n", [5, 11, 40])
+def test_float32_and_float64_inputs_of_the_same_values_give_the_same_bits(n: int) -> None:
+    """float32 inputs take their median in float32: the same value, so the same Gram matrix."""
+    rng = np.random.default_rng(n)
+    narrow = [{"w": rng.standard_normal(BLOCK + 9).astype("<f4")} for _ in range(n)]
+    wide = [{"w": flat["w"].astype("<f8")} for flat in narrow]
+    got = chunk_gram(narrow, "w", 0, BLOCK + 9, None)
+    assert got.tobytes() == chunk_gram(wide, "w", 0, BLOCK + 9, None).tobytes()
 
 
 def test_both_median_paths_give_the_same_distances(monkeypatch: pytest.MonkeyPatch) -> None:
