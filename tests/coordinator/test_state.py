@@ -277,6 +277,28 @@ def test_the_first_aggregated_round_fixes_the_schema_for_the_next() -> None:
     assert order.claim.round == 1 and order.claim.run == RUN
 
 
+def test_an_aggregated_peer_announcing_its_input_again_after_the_close_is_not_refused() -> None:
+    # Defect (256 peers under load): a peer whose input was aggregated, but which had not yet
+    # heard so, announced it again after the close; it was refused as stale-round and saw
+    # itself both aggregated and refused, so it raised RefusedError for a round it was in.
+    job = Job(2)
+    job.open(0)
+    for i in range(2):
+        job.announce(i, cid=i)
+        job.state.plan.next(job.now)
+        job.verified(i, cid=i)
+    job.state.judge(job.state.books[0], job.now)
+    job.state.close_succeeded(0, job.closed(0, [0, 1]))
+    job.state.forget(0, keep_pins=True)
+    again = job.message(0, cid=0, sent_at=int(job.now * 1000) + 1)
+    verdict, effects = job.state.admit(again, job.now)
+    assert verdict is Verdict.DUPLICATE and not effects.statuses
+    assert job.state.past[0].refusals == {}
+    other = job.message(1, cid=2)  # not the input it had: still stale
+    verdict, _ = job.state.admit(other, job.now)
+    assert verdict is Verdict.REFUSE and job.state.recent_refusals[-1][0] == "stale-round"
+
+
 def test_a_configured_schema_is_never_learned() -> None:
     job = Job(1, schema=True)
     assert job.state.schema == SCHEMA

@@ -307,6 +307,11 @@ class CoordinatorState:
         if decision.verdict is Verdict.DUPLICATE:
             self.refusals["duplicate"] += 1
             return decision.verdict, Effects()
+        if decision.verdict is Verdict.REFUSE and self._had(ann):
+            # its own input of a closed round, sent again because the word of it was lost:
+            # the round's status already says what became of it, a refusal would contradict it
+            self.refusals["duplicate"] += 1
+            return Verdict.DUPLICATE, Effects()
         if decision.verdict is Verdict.REFUSE:
             effects = Effects()
             if decision.tell:
@@ -321,6 +326,16 @@ class CoordinatorState:
         self._accepted.append((ann, now))
         return Verdict.ACCEPT, Effects(
             writes=[Accept(ann.round, ann.peer, ann.cid, ann.num_samples, data)]
+        )
+
+    def _had(self, ann: Announce) -> bool:
+        """Whether ``ann`` repeats an input that a past round verified or aggregated."""
+        past = self.past.get(ann.round)
+        slot = None if past is None else past.slots.get(ann.peer)
+        return (
+            slot is not None
+            and slot.cid == ann.cid
+            and slot.state in (PeerState.VERIFIED, PeerState.AGGREGATED)
         )
 
     def _refused(self, reason: str, detail: str, sender: str | None, now: float) -> Verdict:
