@@ -4,7 +4,7 @@ GradstoreError
 ├── FormatError (ValueError)          bytes are not a valid gradstore/1 or /2 document
 │   ├── MalformedDocumentError        not well formed; carries the byte ``offset``
 │   └── InvalidDocumentError          well formed but wrong; carries a ``path``
-├── LimitExceededError (ValueError)   a declared size is over a caller-set limit
+├── LimitExceededError (ValueError)   a declared size is over a limit; carries the ``limit`` name
 ├── CompressionError (ValueError)     a tensor or spec that cannot be compressed as asked
 ├── CIDError (ValueError)             a CID that cannot be parsed or is outside the profile
 ├── DAGError (ValueError)             a malformed dag-pb/UnixFS node or CAR stream
@@ -52,7 +52,16 @@ class InvalidDocumentError(FormatError):
 
 
 class LimitExceededError(GradstoreError, ValueError):
-    """A declared size (bytes, tensors, rank, elements) is over the caller's limit."""
+    """A declared size (bytes, tensors, rank, elements) is over a limit; ``limit`` names it.
+
+    ``limit`` is the ``format.Limits`` field that refused (``"max_bytes"``, ``"max_rank"``,
+    ...; a caller raises the size ones), or a node's fixed bound (``"max_block_bytes"``,
+    ``"max_pubsub_bytes"``), so code can tell them apart without reading the message.
+    """
+
+    def __init__(self, message: str, limit: str) -> None:
+        self.limit = limit
+        super().__init__(message)
 
 
 class CompressionError(GradstoreError, ValueError):

@@ -21,7 +21,7 @@ from gradstore.dag import CID, RAW, CarReader, block_links, write_car
 from gradstore.dag.block import Block
 from gradstore.errors import AuditError, IntegrityError
 from gradstore.format import CODECS, FLOATS, VALUE_FORMATS
-from gradstore.format._codec import INDEX_BITS
+from gradstore.format.codecs import INDEX_BITS
 from gradstore.messages import RECORD_TYPES
 from gradstore.node import KuboDaemon, LocalNode, Node
 

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from gradstore.cli._tensor_files import load_gradient
 from gradstore.compress import compress
 from gradstore.compress._round import bf16_bits
+from gradstore.files import load_gradient
 from gradstore.format import CompressedGradient, CompressedTensor, Gradient, decode_any, encode
 from gradstore.node import KuboDaemon
 

@@ -13,12 +13,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gradstore.cli import _npz_stream, _stored_zip
-from gradstore.cli._npz import load_npz
-from gradstore.cli._npz_stream import NpzStream
-from gradstore.cli._tensor_files import open_gradient
 from gradstore.dag import file_cid
 from gradstore.errors import FormatError
+from gradstore.files import NpzStream, _npz_stream, _stored_zip, load_npz, open_gradient
 from gradstore.format import encode
 from gradstore.node import LocalNode
 

@@ -13,8 +13,8 @@ import safetensors
 import safetensors.numpy
 
 from gradstore.aggregate import AggregationParams, aggregate
-from gradstore.cli import _safetensors
 from gradstore.dag import file_cid
+from gradstore.files import SAFETENSORS_DTYPES
 from gradstore.format import DTYPES, EXTENDED, Gradient, encode, numpy_dtype
 
 from .conftest import Cli
@@ -46,7 +46,7 @@ def _read(path: Path) -> dict[str, np.ndarray[Any, Any]]:
         kinds = {name: f.get_slice(name).get_dtype() for name in f.keys()}  # noqa: SIM118
     for name, info in safetensors.deserialize(path.read_bytes()):
         assert info["dtype"] == kinds[name]
-        dt = numpy_dtype(_safetensors.CODES[info["dtype"]])
+        dt = numpy_dtype(SAFETENSORS_DTYPES[info["dtype"]])
         assert dt is not None
         out[name] = np.frombuffer(info["data"], dt).reshape(info["shape"])
     return out

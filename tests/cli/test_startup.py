@@ -18,8 +18,8 @@ import pytest
 
 from gradstore import __version__
 from gradstore.cli._main import build_parser
-from gradstore.cli._npz import load_npz
 from gradstore.dag import file_cid
+from gradstore.files import load_npz
 from gradstore.format import encode
 from gradstore.node import KuboDaemon
 
@@ -95,7 +95,7 @@ def test_cid_of_plain_arrays_imports_no_numpy_no_node_layer_and_no_event_loop(
     ``.npz`` of plain arrays is streamed into its document byte for byte)."""
     out, modules = _imports("cid", str(_npz(tmp_path)))
     assert out.startswith("bafk")  # one raw block
-    assert "gradstore.cli._npz_stream" in modules  # the listing sees what it does load
+    assert "gradstore.files._npz_stream" in modules  # the listing sees what it does load
     unwanted = {"numpy", "httpx", "asyncio", "numba", "multiformats", "gradstore.node"}
     found = sorted(m for m in modules if m in unwanted or m.split(".")[0] in unwanted)
     assert not found, f"gradstore cid imported {found[:10]}"
@@ -106,7 +106,7 @@ def test_encode_of_plain_arrays_streams_the_document_without_numpy(tmp_path: Pat
     written: no NumPy, and the bytes are the format's own encoding."""
     npz, doc = _npz(tmp_path), tmp_path / "g.doc"
     _, modules = _imports("encode", str(npz), "-o", str(doc))
-    assert "gradstore.cli._npz_stream" in modules
+    assert "gradstore.files._npz_stream" in modules
     assert "numpy" not in modules
     assert doc.read_bytes() == encode(load_npz(npz)).tobytes()
 

@@ -298,7 +298,7 @@ def test_put_refuses_by_default_what_get_refuses_by_default(
 ) -> None:
     """A tensor of exactly 1 GiB makes a document just over get's default: put says so first."""
     import gradstore.cli._store_cmds as store_cmds
-    from gradstore.cli._tensor_files import LoadedGradient
+    from gradstore.files import LoadedGradient
 
     huge = Gradient({"w": np.zeros(1 << 30, np.uint8)})  # calloc'd: no memory is touched
     monkeypatch.setattr(

@@ -10,8 +10,17 @@ from typing import Any
 import numpy as np
 import pytest
 
+from gradstore.compress import compress
 from gradstore.errors import LimitExceededError, MalformedDocumentError
-from gradstore.format import DEFAULT_LIMITS, Gradient, Limits, decode, encode, read_header
+from gradstore.format import (
+    DEFAULT_LIMITS,
+    Gradient,
+    Limits,
+    check_fits,
+    decode,
+    encode,
+    read_header,
+)
 
 
 def _doc(tensors: dict[str, np.ndarray], meta: dict[str, Any] | None = None) -> bytes:
@@ -105,6 +114,40 @@ def test_max_meta_depth() -> None:
     assert decode(doc, Limits(max_meta_depth=2)).meta == {"a": [[1]]}
     with pytest.raises(LimitExceededError, match="max_meta_depth"):
         decode(doc, Limits(max_meta_depth=1))
+
+
+_OVER_EACH_LIMIT = {  # a gradient, and the limits one below what its document needs
+    "max_bytes": ({"w": np.zeros(100, "<f4")}, {}, {"max_bytes": 400}),
+    "max_tensors": ({f"t{i}": np.zeros(1, "|u1") for i in range(3)}, {}, {"max_tensors": 2}),
+    "max_rank": ({"w": np.zeros((1, 2, 3), "<f4")}, {}, {"max_rank": 2}),
+    "max_elements": ({"w": np.zeros((2, 5), "<f8")}, {}, {"max_elements": 9}),
+    "max_meta_bytes": ({}, {"note": "x" * 100}, {"max_meta_bytes": 50}),
+    "max_name_bytes": ({"é" * 5: np.zeros(1, "<f4")}, {}, {"max_name_bytes": 9}),
+}
+
+
+@pytest.mark.parametrize("field", sorted(_OVER_EACH_LIMIT))
+def test_a_refusal_names_its_limit_as_a_field(field: str) -> None:
+    """Code tells the limits apart by ``LimitExceededError.limit``, never by the message:
+    reading the document and checking a gradient before it is written say the same."""
+    tensors, meta, over = _OVER_EACH_LIMIT[field]
+    gradient = Gradient(tensors, meta)
+    doc = _doc(tensors, meta)
+    with pytest.raises(LimitExceededError) as read:
+        decode(doc, Limits(**over))
+    with pytest.raises(LimitExceededError) as checked:
+        check_fits(gradient, len(doc), Limits(**over))
+    assert read.value.limit == checked.value.limit == field
+
+
+def test_the_meta_depth_and_decompression_refusals_name_their_limit() -> None:
+    with pytest.raises(LimitExceededError) as deep:
+        decode(_doc({}, {"a": [[1]]}), Limits(max_meta_depth=1))
+    assert deep.value.limit == "max_meta_depth"
+    compressed = compress(Gradient({"w": np.ones(64, np.float32)}), "int8")
+    with pytest.raises(LimitExceededError) as dense:
+        compressed.decompress(max_bytes=8 * 64 - 1)
+    assert dense.value.limit == "max_bytes"
 
 
 # --- huge declared sizes allocate nothing -----------------------------------------------

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from gradstore.errors import KeyFileError, MessageError
 from gradstore.messages import SigningKey, did_from_public_key, public_key_from_did
-from gradstore.messages.didkey import verify_signature
+from gradstore.messages.didkey import base58btc, from_base58btc, verify_signature
 
 # w3c-ccg/did-method-key test-vectors/ed25519-x25519.json: RFC 8032 seed -> did, and the
 # raw public key in base58 (publicKeyBase58).
@@ -73,6 +73,40 @@ def test_every_public_key_round_trips_through_its_did(raw: bytes) -> None:
     did = did_from_public_key(raw)
     assert did.startswith("did:key:z6Mk")
     assert public_key_from_did(did) == raw
+
+
+@given(st.binary(max_size=40))
+def test_base58btc_is_multiformats_base58btc(raw: bytes) -> None:
+    from multiformats import multibase
+
+    assert "z" + base58btc(raw) == multibase.encode(raw, "base58btc")
+    assert from_base58btc(base58btc(raw)) == raw
+
+
+BASE58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
+
+
+@given(
+    st.text(alphabet=BASE58 + "0OIl+/ \u00e9", max_size=50)
+    | st.builds(lambda tail: "6Mk" + tail, st.text(alphabet=BASE58 + "0", max_size=46))
+)
+def test_from_base58btc_reads_what_multiformats_reads(text: str) -> None:
+    from multiformats import multibase
+
+    try:
+        expected = multibase.decode("z" + text)
+    except ValueError:
+        expected = None
+    assert from_base58btc(text) == expected
+    try:
+        key = public_key_from_did("did:key:z" + text)
+    except MessageError:
+        key = None
+    canonical = expected is not None and multibase.encode(expected, "base58btc") == "z" + text
+    if canonical and len(expected) == 34 and expected[:2] == b"\xed\x01":
+        assert key == expected[2:]
+    else:
+        assert key is None
 
 
 def test_did_from_public_key_needs_32_bytes() -> None:

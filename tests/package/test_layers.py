@@ -22,6 +22,7 @@ RANK = {
     "format": 1,
     "compress": 2,
     "dag": 2,
+    "files": 3,
     "node": 3,
     "store": 4,
     "aggregate": 5,

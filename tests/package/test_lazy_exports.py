@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-LAZY = ["gradstore", "gradstore.dag", "gradstore.format", "gradstore.store"]
+LAZY = ["gradstore", "gradstore.dag", "gradstore.files", "gradstore.format", "gradstore.store"]
 
 
 def _type_checking_imports(package: str) -> dict[str, str]:

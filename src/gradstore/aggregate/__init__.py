@@ -37,10 +37,11 @@ from ._declared import first_beyond_dtype
 from ._dispatch import AggregationInfo, aggregate, aggregate_with_info
 from ._fused import prepare
 from ._methods import fedavg, krum, mean, median, multikrum, sum_, trimmed_mean, weighted
-from ._params import METHODS, AggregationParams
+from ._params import CLIP_PARAMETERS, METHODS, AggregationParams, parameter_names
 from ._streamed import InMemory, InputSource, aggregate_streamed
 
 __all__ = [
+    "CLIP_PARAMETERS",
     "METHODS",
     "NORM_SUMS",
     "OUTPUT_CLIPS",
@@ -71,6 +72,7 @@ __all__ = [
     "mean",
     "median",
     "multikrum",
+    "parameter_names",
     "prepare",
     "sum_",
     "trimmed_mean",

@@ -1,12 +1,15 @@
 """Krum and multi-Krum (Blanchard et al., NeurIPS 2017): keep the inputs closest to the rest.
 
 Distances are squared L2 over all tensors. They come from a float64 Gram matrix
-accumulated block by block, after subtracting input 0 from every input in that block
-(exact for float32 values of similar magnitude): ``d(i, j) = |y_i|^2 + |y_j|^2 - 2 y_i.y_j`` with
-``y = x - x_0``, so the cancellation is relative to the distances between inputs, not to
-their norms. Chunks run on threads, each with its own Gram matrix, summed in chunk
-order. The block products use BLAS, whose rounding may differ between machines in
-the last bits; the output is bit-identical whenever the same inputs are selected.
+accumulated block by block, after subtracting from every input in that block the block's
+coordinate-wise (lower) median: ``d(i, j) = |z_i|^2 + |z_j|^2 - 2 z_i.z_j`` with
+``z = y - median``. The rounding error of ``d(i, j)`` is about 2^-52 (|z_i|^2 + |z_j|^2),
+and with fewer than half the inputs hostile every coordinate of the median lies between two
+honest inputs' values, so the honest inputs' distances are accurate to their own spread
+whatever a minority sends (centred on input 0, a far input 0 made them inaccurate).
+Chunks run on threads, each with its own Gram matrix, summed in chunk order. The block
+products use BLAS, whose rounding may differ between machines in the last bits; the
+output is bit-identical whenever the same inputs are selected.
 
 score(i) = sum of the n - f - 2 smallest distances from i to the others. Krum selects the
 lowest score (ties: lowest index); multi-Krum selects the m lowest (Blanchard's
@@ -14,10 +17,11 @@ non-iterative variant) and averages them in input order. Scores are ranked at
 ``RANK_DIGITS`` significant digits, so last-bit differences between machines' BLAS
 cannot change the selection (and with it the output CID).
 
-Memory: the block rows are as wide as the tensor when it is smaller than a block, and the
-(n, n) passes go a few rows at a time, so besides its inputs Krum holds a few (n, n)
-float64 matrices and one float64 block row per input; ``methods.base.MAX_KRUM_INPUTS``
-bounds n so that this stays bounded (docs/design.md, "Krum takes at most 1024 inputs").
+Memory: the block rows are as wide as the tensor when it is smaller than a block, the
+median goes a strip of columns at a time, and the (n, n) passes go a few rows at a time,
+so besides its inputs Krum holds a few (n, n) float64 matrices and one float64 block row
+per input; ``methods.base.MAX_KRUM_INPUTS`` bounds n so that this stays bounded
+(docs/design.md, "Krum takes at most 1024 inputs").
 """
 
 from __future__ import annotations
@@ -25,12 +29,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 
 from ._blocks import Scratch, blocks, chunks
 from ._checks import Flat, Layout, NonFiniteResult
+from ._network import Comparator, selection_network
 
 #: Elements per block: an (n, 32 Ki) float64 work array, large enough for BLAS to be efficient.
 #: The block boundaries are part of the arithmetic (each block's product is added on its own).
@@ -43,7 +48,17 @@ ROW_BYTES: Final = 1 << 20
 #: holds at once: with many inputs it runs on fewer threads (the result does not change).
 ROWS_BUDGET: Final = 512 << 20
 
+#: Inputs up to which a block's median comes from a sorting network of NumPy minimum and
+#: maximum over rows (``_network``, as the median method's); above, from
+#: ``ndarray.partition``, whose per-column cost makes it several times slower for few
+#: inputs. Both give the lower median (up to the sign of a zero, which no distance sees).
+NETWORK_INPUTS: Final = 32
+
 _F64: Final = np.dtype(np.float64)
+_F32: Final = np.dtype(np.float32)
+
+#: Input dtypes whose values are all float32 values (the median strip can be float32).
+_NARROW: Final = frozenset({np.dtype("<f4"), np.dtype(">f4"), np.dtype("<f2"), np.dtype(">f2")})
 
 
 def squared_distances(
@@ -61,7 +76,7 @@ def squared_distances(
     width = row_width(max((stop - start for _, start, stop in items), default=0))
     threads = max(1, min(threads, ROWS_BUDGET // max(1, n * width * _F64.itemsize)))
     scratch = Scratch()
-    gram = np.zeros((n - 1, n - 1), _F64)
+    gram = np.zeros((n, n), _F64)
 
     def gram_of(item: tuple[str, int, int]) -> np.ndarray:
         rows = scratch.get("rows", (n, width), _F64)
@@ -99,21 +114,26 @@ def chunk_gram(
     rows: np.ndarray | None = None,
     gram: np.ndarray | None = None,
 ) -> np.ndarray:
-    """The (n-1, n-1) Gram matrix of one chunk of tensor ``name``, inputs centred on input 0.
+    """The (n, n) Gram matrix of one chunk of tensor ``name``, each block centred on its
+    coordinate-wise median.
 
     ``flats[i][name][start:stop]`` are the chunk's elements. Summing the chunks' matrices
     in ``chunks(layout)`` order gives :func:`squared_distances`'s matrix, so a caller that
-    holds one chunk of every input at a time gets the same bits. ``rows``: an (n, w) float64
-    work array with w >= ``row_width(stop - start)`` (else one is made). ``gram``: add to
-    this matrix (a caller that reads a chunk in pieces of whole blocks passes the piece's
-    matrix on) instead of a new zero one.
+    holds one chunk of every input at a time gets the same bits (the median of an element
+    depends on that element's values only). ``rows``: an (n, w) float64 work array with
+    w >= ``row_width(stop - start)`` (else one is made). ``gram``: add to this matrix (a
+    caller that reads a chunk in pieces of whole blocks passes the piece's matrix on)
+    instead of a new zero one.
     """
     n = len(flats)
     factors = None if scales is None else [np.float64(s) for s in scales]
     if rows is None:
         rows = np.empty((n, row_width(stop - start)), _F64)
     if gram is None:
-        gram = np.zeros((n - 1, n - 1), _F64)
+        gram = np.zeros((n, n), _F64)
+    # the median of float32 values is one of them: found in float32, about twice as fast
+    exact = _F32 if scales is None and all(f[name].dtype in _NARROW for f in flats) else _F64
+    strip = np.empty((n + 1, min(rows.shape[1], _strip_columns(n, exact))), exact)
     # NaN/Inf show in the Gram matrix (distances_from_gram): no warnings on the way, where
     # the streamed path calls this outside ``run`` and a signalling NaN warns when widened
     with np.errstate(over="ignore", invalid="ignore"):
@@ -124,35 +144,79 @@ def chunk_gram(
                     np.copyto(block[i], flats[i][name][lo:hi])
                 else:
                     np.multiply(flats[i][name][lo:hi], factors[i], out=block[i], dtype=_F64)
-            centred = block[1:]
-            np.subtract(centred, block[0], out=centred)
-            gram += np.dot(centred, centred.T)  # np.dot releases the GIL; matmul did not
+            centre_on_median(block, strip)
+            gram += np.dot(block, block.T)  # np.dot releases the GIL; matmul did not
     return gram
 
 
-def distances_from_gram(gram: np.ndarray) -> np.ndarray:
-    """Squared distances from the summed Gram matrix (NonFiniteResult if it overflowed).
+def centre_on_median(block: np.ndarray, strip: np.ndarray) -> None:
+    """Subtract from each column of the (n, w) ``block`` its lower median (the
+    ``(n - 1) // 2``-th smallest of its n values), a strip of columns at a time.
 
-    ``d(i, j) = max(0, (G_ii + G_jj) - 2 G_ij)`` for i < j, mirrored (G padded with a zero
-    row and column for input 0), NaN taken as 0: row blocks at a time, no Python loop.
+    A minority cannot move that median outside the range of the other inputs' values, so
+    the centred honest rows are as small as the honest inputs' spread. ``strip``: an
+    (n + 1, s) scratch array, s >= 1, float64, or float32 when every value in ``block`` is
+    a float32 value (the median is then the same). A NaN or infinity in a column leaves
+    one in a centred value of that column (the Gram matrix then is not finite).
+    """
+    n, width = block.shape
+    middle = (n - 1) // 2
+    network = selection_network(n, (middle,)) if n <= NETWORK_INPUTS else None
+    for lo, hi in blocks(0, width, strip.shape[1]):
+        part = block[:, lo:hi]
+        work = strip[:, : hi - lo]
+        np.copyto(work[:n], part)
+        if network is None:
+            values = work[:n]
+            values.partition(middle, axis=0)
+            median = values[middle]
+        else:
+            median = _network_select(work, network, middle)
+        np.subtract(part, median, out=part)
+
+
+def _network_select(work: np.ndarray, network: Sequence[Comparator], middle: int) -> np.ndarray:
+    """Row ``middle`` of the first n rows of ``work`` once ``network`` has sorted them column
+    by column (row n is spare); rows are swapped as views, never copied."""
+    rows: list[np.ndarray] = [work[i] for i in range(work.shape[0])]
+    spare = rows.pop()
+    for c in network:
+        a, b = rows[c.low], rows[c.high]
+        if c.keep_low and c.keep_high:
+            np.minimum(a, b, out=spare)
+            np.maximum(a, b, out=b)
+            rows[c.low], spare = spare, a
+        elif c.keep_low:
+            np.minimum(a, b, out=a)
+        else:
+            np.maximum(a, b, out=b)
+    return rows[middle]
+
+
+def _strip_columns(n: int, dtype: np.dtype[Any]) -> int:
+    """Columns of the median's (n + 1)-row scratch strip: within ``ROW_BYTES``."""
+    return max(1, ROW_BYTES // ((n + 1) * dtype.itemsize))
+
+
+def distances_from_gram(gram: np.ndarray) -> np.ndarray:
+    """Squared distances from the summed (n, n) Gram matrix (NonFiniteResult if it overflowed).
+
+    ``d(i, j) = max(0, (G_ii + G_jj) - 2 G_ij)`` for i < j, mirrored, NaN taken as 0: row
+    blocks at a time, no Python loop.
     """
     if not np.isfinite(gram).all():
         raise NonFiniteResult(None)
-    n = gram.shape[0] + 1
-    norms = np.zeros(n, _F64)
-    norms[1:] = gram.diagonal()
+    n = gram.shape[0]
+    norms = gram.diagonal()
     dist = np.empty((n, n), _F64)
-    columns = np.arange(1, n)
+    columns = np.arange(n)
     with np.errstate(over="ignore", invalid="ignore"):
         for lo, hi in blocks(0, n, _rows_at_once(n)):
-            pair = np.zeros((hi - lo, n), _F64)  # G_ij, 0 in input 0's row and column
-            first = max(lo, 1)
-            if first < hi:
-                # from the upper triangle (j > i), as the pairwise loop read it
-                upper = columns[None, :] > np.arange(first, hi)[:, None]
-                inner = pair[first - lo :, 1:]
-                np.copyto(inner, gram[first - 1 : hi - 1], where=upper)
-                np.copyto(inner, gram[:, first - 1 : hi - 1].T, where=~upper)
+            # G_ij from the upper triangle (j > i), as the pairwise loop read it
+            upper = columns[None, :] > np.arange(lo, hi)[:, None]
+            pair = np.empty((hi - lo, n), _F64)
+            np.copyto(pair, gram[lo:hi], where=upper)
+            np.copyto(pair, gram[:, lo:hi].T, where=~upper)
             d = np.add(norms[lo:hi, None], norms[None, :])
             d -= np.multiply(pair, 2.0, out=pair)
             out = dist[lo:hi]

@@ -353,14 +353,14 @@ async def _gram(
     """
     n = len(sources)
     piece = max(BLOCK, window_bytes // max(1, n * itemsize) // BLOCK * BLOCK)
-    gram = np.zeros((n - 1, n - 1), _F64)
+    gram = np.zeros((n, n), _F64)
     rows: np.ndarray[Any, Any] | None = None
     for name, start, stop in chunks(layout):
         width = row_width(stop - start)
         if rows is None or rows.shape[1] < width:
             rows = None  # dropped before the wider one is made
             rows = np.empty((n, width), _F64)
-        part = np.zeros((n - 1, n - 1), _F64)
+        part = np.zeros((n, n), _F64)
         for lo, hi in blocks(start, stop, piece):
             flats = await _read_all(sources, name, lo, hi)
             await asyncio.to_thread(chunk_gram, flats, name, 0, hi - lo, scales, rows, part)

@@ -7,7 +7,6 @@ document (docs/design.md, "Error feedback").
 
 from __future__ import annotations
 
-import argparse
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -24,17 +23,21 @@ def residual_next_to_key(key: str | Path, job: str) -> Path:
 
 
 def compressed_update(
-    args: argparse.Namespace, gradient: Gradient, *, default_residual: Path | None = None
+    spec: str | None,
+    residual: str | None,
+    gradient: Gradient,
+    *,
+    default_residual: Path | None = None,
 ) -> tuple[Gradient | CompressedGradient, Callable[[], None]]:
-    """What to store for ``gradient`` under ``--compress``/``--residual``, and the call that
-    saves the new residual once the update has been taken (a no-op without one)."""
-    spec = args.compress
+    """What to store for ``gradient`` under ``--compress spec``/``--residual residual``, and
+    the call that saves the new residual once the update has been taken (a no-op without
+    one)."""
     if spec is None:
-        if args.residual is not None:
+        if residual is not None:
             raise CompressionError("--residual keeps what compression leaves out: add --compress")
         return gradient, lambda: None
     codec = parse_spec(spec)
-    path = Path(args.residual) if args.residual is not None else default_residual
+    path = Path(residual) if residual is not None else default_residual
     if path is None:
         return compress(gradient, codec), lambda: None
     document, left = with_feedback(gradient, codec, load_residual(path))

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from ..coordinator import Coordinator, Journal, Progress, RoundOutcome, format_outcome
+from ..coordinator import Coordinator, Journal, RoundOutcome, RoundProgress, format_outcome
 from ..job import JobConfig, load_job
 from ..messages import SigningKey
 from . import _exit
@@ -53,7 +53,7 @@ class ProgressLines:
         self._shown: tuple[object, ...] | None = None
         self._at = float("-inf")
 
-    def tick(self, progress: Progress | None) -> None:
+    def tick(self, progress: RoundProgress | None) -> None:
         """Look at the open round (None: no round open) and print a line if one is due."""
         if progress is None:
             self._shown = None

@@ -9,55 +9,63 @@ dense document's; the float64 values are bounded by ``CompressedGradient.decompr
 
 from __future__ import annotations
 
-import argparse
 import sys
 from typing import Any
 
 import numpy as np
 
 from ..errors import FormatError
+from ..files import check_npz_dtypes, is_safetensors
 from ..format import CompressedGradient, CompressedTensor, Gradient
-from ._documents import command_limits, named_limits
+from ._documents import DocumentOptions
 from ._exit import UsageError
-from ._npz import check_npz_dtypes
-from ._output import announce_written
-from ._tensor_files import is_safetensors, save_gradient
+from ._output import announce_written, save_output
 from ._text import printable
 
 
 def write_dense(
-    document: Gradient | CompressedGradient, args: argparse.Namespace, subject: str
+    document: Gradient | CompressedGradient,
+    subject: str,
+    options: DocumentOptions,
+    *,
+    output: str,
+    float64: bool,
 ) -> None:
-    """Write ``document`` (read or fetched as ``subject``) to ``args.output`` as ``get`` and
-    ``decode`` do: decompressed if it is compressed, saying so on stderr once it is written."""
-    with named_limits(args, subject):
-        gradient, note = _dense_to_write(document, args, subject)
-    save_gradient(args.output, gradient)
+    """Write ``document`` (read or fetched as ``subject``) to ``-o output`` as ``get`` and
+    ``decode`` do: decompressed if it is compressed (``--float64``: to the exact values,
+    within ``options``' limits), saying so on stderr once it is written."""
+    with options.named_limits(subject):
+        gradient, note = _dense_to_write(document, subject, options, output, float64)
+    save_output(output, gradient)
     if note is not None:
         print(note, file=sys.stderr)
-    announce_written(args.output)
+    announce_written(output)
 
 
 def _dense_to_write(
-    document: Gradient | CompressedGradient, args: argparse.Namespace, subject: str
+    document: Gradient | CompressedGradient,
+    subject: str,
+    options: DocumentOptions,
+    output: str,
+    float64: bool,
 ) -> tuple[Gradient, str | None]:
     """The gradient to write for ``document`` (fetched or read as ``subject``), and for a
     compressed one the line for stderr that says it was decompressed (printed once the
     file is written: a failure stays one error line)."""
     if isinstance(document, Gradient):
-        if args.float64:
+        if float64:
             raise UsageError(
                 f"--float64 is for compressed documents; {subject} is a dense gradstore/1 "
                 "document, whose tensors are written exactly as stored: drop --float64"
             )
         return document, None
-    if args.float64:
-        dense = document.decompress(max_bytes=command_limits(args).max_bytes)
+    if float64:
+        dense = document.decompress(max_bytes=options.limits.max_bytes)
         into = "float64"
     else:
-        if not is_safetensors(args.output):  # refused before decompressing, not after
+        if not is_safetensors(output):  # refused before decompressing, not after
             check_npz_dtypes(
-                args.output,
+                output,
                 ((n, t.dtype_code) for n, t in document.tensors.items()),
                 also=" (or pass --float64)",
             )

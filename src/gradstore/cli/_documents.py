@@ -1,4 +1,5 @@
-"""What the store commands share: ``--meta``, the ``--max-bytes`` limits, document files.
+"""What the store commands share: ``--meta`` and the ``--max-bytes`` limits, parsed once
+(``DocumentOptions``), the refusals that name them, and document files.
 
 Light on purpose: the commands that need no node (``_file_cmds``) and those that do
 (``_store_cmds``) both import it, and neither pulls the other's imports in.
@@ -10,6 +11,7 @@ import argparse
 import contextlib
 import json
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import FormatError, LimitExceededError
@@ -20,6 +22,9 @@ if TYPE_CHECKING:
     import numpy as np
 
 T = TypeVar("T")
+
+RAISED_BY_MAX_BYTES = frozenset(("max_bytes", "max_elements"))
+"""The limits ``--max-bytes`` sets (``command_limits``); every other one is the default."""
 
 
 def parse_meta(items: list[str]) -> dict[str, Any]:
@@ -49,45 +54,53 @@ def command_limits(args: argparse.Namespace) -> Limits:
     return Limits(max_bytes=max_bytes, max_elements=max(DEFAULT_LIMITS.max_elements, max_bytes))
 
 
-@contextlib.contextmanager
-def named_limits(args: argparse.Namespace, what: str) -> Iterator[None]:
-    """A limit refusal inside names ``what`` it refused and, for a size, the option that
-    raises the limit and its value now; the other limits (rank, tensor count, name and
-    meta sizes) are every reader's defaults, which no option changes: say so."""
-    try:
-        yield
-    except LimitExceededError as exc:
-        text = str(exc)
-        if any(word in text for word in ("max_bytes", "-byte limit", "max_elements")):
-            limit = command_limits(args).max_bytes
-            hint = f"the limit is --max-bytes {limit}; pass a larger --max-bytes N to allow it"
-        else:
-            hint = "a limit every reader applies by default, which no option raises"
-        raise LimitExceededError(f"{what}: {text} ({hint})") from exc
+@dataclass(frozen=True)
+class DocumentOptions:
+    """A command's document options, parsed once: the ``limits`` its documents are checked
+    and read against (``--max-bytes``, ``command_limits``) and its ``--meta``."""
 
+    limits: Limits
+    meta: dict[str, Any] = field(default_factory=dict)
 
-def check_limits(
-    args: argparse.Namespace, what: str, check: Callable[[int, Limits], None], size: int
-) -> None:
-    """``check(size, limits)`` a document about to be written or stored against the limits
-    its readers apply (``command_limits``): what encode, cid and put accept, decode and
-    get read back. A refusal names ``what`` (``named_limits``)."""
-    with named_limits(args, what):
-        check(size, command_limits(args))
+    @classmethod
+    def parse(cls, args: argparse.Namespace) -> DocumentOptions:
+        """The options of ``args`` (a command without ``--meta`` has none)."""
+        return cls(command_limits(args), parse_meta(getattr(args, "meta", None) or []))
 
+    @contextlib.contextmanager
+    def named_limits(self, what: str) -> Iterator[None]:
+        """A limit refusal inside names ``what`` it refused and, for a limit ``--max-bytes``
+        sets, the option and its value now; the other limits (rank, tensor count, name and
+        meta sizes) are every reader's defaults, which no option changes: say so."""
+        try:
+            yield
+        except LimitExceededError as exc:
+            if exc.limit in RAISED_BY_MAX_BYTES:
+                limit = self.limits.max_bytes
+                hint = f"the limit is --max-bytes {limit}; pass a larger --max-bytes N to allow it"
+            else:
+                hint = "a limit every reader applies by default, which no option raises"
+            raise LimitExceededError(f"{what}: {exc} ({hint})", exc.limit) from exc
 
-def read_document(args: argparse.Namespace, path: str, parse: Callable[[np.ndarray], T]) -> T:
-    """Parse a document file with ``parse``; a refusal names the file (and --max-bytes).
+    def check(self, what: str, check: Callable[[int, Limits], None], size: int) -> None:
+        """``check(size, limits)`` a document about to be written or stored against the
+        limits its readers apply: what encode, cid and put accept, decode and get read
+        back. A refusal names ``what`` (``named_limits``)."""
+        with self.named_limits(what):
+            check(size, self.limits)
 
-    The file's bytes go into a NumPy buffer (no big ``bytes`` object).
-    """
-    import numpy as np
+    def read_document(self, path: str, parse: Callable[[np.ndarray], T]) -> T:
+        """Parse a document file with ``parse``; a refusal names the file (and --max-bytes).
 
-    buf = np.fromfile(path, dtype=np.uint8)
-    try:
-        with named_limits(args, path):
-            return parse(buf)
-    except FormatError as exc:
-        if str(exc).startswith(f"not a {FORMAT_ID} document"):
-            raise FormatError(f"{path}: {exc}") from exc
-        raise FormatError(f"{path}: not a valid gradstore document: {exc}") from exc
+        The file's bytes go into a NumPy buffer (no big ``bytes`` object).
+        """
+        import numpy as np
+
+        buf = np.fromfile(path, dtype=np.uint8)
+        try:
+            with self.named_limits(path):
+                return parse(buf)
+        except FormatError as exc:
+            if str(exc).startswith(f"not a {FORMAT_ID} document"):
+                raise FormatError(f"{path}: {exc}") from exc
+            raise FormatError(f"{path}: not a valid gradstore document: {exc}") from exc

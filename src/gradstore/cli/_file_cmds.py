@@ -11,20 +11,21 @@ import argparse
 from collections.abc import Iterator
 
 from ..dag import file_cid
+from ..files import open_gradient
 from . import _exit
-from ._documents import check_limits, command_limits, parse_meta, read_document
+from ._documents import DocumentOptions
 from ._exit import UsageError
 from ._output import announce_written, open_output
-from ._tensor_files import open_gradient
 
 _FILE_CHUNK = 16 << 20
 
 
 def cmd_encode(args: argparse.Namespace) -> int:
     """Write the document; refused, as put refuses it, when decode could not read it back."""
-    with open_gradient(args.input, parse_meta(args.meta)) as source:
+    options = DocumentOptions.parse(args)
+    with open_gradient(args.input, options.meta) as source:
         doc = source.document()
-        check_limits(args, f"encode {args.input}", source.check, doc.size)
+        options.check(f"encode {args.input}", source.check, doc.size)
         with open_output(args.output) as out:
             doc.write_to(out.stream)  # an .npz is read from here on
     announce_written(args.output)
@@ -35,9 +36,10 @@ def cmd_decode(args: argparse.Namespace) -> int:
     from ..format import decode_any
     from ._decompressed import write_dense
 
-    limits = command_limits(args)
-    document = read_document(args, args.input, lambda buf: decode_any(buf, limits))
-    write_dense(document, args, args.input)
+    options = DocumentOptions.parse(args)
+    limits = options.limits
+    document = options.read_document(args.input, lambda buf: decode_any(buf, limits))
+    write_dense(document, args.input, options, output=args.output, float64=args.float64)
     return _exit.SUCCESS
 
 
@@ -52,9 +54,10 @@ def cmd_cid(args: argparse.Namespace) -> int:
             )
         print(file_cid(_file_pieces(args.input)))
     else:
-        with open_gradient(args.input, parse_meta(args.meta)) as source:
+        options = DocumentOptions.parse(args)
+        with open_gradient(args.input, options.meta) as source:
             doc = source.document()
-            check_limits(args, f"cid {args.input}", source.check, doc.size)  # as put's
+            options.check(f"cid {args.input}", source.check, doc.size)  # as put's
             print(file_cid(doc))
     return _exit.SUCCESS
 

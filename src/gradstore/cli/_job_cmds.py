@@ -16,6 +16,7 @@ from ..aggregate import AggregationParams, aggregate
 from ..coordinator import Journal
 from ..dag import CID
 from ..errors import CoordinatorError
+from ..files import load_gradient
 from ..format import Gradient
 from ..job import load_job
 from ..messages import SigningKey, decode_record
@@ -23,9 +24,8 @@ from ..peer import Peer
 from . import _exit
 from ._exit import UsageError
 from ._nodes import node_from_args
-from ._output import announce_written, check_target
+from ._output import announce_written, check_target, save_output
 from ._patience import Patience
-from ._tensor_files import load_gradient, save_gradient
 
 T = TypeVar("T")
 
@@ -45,7 +45,10 @@ def cmd_peer_publish(args: argparse.Namespace) -> int:
     gradient = load_gradient(args.gradient)
     # --compress: the residual is replaced once the coordinator verified the input
     document, taken = compressed_update(
-        args, gradient, default_residual=residual_next_to_key(args.key, config.job)
+        args.compress,
+        args.residual,
+        gradient,
+        default_residual=residual_next_to_key(args.key, config.job),
     )
 
     async def run() -> CID:
@@ -82,7 +85,7 @@ def cmd_peer_await(args: argparse.Namespace) -> int:
             await node.aclose()
 
     result = asyncio.run(run())
-    save_gradient(args.output, result.gradient)
+    save_output(args.output, result.gradient)
     announce_written(args.output, f"{result.cid} {result.record}")
     return _exit.SUCCESS
 
@@ -124,7 +127,7 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
         clip_output_norm=args.clip_output_norm,
     )
     result = aggregate([g.tensors for g in gradients], params, num_samples)
-    save_gradient(args.output, Gradient(result))
+    save_output(args.output, Gradient(result))
     announce_written(args.output)
     return _exit.SUCCESS
 

@@ -1,40 +1,25 @@
-"""Where ``-o`` writes: never replacing what the path names, and ``-`` for stdout.
+"""Where ``-o`` writes: a path as ``gradstore.files`` writes it, and ``-`` for stdout.
 
 - ``-``: standard output (refused when it is a terminal: the bytes are binary);
-- a symlink: followed, and what it points to gets the data (the link stays);
-- a FIFO, a character or block device: written in place, like ``cat > PATH`` (such a
-  file cannot be replaced by a regular one without breaking whoever reads it);
-- a regular file, or nothing yet: a temporary file next to it, renamed over it once
-  complete, so a failure never leaves a half-written file (an existing file's mode is
-  kept);
-- a directory: refused.
+- any other path: ``files.open_file`` (a symlink followed, a FIFO or device written in
+  place, a regular file replaced only once complete, a directory refused).
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import io
-import os
-import stat
 import sys
-import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, cast
+from typing import TYPE_CHECKING, BinaryIO, cast
 
+from ..files import Output, SequentialWriter, check_path, open_file
 from ._exit import UsageError
 
+if TYPE_CHECKING:
+    from ..format import Gradient
+
 STDOUT = "-"
-
-
-@dataclass(frozen=True)
-class Output:
-    """An open output: ``stream`` to write to; ``path`` when it is a regular file being built."""
-
-    stream: BinaryIO
-    path: Path | None
 
 
 def is_stdout(target: str | Path) -> bool:
@@ -51,9 +36,7 @@ def check_target(target: str | Path, *, terminal: bool = False) -> None:
                 "-o - would write binary data to the terminal: redirect stdout (> FILE, | ...)"
             )
         return
-    with contextlib.suppress(OSError):  # a missing or unreadable path fails when opened
-        if stat.S_ISDIR(os.stat(target).st_mode):
-            raise IsADirectoryError(errno.EISDIR, "is a directory", str(target))
+    check_path(target)
 
 
 def announce_written(target: str | Path, line: str | None = None) -> None:
@@ -74,61 +57,20 @@ def open_output(target: str | Path, *, terminal: bool = False) -> Iterator[Outpu
     ``terminal``: the bytes are text, fit for a terminal when ``-`` is one.
     """
     check_target(target, terminal=terminal)
-    if is_stdout(target):
-        sys.stdout.flush()
-        yield Output(cast(BinaryIO, _Sequential(sys.stdout.buffer)), None)
-        sys.stdout.buffer.flush()
+    if not is_stdout(target):
+        with open_file(target) as out:
+            yield out
         return
-    real = Path(os.path.realpath(target))
-    try:
-        mode: int | None = os.stat(real).st_mode
-    except FileNotFoundError:
-        mode = None
-    if mode is not None and not stat.S_ISREG(mode):
-        with open(real, "wb") as stream:
-            yield Output(cast(BinaryIO, _Sequential(stream)), None)
-        return
-    if not real.parent.is_dir():  # (mkstemp's error would name its temporary file)
-        raise FileNotFoundError(errno.ENOENT, "no such directory", str(real.parent))
-    fd, tmp = tempfile.mkstemp(dir=real.parent, prefix=f".{real.name}.", suffix=".part")
-    wanted = stat.S_IMODE(mode) if mode is not None else 0o666 & ~_umask()
-    try:
-        with os.fdopen(fd, "wb") as stream:
-            os.fchmod(fd, wanted)
-            yield Output(stream, Path(tmp))
-        os.chmod(tmp, wanted)  # a writer that replaced the file (safetensors) made it 0600
-        os.replace(tmp, real)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    sys.stdout.flush()
+    yield Output(cast(BinaryIO, SequentialWriter(sys.stdout.buffer)), None)
+    sys.stdout.buffer.flush()
 
 
-class _Sequential(io.RawIOBase):
-    """Writes through to ``stream``, and says it cannot seek.
+def save_output(target: str | Path, gradient: Gradient) -> None:
+    """Write ``gradient``'s tensors to ``-o target`` (``files.save_gradient``: .safetensors
+    by its extension, else .npz; ``-`` is stdout, as an .npz), everything that can be
+    refused refused before it is opened."""
+    from ..files import save_gradient
 
-    ``/dev/null`` and a redirected stdout may claim to seek while positions mean nothing
-    there; writers that seek back (zip headers) then produce garbage or fail. Told the
-    truth, they write sequentially (zip's data descriptors).
-    """
-
-    def __init__(self, stream: BinaryIO) -> None:
-        super().__init__()
-        self._stream = stream
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data: Any) -> int:
-        self._stream.write(data)
-        return memoryview(data).nbytes
-
-    def flush(self) -> None:
-        if not self._stream.closed:
-            self._stream.flush()
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    check_target(target)
+    save_gradient(target, gradient, output=open_output)

@@ -13,156 +13,182 @@ import contextlib
 import json
 import sys
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..dag import CID
 from ..errors import CIDError, FormatError
+from ..files import load_gradient, open_gradient
 from ..format import EncodedDocument, Limits
 from ..store import GradientStore
 from . import _exit
-from ._documents import (
-    check_limits,
-    command_limits,
-    named_limits,
-    parse_meta,
-    read_document,
-)
+from ._documents import DocumentOptions
 from ._nodes import node_from_args
-from ._output import announce_written, check_target
+from ._output import announce_written, check_target, open_output
 from ._patience import Patience
 from ._progress import ProgressBar
-from ._tensor_files import load_gradient, open_gradient
 from ._text import printable
 
 if TYPE_CHECKING:
     from ..format import DocumentHeader
+    from ..node import Node
 
 T = TypeVar("T")
 
 
-def _with_store(
-    args: argparse.Namespace,
-    subject: str,
-    work: Callable[[GradientStore, Callable[[int, int], None]], Awaitable[T]],
-    bar: ProgressBar | None = None,
-    *,
-    waiting: Callable[[str], str] | None = None,
-) -> T:
-    """Run ``work(store, progress)`` on the chosen node, patiently (``--timeout``, "waiting for").
+@dataclass(frozen=True)
+class _Session:
+    """A node command's options, parsed once: how to reach the node (``--api``,
+    ``--local``, ``--api-auth``: ``_nodes``), ``--timeout``, and the documents' limits
+    and meta."""
 
-    ``subject`` (a CID, a file) leads refusals; ``waiting(node_name)`` says what is awaited
-    (default: the CID ``subject`` from the node).
-    """
+    connect: Callable[[], Node]
+    timeout: float
+    documents: DocumentOptions
 
-    async def run() -> T:
-        node = node_from_args(args, wait_s=args.timeout)
-        what = waiting(node.name) if waiting else f"CID {subject} from {node.name}"
-        patience = Patience(what, args.timeout, then=bar)
+    @classmethod
+    def parse(cls, args: argparse.Namespace) -> _Session:
+        """The options of ``args``; the node is made when a command runs (in its loop)."""
+        return cls(
+            lambda: node_from_args(args, wait_s=args.timeout),
+            args.timeout,
+            DocumentOptions.parse(args),
+        )
+
+    def run(
+        self,
+        subject: str,
+        work: Callable[[GradientStore, Callable[[int, int], None]], Awaitable[T]],
+        bar: ProgressBar | None = None,
+        *,
+        waiting: Callable[[str], str] | None = None,
+    ) -> T:
+        """Run ``work(store, progress)`` on the node, patiently (``--timeout``, "waiting for").
+
+        ``subject`` (a CID, a file) leads refusals; ``waiting(node_name)`` says what is
+        awaited (default: the CID ``subject`` from the node).
+        """
+
+        async def run() -> T:
+            node = self.connect()
+            what = waiting(node.name) if waiting else f"CID {subject} from {node.name}"
+            patience = Patience(what, self.timeout, then=bar)
+            try:
+                store = GradientStore(node, limits=self.documents.limits)
+                return await patience.run(work(store, patience.progress))
+            finally:
+                await node.aclose()
+
+        with self.refusals(subject):
+            return asyncio.run(run())
+
+    @contextlib.contextmanager
+    def refusals(self, subject: str) -> Iterator[None]:
+        """Size refusals name ``--max-bytes``; format refusals name ``subject`` (a CID of
+        something else: say which)."""
         try:
-            return await patience.run(
-                work(GradientStore(node, limits=command_limits(args)), patience.progress)
-            )
-        finally:
-            await node.aclose()
-
-    with _refusals(args, subject):
-        return asyncio.run(run())
-
-
-@contextlib.contextmanager
-def _refusals(args: argparse.Namespace, subject: str) -> Iterator[None]:
-    """Size refusals name ``--max-bytes``; format refusals name ``subject`` (a CID of
-    something else: say which)."""
-    try:
-        with named_limits(args, subject):
-            yield
-    except FormatError as exc:
-        raise FormatError(f"{subject}: {exc}") from exc
+            with self.documents.named_limits(subject):
+                yield
+        except FormatError as exc:
+            raise FormatError(f"{subject}: {exc}") from exc
 
 
 def cmd_put(args: argparse.Namespace) -> int:
+    session = _Session.parse(args)
     if args.compress is not None or args.residual is not None:  # (--residual needs --compress)
-        cid = _put_compressed(args)
-        print(cid)
-        return _exit.SUCCESS
-    with open_gradient(args.input, parse_meta(args.meta)) as source:
+        cid = _put_compressed(session, args.input, args.compress, args.residual)
+    else:
+        cid = _put_file(session, args.input)
+    print(cid)
+    return _exit.SUCCESS
+
+
+def _put_file(session: _Session, path: str) -> CID:
+    """Store the file's document; an ``.npz`` of plain arrays is read while it is sent."""
+    with open_gradient(path, session.documents.meta) as source:
         doc = source.document()  # an .npz is read from here on, while its blocks are sent
         try:
-            cid = _store(args, doc, source.check)
+            return _store(session, path, doc, source.check)
         except FormatError:
             failure = source.failure()  # the file's own refusal, as it is worded
             if failure is not None:
                 raise failure from None
             raise
-    print(cid)
-    return _exit.SUCCESS
 
 
 def _store(
-    args: argparse.Namespace, doc: EncodedDocument, check: Callable[[int, Limits], None]
-) -> object:
+    session: _Session, path: str, doc: EncodedDocument, check: Callable[[int, Limits], None]
+) -> CID:
     """``check(doc.size, limits)`` the document against --max-bytes (``check_fits`` of its
     gradient), then store it with a progress bar."""
-    check_limits(args, f"put {args.input}", check, doc.size)
+    session.documents.check(f"put {path}", check, doc.size)
     bar = ProgressBar("put")
     try:
-        return _with_store(
-            args,
-            args.input,
+        return session.run(
+            path,
             lambda s, progress: s.put_document(doc, progress=progress),
             bar,
-            waiting=lambda node: f"{node} to store {args.input}",
+            waiting=lambda node: f"{node} to store {path}",
         )
     finally:
         bar.close()
 
 
-def _put_compressed(args: argparse.Namespace) -> object:
+def _put_compressed(session: _Session, path: str, spec: str | None, residual: str | None) -> CID:
     """``put --compress``: the whole gradient is read, compressed (with --residual's
     error feedback), checked against the limits and stored."""
     from ..format import check_fits, encode
     from ._compress_cmd import compressed_update
 
-    gradient = load_gradient(args.input, parse_meta(args.meta))
-    document, stored = compressed_update(args, gradient)  # --compress, --residual
-    cid = _store(args, encode(document), lambda size, limits: check_fits(document, size, limits))
+    gradient = load_gradient(path, session.documents.meta)
+    document, stored = compressed_update(spec, residual, gradient)
+    cid = _store(
+        session, path, encode(document), lambda size, limits: check_fits(document, size, limits)
+    )
     stored()
     return cid
 
 
 def cmd_get(args: argparse.Namespace) -> int:
     """Fetch and verify; a dense document of NumPy's types goes to an ``.npz`` as bytes
-    (``_document_npz``: no NumPy), anything else is decoded (decompressed) and written."""
+    (``files.write_document_npz``: no NumPy), anything else is decoded (decompressed) and
+    written."""
+    from ..files import is_safetensors, write_document_npz, writes_as_bytes
     from ..format import read_header
-    from ._document_npz import write_document_npz, writes_as_bytes
-    from ._tensor_files import is_safetensors
 
+    session = _Session.parse(args)
     cid = CID.parse(args.cid)
     check_target(args.output)  # before fetching: a directory or a terminal cannot take it
     bar = ProgressBar("get")
     try:
-        buf = _with_store(
-            args, str(cid), lambda s, progress: s.fetch_view(cid, progress=progress), bar
-        )
+        buf = session.run(str(cid), lambda s, progress: s.fetch_view(cid, progress=progress), bar)
     finally:
         bar.close()
-    with _refusals(args, str(cid)):
-        header = read_header(buf, command_limits(args))
+    with session.refusals(str(cid)):
+        header = read_header(buf, session.documents.limits)
     if writes_as_bytes(header) and not args.float64 and not is_safetensors(args.output):
-        write_document_npz(args.output, header, buf)
+        with open_output(args.output) as out:
+            write_document_npz(out.stream, header, buf)
         announce_written(args.output)
         return _exit.SUCCESS
     from ..format import from_header
     from ._decompressed import write_dense
 
-    write_dense(from_header(buf, header), args, str(cid))
+    write_dense(
+        from_header(buf, header),
+        str(cid),
+        session.documents,
+        output=args.output,
+        float64=args.float64,
+    )
     return _exit.SUCCESS
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    session = _Session.parse(args)
     cid = CID.parse(args.cid)
-    report = _with_store(args, str(cid), lambda s, progress: s.verify(cid, progress=progress))
+    report = session.run(str(cid), lambda s, progress: s.verify(cid, progress=progress))
     print(
         f"ok {report.cid}: {report.size} bytes, {report.blocks} blocks, "
         f"{report.tensors} tensors, verified in {report.seconds:.2f}s"
@@ -173,11 +199,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     from ..format import read_header
 
+    session = _Session.parse(args)
     target: str = args.target
     if Path(target).is_file():
         source = target
-        limits = command_limits(args)
-        header = read_document(args, target, lambda buf: read_header(buf, limits))
+        limits = session.documents.limits
+        header = session.documents.read_document(target, lambda buf: read_header(buf, limits))
     else:
         try:
             cid = CID.parse(target)
@@ -188,7 +215,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         async def fetch(store: GradientStore, progress: Callable[[int, int], None]) -> Any:
             return read_header(await store.fetch_document(cid, progress=progress), store.limits)
 
-        header = _with_store(args, str(cid), fetch)
+        header = session.run(str(cid), fetch)
     if args.json:
         print(json.dumps(_header_json(source, header), indent=2, default=_json_default))
     else:

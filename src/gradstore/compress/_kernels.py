@@ -1,6 +1,6 @@
 """numba code of the encoders that dominate compression time; imported by ``_fast`` only.
 
-Each performs the same IEEE operations as ``_reference`` (no fused multiply-add, no
+Each performs the same IEEE operations as its encoder's ``reference`` (no fused multiply-add, no
 reassociation of anything but an exact maximum), so the bytes are the same with or
 without numba.
 """

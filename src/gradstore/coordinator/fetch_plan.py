@@ -5,7 +5,8 @@ it never holds its place while waiting to retry. First attempts go before retrie
 retries may use only part of the workers, so peers that announce CIDs nobody serves
 cannot keep honest inputs waiting (a Byzantine-robust method would otherwise be defeated
 without a single bad gradient). Each input has a budget of attempts, after which it
-fails as unavailable.
+fails as unavailable; the waits between them are ``FETCH_RETRY``'s (the project's one
+backoff, ``node.Retry``), which Flower's strategy waits by too.
 """
 
 from __future__ import annotations
@@ -15,8 +16,13 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Final
 
+from ..node import Retry
+
 #: Attempts per input before it fails as unavailable.
 DEFAULT_ATTEMPTS: Final = 4
+
+#: The waits before an input's second, third, ... attempt: 0.5 s, doubling, at most 5 s.
+FETCH_RETRY: Final = Retry(retries=DEFAULT_ATTEMPTS - 1, backoff=0.5, max_backoff=5.0)
 
 
 @dataclass(order=True)
@@ -35,13 +41,14 @@ class FetchPlan:
         workers: int,
         *,
         attempts: int = DEFAULT_ATTEMPTS,
-        first_delay_s: float = 0.5,
-        max_delay_s: float = 5.0,
+        first_delay_s: float = FETCH_RETRY.backoff,
+        max_delay_s: float = FETCH_RETRY.max_backoff,
     ) -> None:
         self.workers = workers
         self.attempts = attempts
-        self.first_delay_s = first_delay_s
-        self.max_delay_s = max_delay_s
+        self.backoff = Retry(
+            retries=max(0, attempts - 1), backoff=first_delay_s, max_backoff=max_delay_s
+        )
         self.retry_workers = max(1, workers // 2)
         self._fresh: list[_Entry] = []  # first attempts, in arrival order
         self._later: list[_Entry] = []  # retries, by ready time
@@ -108,7 +115,7 @@ class FetchPlan:
         if attempt >= self.attempts:
             self.drop(key)
             return None
-        delay = min(self.first_delay_s * 2.0 ** (attempt - 1), self.max_delay_s)
+        delay = next(itertools.islice(self.backoff.delays(), attempt - 1, None))
         self._queued.add(key)
         heapq.heappush(self._later, _Entry(now + delay, attempt, next(self._seq), key))
         return now + delay

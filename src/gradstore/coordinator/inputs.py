@@ -10,6 +10,9 @@ schema, for NaN/Inf and (compressed) for values that come back beyond their dtyp
 pinned, so it stays on the coordinator's node until the round is aggregated. Decoding and checks run off the event
 loop, window by window, and the budget counts their scratch beside the document.
 
+``verify_gradient`` takes an input that came as arrays instead (Flower's replies): the same
+binding and checks, then it is encoded, compared with the CID its peer signed, and stored.
+
 ``InputRefused`` is final for the round; a ``NodeError`` or ``TimeoutError`` is passing
 and the fetch plan may try again.
 """
@@ -17,9 +20,13 @@ and the fetch plan may try again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Final
+
+import numpy as np
 
 from ..aggregate import (
     WINDOW_SCRATCH_BYTES,
@@ -27,17 +34,26 @@ from ..aggregate import (
     first_beyond_dtype,
     global_norm,
 )
-from ..dag import CID, RAW, Block, FileAssembler
-from ..errors import DAGError, FormatError, IntegrityError, LimitExceededError
+from ..dag import CID, RAW, Block, FileAssembler, file_cid
+from ..errors import (
+    DAGError,
+    GradstoreError,
+    IntegrityError,
+    LimitExceededError,
+    NodeError,
+)
 from ..format import (
     CHECK_SCRATCH_BYTES,
     Codec,
     CompressedGradient,
+    EncodedDocument,
     Gradient,
     Limits,
     TensorInfo,
     all_finite,
     decode_with_header,
+    dtype_code,
+    encode,
 )
 from ..node import Node
 from ..store import GradientStore
@@ -146,54 +162,138 @@ async def verify_input(
 ) -> VerifiedInput:
     """One attempt at ``cid`` (see the module docstring).
 
-    ``claim``: what the announcement says of the document (None: not checked)."""
-    start = time.perf_counter()
-    size, root = await root_block(node, cid, store.limits, resolve_timeout_s)
-    held = size + SCRATCH_BYTES
-    await budget.acquire(held)
-    kept = False
-    try:
-        timeout = resolve_timeout_s + size / MIN_RATE_BYTES_S
-        limits = store.limits
+    ``claim``: what the announcement says of the document (None: not checked). Whatever
+    the document does wrong is an ``InputRefused``; only the node's failures pass through."""
+    with _as_refusal():
+        start = time.perf_counter()
+        size, root = await root_block(node, cid, store.limits, resolve_timeout_s)
+        held = size + SCRATCH_BYTES
+        await budget.acquire(held)
+        kept = False
         try:
-            if cid.codec == RAW:  # a one-block document: the root is all of it
-                buf: Any = root
-            else:
-                buf = await asyncio.wait_for(store.fetch_document(cid), timeout)
-            # off the loop: a compressed payload's checks take time in proportion to it
-            gradient, header = await asyncio.to_thread(decode_with_header, buf, limits)
-        except IntegrityError as exc:
-            raise InputRefused(f"integrity: {exc}") from None
-        except LimitExceededError as exc:
-            raise InputRefused(f"too-large: {exc}") from None
-        except (FormatError, DAGError) as exc:
-            raise InputRefused(f"malformed: {exc}") from None
-        if claim is not None:
-            unbound = check_binding(gradient.meta, claim)
-            if unbound is not None:
-                raise InputRefused(unbound)
-        schema, problem, norm = await asyncio.to_thread(_check, gradient, expected, clip)
+            timeout = resolve_timeout_s + size / MIN_RATE_BYTES_S
+            limits = store.limits
+            try:
+                if cid.codec == RAW:  # a one-block document: the root is all of it
+                    buf: Any = root
+                else:
+                    buf = await asyncio.wait_for(store.fetch_document(cid), timeout)
+                # off the loop: a compressed payload's checks take time in proportion to it
+                gradient, header = await asyncio.to_thread(decode_with_header, buf, limits)
+            except LimitExceededError as exc:  # the rest: see _as_refusal
+                raise InputRefused(f"too-large: {exc}") from None
+            _check_claim(gradient, claim)
+            schema, problem, norm = await asyncio.to_thread(
+                check_gradient, gradient, expected, clip
+            )
+            if problem is not None:
+                raise InputRefused(problem)
+            await asyncio.wait_for(node.pin(cid), timeout)
+            kept = keep.try_take(size)
+            return VerifiedInput(
+                peer,
+                cid,
+                num_samples,
+                size,
+                schema,
+                norm,
+                gradient if kept else None,
+                {t.name: t for t in header.tensors},
+                time.perf_counter() - start,
+                header.codec,
+            )
+        finally:
+            await budget.release(held)
+
+
+async def verify_gradient(
+    store: GradientStore,
+    peer: str,
+    gradient: Gradient,
+    num_samples: int,
+    *,
+    expected: Schema | None,
+    clip: bool,
+    claim: Claim | None = None,
+    announced: CID | None = None,
+) -> VerifiedInput:
+    """An input that came as arrays, not fetched: bound and checked as ``verify_input`` does,
+    then encoded, its CID compared with ``announced`` (the one its peer signed, if any), and
+    stored and pinned. It stays in memory (its arrays are there already)."""
+    with _as_refusal():
+        start = time.perf_counter()
+        _check_claim(gradient, claim)
+        schema, problem, norm = await asyncio.to_thread(check_gradient, gradient, expected, clip)
         if problem is not None:
             raise InputRefused(problem)
-        await asyncio.wait_for(node.pin(cid), timeout)
-        kept = keep.try_take(size)
+        document = encode(gradient)
+        cid = await asyncio.to_thread(file_cid, document)
+        if announced is not None and cid != announced.to_v1():
+            raise InputRefused(
+                f"integrity: the arrays make document {cid}, the signed reply names {announced}"
+            )
+        stored = await store.put_document(document)
         return VerifiedInput(
             peer,
-            cid,
+            stored,
             num_samples,
-            size,
+            document.size,
             schema,
             norm,
-            gradient if kept else None,
-            {t.name: t for t in header.tensors},
+            gradient,
+            tensor_infos(gradient, document),
             time.perf_counter() - start,
-            header.codec,
         )
-    finally:
-        await budget.release(held)
 
 
-def _check(
+def tensor_infos(gradient: Gradient, document: EncodedDocument) -> dict[str, TensorInfo]:
+    """Where each tensor's data sits in ``document`` (what ``read_header`` would say).
+
+    The document streams the arrays' own memory, so each tensor's data is the piece that
+    shares memory with it; its offset is the length of the pieces before it. (An empty
+    tensor has nothing to read back; its offset is only a position at or before its place.)
+    """
+    pieces = list(document)
+    starts = np.cumsum([0, *(p.nbytes for p in pieces)])
+    infos: dict[str, TensorInfo] = {}
+    at = 0
+    for name, arr in sorted(gradient.tensors.items(), key=lambda kv: kv[0].encode()):
+        offset = int(starts[at])
+        if arr.nbytes:
+            while not np.shares_memory(np.asarray(pieces[at]), arr):
+                at += 1
+            offset = int(starts[at])
+            at += 1
+        code = dtype_code(arr.dtype)
+        assert code is not None  # the gradient was built: its dtypes are storable
+        infos[name] = TensorInfo(name, code, tuple(arr.shape), offset, int(arr.nbytes))
+    return infos
+
+
+@contextlib.contextmanager
+def _as_refusal() -> Iterator[None]:
+    """Whatever a document does wrong, as an ``InputRefused``; the node's failures pass."""
+    try:
+        yield
+    except (InputRefused, NodeError):
+        raise
+    except IntegrityError as exc:  # a block that is not its CID's, wherever it came up
+        raise InputRefused(f"integrity: {exc}") from None
+    except (
+        GradstoreError
+    ) as exc:  # a document that breaks the format, a DAG that is not a file, ...
+        raise InputRefused(f"malformed: {exc}") from None
+
+
+def _check_claim(gradient: Gradient | CompressedGradient, claim: Claim | None) -> None:
+    """``InputRefused`` unless the document may be the one ``claim`` announced."""
+    if claim is not None:
+        unbound = check_binding(gradient.meta, claim)
+        if unbound is not None:
+            raise InputRefused(unbound)
+
+
+def check_gradient(
     gradient: Gradient | CompressedGradient, expected: Schema | None, clip: bool
 ) -> tuple[Schema, str | None, float | None]:
     """Schema, the reason the gradient cannot enter the round (or None), and its norm.
@@ -226,3 +326,6 @@ def _check(
         if not all_finite(arr):  # by blocks: no bool array of the tensor's size
             return schema, f"non-finite: tensor {name!r} holds NaN or Inf", None
     return schema, None, global_norm(gradient.tensors) if clip else None
+
+
+_check = check_gradient  # its former name

@@ -17,11 +17,13 @@ import sqlite3
 import threading
 import time
 from base64 import b32encode
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import CoordinatorError
+from ..messages import announcement_signature
 from ..node import Closing
 
 _SCHEMA = """
@@ -242,6 +244,17 @@ class Journal(Closing):
         """The signed announcement accepted for ``peer`` in ``round_`` (its wire bytes)."""
         rows = self._read("SELECT message FROM inputs WHERE round=? AND peer=?", (round_, peer))
         return None if not rows else bytes(rows[0][0])
+
+    def signatures(self, round_: int, peers: Iterable[str]) -> dict[str, tuple[int, bytes]]:
+        """Each peer's signed word for ``round_``, ``(sent_at, signature)`` of the announcement
+        kept here: the round record carries it (peers without one are left out)."""
+        out = {}
+        for peer in peers:
+            data = self.message(round_, peer)
+            if data is not None:
+                ann, sig = announcement_signature(data)
+                out[peer] = (ann.sent_at, sig)
+        return out
 
     def input(self, round_: int, peer: str) -> InputRow | None:
         rows = self._read(

@@ -171,7 +171,8 @@ class FileAssembler:
     def _allocate(self, size: int) -> memoryview:
         if size > self.max_size:
             raise LimitExceededError(
-                f"file {self.root} declares {size} bytes, over the {self.max_size}-byte limit"
+                f"file {self.root} declares {size} bytes, over the {self.max_size}-byte limit",
+                "max_bytes",  # what every caller bounds a document's file by
             )
         self._budget = 4 * self.max_links + size // 1024
         self._buf = memoryview(mmap.mmap(-1, size) if size >= _MAPPED else bytearray(size))

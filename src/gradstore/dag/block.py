@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from ..errors import CIDError, DAGError
+from ..errors import DAGError
+from . import cbor
 from .cid import CID, DAG_CBOR, DAG_PB, RAW
 from .dagpb import decode_pbnode
 
@@ -23,27 +24,21 @@ def block_links(block: Block) -> list[CID]:
     if block.cid.codec == DAG_PB:
         return [link.hash for link in decode_pbnode(block.data).links]
     if block.cid.codec == DAG_CBOR:
-        return _cbor_links(block.data)
+        return _cbor_links(block)
     raise DAGError(f"cannot list links of a {block.cid.codec_name} block")  # pragma: no cover
 
 
-def _cbor_links(data: bytes | memoryview) -> list[CID]:
-    import dag_cbor
-    from multiformats import CID as MFCID
-
+def _cbor_links(block: Block) -> list[CID]:
     try:
-        value = dag_cbor.decode(bytes(data))
-    except Exception as exc:  # dag_cbor raises several unrelated types
-        raise DAGError(f"malformed dag-cbor block: {exc}") from exc
+        value = cbor.decode(block.data)
+    except DAGError as exc:
+        raise DAGError(f"dag-cbor block {block.cid} is {exc}") from None
     found: list[CID] = []
     stack: list[Any] = [value]
     while stack:
         item = stack.pop()
-        if isinstance(item, MFCID):
-            try:
-                found.append(CID.from_bytes(bytes(item)))
-            except CIDError as exc:
-                raise DAGError(f"dag-cbor link outside the profile: {exc}") from exc
+        if isinstance(item, CID):
+            found.append(item)
         elif isinstance(item, dict):
             stack.extend(reversed(list(item.values())))
         elif isinstance(item, list):

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Se
 from typing import Any
 
 from ..errors import CIDError, DAGError
+from . import cbor
 from .block import Block
 from .cid import CID
 from .varint import MAX_VARINT_BYTES, encode_varint
@@ -25,23 +26,9 @@ MAX_CID_BYTES = (
 MAX_HEADER_BYTES = 1 << 20  # a header is a list of roots; 1 MiB holds ~27k of them
 
 
-def _cbor_head(major: int, n: int) -> bytes:
-    if n < 24:
-        return bytes((major << 5 | n,))
-    for extra, width in ((24, 1), (25, 2), (26, 4), (27, 8)):
-        if n < 1 << (8 * width):
-            return bytes((major << 5 | extra,)) + n.to_bytes(width, "big")
-    raise ValueError(f"CBOR length too large: {n}")  # pragma: no cover
-
-
 def encode_header(roots: Sequence[CID]) -> bytes:
-    """The dag-cbor header ``{"roots": [...], "version": 1}`` (keys in dag-cbor order)."""
-    parts = [b"\xa2\x65roots", _cbor_head(4, len(roots))]
-    for root in roots:
-        raw = b"\x00" + root.bytes  # tag 42: a CID is bytes with a 0x00 multibase prefix
-        parts += [b"\xd8\x2a", _cbor_head(2, len(raw)), raw]
-    parts.append(b"\x67version\x01")
-    return b"".join(parts)
+    """The dag-cbor header ``{"roots": [...], "version": 1}``."""
+    return cbor.encode({"roots": list(roots), "version": 1})
 
 
 def write_car(roots: Sequence[CID], blocks: Iterable[Block]) -> Iterator[bytes | memoryview]:
@@ -77,13 +64,10 @@ def car_sections(blocks: Iterable[Block]) -> Iterator[bytes | memoryview]:
 
 def decode_header(raw: bytes | bytearray | memoryview) -> list[CID]:
     """Parse a CAR v1 header; return its roots. DAGError unless it is {roots, version: 1}."""
-    import dag_cbor
-    from multiformats import CID as MFCID
-
     try:
-        value: Any = dag_cbor.decode(bytes(raw))
-    except Exception as exc:  # dag_cbor raises several unrelated types
-        raise DAGError(f"CAR header is not valid dag-cbor: {exc}") from exc
+        value: Any = cbor.decode(raw)
+    except DAGError as exc:
+        raise DAGError(f"CAR header is not valid dag-cbor ({exc})") from None
     if not isinstance(value, dict):
         raise DAGError("CAR header is not a map")
     version = value.get("version")
@@ -92,12 +76,9 @@ def decode_header(raw: bytes | bytearray | memoryview) -> list[CID]:
     if set(value) != {"roots", "version"}:
         raise DAGError(f"unexpected CAR header keys {sorted(set(value) - {'roots', 'version'})}")
     roots = value["roots"]
-    if not isinstance(roots, list) or not all(isinstance(r, MFCID) for r in roots):
+    if not isinstance(roots, list) or not all(isinstance(r, CID) for r in roots):
         raise DAGError("CAR header roots must be a list of CIDs")
-    try:
-        return [CID.from_bytes(bytes(r)) for r in roots]
-    except CIDError as exc:
-        raise DAGError(f"CAR root outside the profile: {exc}") from exc
+    return roots
 
 
 class CarReader:

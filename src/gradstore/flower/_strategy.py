@@ -5,8 +5,9 @@ The inner Flower strategy (FedAvg by default) picks the clients, builds the inst
 aggregates the metrics and runs evaluation; gradstore takes the arrays. Every reply
 becomes a verified gradstore/1 document (put from the arrays it carried, or fetched by
 the CID it announced, every block hashed), the documents are aggregated in peer order
-with the coordinator's own code (``coordinator.closing.close_round``: the aggregate is
-stored and pinned, the record is signed, stored and pinned the same way), and Flower gets
+with the coordinator's own round kernel (``gradstore.coordinator``: each input is verified
+by ``verify_input`` or ``verify_gradient``, the round closed by ``close_round``: the aggregate
+is stored and pinned, the record signed, stored and pinned the same way), and Flower gets
 the aggregate read back from the record's output CID, with the record's CID in the
 round's metrics. A reply that fails a check is excluded with its reason; the round goes on.
 """
@@ -16,10 +17,10 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from logging import INFO, WARNING
-from typing import Any, Final, Literal, cast
+from typing import Any, Final, Literal
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
@@ -27,25 +28,23 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Strategy
 
-from ..aggregate import METHODS, global_norm
-from ..aggregate.methods import MethodName
-from ..coordinator.binding import Claim, duplicates
-from ..coordinator.closing import close_round
-from ..coordinator.inputs import ByteBudget, InputRefused, VerifiedInput, verify_input
-from ..coordinator.journal import new_run_id
-from ..coordinator.rounds import Schema, schema_of, schema_text
-from ..dag import CID, file_cid
-from ..errors import AggregationError, GradstoreError, IntegrityError, NodeError
-from ..format import (
-    DEFAULT_LIMITS,
-    EncodedDocument,
-    Gradient,
-    Limits,
-    TensorInfo,
-    all_finite,
-    dtype_code,
-    encode,
+from ..coordinator import (
+    FETCH_RETRY,
+    ByteBudget,
+    Claim,
+    InputRefused,
+    Schema,
+    VerifiedInput,
+    close_round,
+    duplicates,
+    new_run_id,
+    verify_gradient,
+    verify_input,
 )
+from ..coordinator import tensor_infos as tensor_infos  # its former home (tests import it here)
+from ..dag import CID
+from ..errors import AggregationError, GradstoreError, NodeError
+from ..format import Gradient, dtype_code
 from ..job import JobConfig
 from ..messages import Announce, SigningKey, announcement_signature, encode_message
 from ..messages.schema import check_job
@@ -53,6 +52,7 @@ from ..node import Closing
 from ..store import GradientStore
 from ._arrays import arrays_to_tensors, tensors_to_arrays
 from ._inner import check_inner
+from ._job import job_config
 from ._loop import NodeLoop, NodeSource
 from ._protocol import (
     CONFIG_KEY,
@@ -96,9 +96,13 @@ class GradstoreStrategy(Strategy, Closing):
 
     ``node``: the Kubo RPC URL (or a function making a ``Node``) where documents, aggregates
     and records are stored and pinned. ``key``: the coordinator's signing key (a fresh one
-    when None; its did signs every record). ``peers``: the dids allowed to contribute
-    (None: any signed client, plus unsigned ones when ``allow_unsigned``). ``method`` and
-    the parameters after it are gradstore's aggregation (``gradstore.aggregate``).
+    when None; its did signs every record). ``config``: the job, as a gradstore job file
+    states it (``load_job``): its name, its coordinator (``key``'s did), its ``peers`` (the
+    dids allowed to contribute; none listed: any signed client, plus unsigned ones when
+    ``allow_unsigned``), its ``[aggregation]`` (gradstore's method and parameters), its
+    ``[limits]`` and its ``[inputs]``; its rounds are Flower's and its schema the global
+    model's. Without ``config``, the keywords it replaces build one (``job="flower"``,
+    ``method=``, ``trim_ratio=``, ..., ``peers=``, ``limits=``, ``require_bound_meta=``).
     ``model_via="ipfs"`` sends the global model by CID too (clients read it with
     ``GradstoreClient.model``), so Flower's messages carry no arrays either way.
     ``memory_bytes`` bounds the documents being verified at once and ``keep_bytes`` those
@@ -107,8 +111,9 @@ class GradstoreStrategy(Strategy, Closing):
     (FedMedian, FedAdam, ...) is refused unless ``replace_aggregation`` (see ``_inner``).
     A document announced by CID must be the announcing client's: the keys of its meta
     (peer, round, job, run, num_samples) must agree with the announcement, and with
-    ``require_bound_meta`` it must name its peer, round and job; a CID another reply of the
-    round already announced is refused (``duplicate-cid``; the first reply keeps it).
+    ``[inputs] require_bound_meta`` it must name its peer, round and job; a CID another
+    reply of the round already announced is refused (``duplicate-cid``; the first reply
+    keeps it).
     """
 
     def __init__(
@@ -117,53 +122,44 @@ class GradstoreStrategy(Strategy, Closing):
         *,
         node: NodeSource,
         key: SigningKey | None = None,
-        job: str = "flower",
-        method: str = "fedavg",
-        weights: Mapping[str, float] | None = None,
-        trim_ratio: float | None = None,
-        byzantine: int | None = None,
-        select: int | None = None,
-        clip_input_norm: float | None = None,
-        clip_output_norm: float | None = None,
-        peers: Collection[str] | None = None,
+        config: JobConfig | None = None,
         allow_unsigned: bool = True,
         model_via: Literal["flower", "ipfs"] = "flower",
-        limits: Limits = DEFAULT_LIMITS,
         resolve_timeout_s: float = 10.0,
         fetch_attempts: int = 3,
         memory_bytes: int = DEFAULT_KEEP_BYTES,
         keep_bytes: int = DEFAULT_KEEP_BYTES,
         replace_aggregation: bool = False,
-        require_bound_meta: bool = False,
+        **keywords: Any,
     ) -> None:
         self.inner: Strategy = inner if inner is not None else FedAvg()
         check_inner(self.inner, replace_aggregation=replace_aggregation)
-        self.key = key if key is not None else SigningKey.generate()
-        self.job = check_job("job", job)
+        if config is None:
+            self.key = key if key is not None else SigningKey.generate()
+            config = job_config(self.key.did, **keywords)
+        elif keywords:
+            raise TypeError(
+                f"pass config or the keywords it replaces ({', '.join(sorted(keywords))}), not both"
+            )
+        elif key is None or key.did != config.coordinator:
+            raise ValueError(
+                f"the job's coordinator is {config.coordinator}: pass its key (key=...)"
+            )
+        else:
+            self.key = key
+        self.job = check_job("job", config.job)
         self.run_id = new_run_id()
-        self.peers = None if peers is None else frozenset(peers)
+        self.peers = frozenset(config.peers) or None
         self.allow_unsigned = allow_unsigned
         if model_via not in ("flower", "ipfs"):
             raise ValueError(f"model_via must be 'flower' or 'ipfs', got {model_via!r}")
         self.model_via = model_via
-        self.limits = limits
+        self.limits = config.limits
         self.resolve_timeout_s = resolve_timeout_s
         self.fetch_attempts = max(1, fetch_attempts)
-        self.require_bound_meta = require_bound_meta
+        self.require_bound_meta = config.inputs.require_bound_meta
         self.weighted_by_key: str = getattr(self.inner, "weighted_by_key", "num-examples")
-        self._job = JobConfig(
-            job=job,
-            coordinator=self.key.did,
-            peers=(),
-            method=_method(method),
-            weights=dict(weights or {}),
-            trim_ratio=trim_ratio,
-            byzantine=byzantine,
-            select=select,
-            clip_input_norm=clip_input_norm,
-            clip_output_norm=clip_output_norm,
-            limits=limits,
-        )
+        self._job = config
         self._job.params_for([])  # refuse a misplaced parameter now, not at round 1
         self.history: dict[int, FlowerRound] = {}
         self._secret = secrets.token_bytes(32)
@@ -176,7 +172,7 @@ class GradstoreStrategy(Strategy, Closing):
         self._did_nodes: dict[str, int] = {}
         self._budget = ByteBudget(memory_bytes)
         self._keep = ByteBudget(keep_bytes)
-        self._io = NodeLoop(node, limits=limits, name="gradstore-flower-strategy")
+        self._io = NodeLoop(node, limits=self.limits, name="gradstore-flower-strategy")
 
     # -- lifecycle -------------------------------------------------------------
     def close(self) -> None:
@@ -390,14 +386,13 @@ class GradstoreStrategy(Strategy, Closing):
             return None
 
         pending = candidates
-        delay = 0.5
-        for attempt in range(self.fetch_attempts):
-            if attempt:
-                await asyncio.sleep(delay)
-                delay *= 2
+        delays = replace(FETCH_RETRY, retries=self.fetch_attempts - 1).delays()
+        while True:
             pending = [c for c in await asyncio.gather(*(one(c) for c in pending)) if c]
-            if not pending:
+            delay = next(delays, None)
+            if not pending or delay is None:
                 break
+            await asyncio.sleep(delay)
         for c in pending:
             refused.append(
                 Refused(
@@ -425,42 +420,34 @@ class GradstoreStrategy(Strategy, Closing):
             self._announced.pop(peer, None)
         return [v for v in verified if v.peer not in repeated]
 
+    def _claim(self, ins: Instruction, c: Candidate) -> Claim:
+        """What ``c``'s reply says of its document: the round kernel checks the document's meta."""
+        return Claim(c.peer, ins.round, ins.job, c.num_samples, ins.run, self.require_bound_meta)
+
     async def _from_arrays(
         self, store: GradientStore, ins: Instruction, c: Candidate
     ) -> VerifiedInput:
-        """Arrays that came through Flower: checked, encoded, CID compared, stored and pinned."""
-        start = time.perf_counter()
+        """Arrays that came through Flower, as the document the client would have stored:
+        verified by the round kernel, stored and pinned."""
         assert c.tensors is not None
         meta = reply_meta(ins.job, ins.run, ins.round, c.peer, c.num_samples)
         try:
             gradient = Gradient(c.tensors, meta)
         except (GradstoreError, TypeError, ValueError) as exc:
             raise Refused(c.node_id, c.peer, f"malformed: {exc}", c.cid) from None
-        schema, problem = await asyncio.to_thread(_check, gradient, self._schema)
-        if problem is not None:
-            raise Refused(c.node_id, c.peer, problem, c.cid)
-        document = encode(gradient)
-        cid = await asyncio.to_thread(file_cid, document)
-        if c.cid is not None and cid != c.cid.to_v1():
-            raise Refused(
-                c.node_id,
+        try:
+            return await verify_gradient(
+                store,
                 c.peer,
-                f"integrity: the arrays make document {cid}, the signed reply names {c.cid}",
-                c.cid,
+                gradient,
+                c.num_samples,
+                expected=self._schema,
+                clip=self._job.clip_input_norm is not None,
+                claim=self._claim(ins, c),
+                announced=c.cid,
             )
-        stored = await store.put_document(document)
-        norm = global_norm(gradient.tensors) if self._job.clip_input_norm is not None else None
-        return VerifiedInput(
-            c.peer,
-            stored,
-            c.num_samples,
-            document.size,
-            schema,
-            norm,
-            gradient,
-            tensor_infos(gradient, document),
-            time.perf_counter() - start,
-        )
+        except InputRefused as exc:
+            raise Refused(c.node_id, c.peer, exc.reason, c.cid) from None
 
     async def _from_cid(
         self, store: GradientStore, ins: Instruction, c: Candidate
@@ -483,18 +470,10 @@ class GradstoreStrategy(Strategy, Closing):
                 budget=self._budget,
                 keep=self._keep,
                 clip=self._job.clip_input_norm is not None,
-                claim=Claim(
-                    c.peer, ins.round, ins.job, c.num_samples, ins.run, self.require_bound_meta
-                ),
+                claim=self._claim(ins, c),
             )
         except InputRefused as exc:
             raise Refused(c.node_id, c.peer, exc.reason, c.cid) from None
-        except IntegrityError as exc:  # the node served a block that is not its CID's
-            raise Refused(c.node_id, c.peer, f"integrity: {exc}", c.cid) from None
-        except (NodeError, TimeoutError):
-            raise
-        except GradstoreError as exc:  # a CID outside the profile, ...
-            raise Refused(c.node_id, c.peer, f"malformed: {exc}", c.cid) from None
 
     async def _close(
         self,
@@ -548,30 +527,6 @@ class GradstoreStrategy(Strategy, Closing):
         return metrics if isinstance(metrics, MetricRecord) else MetricRecord()
 
 
-def tensor_infos(gradient: Gradient, document: EncodedDocument) -> dict[str, TensorInfo]:
-    """Where each tensor's data sits in ``document`` (what ``read_header`` would say).
-
-    The document streams the arrays' own memory, so each tensor's data is the piece that
-    shares memory with it; its offset is the length of the pieces before it. (An empty
-    tensor has nothing to read back; its offset is only a position at or before its place.)
-    """
-    pieces = list(document)
-    starts = np.cumsum([0, *(p.nbytes for p in pieces)])
-    infos: dict[str, TensorInfo] = {}
-    at = 0
-    for name, arr in sorted(gradient.tensors.items(), key=lambda kv: kv[0].encode()):
-        offset = int(starts[at])
-        if arr.nbytes:
-            while not np.shares_memory(np.asarray(pieces[at]), arr):
-                at += 1
-            offset = int(starts[at])
-            at += 1
-        code = dtype_code(arr.dtype)
-        assert code is not None  # the gradient was built: its dtypes are storable
-        infos[name] = TensorInfo(name, code, tuple(arr.shape), offset, int(arr.nbytes))
-    return infos
-
-
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -579,23 +534,3 @@ def _now_ms() -> int:
 def _reason(text: str) -> str:
     text = " ".join(text.split()) or "refused"
     return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 3] + "..."
-
-
-def _check(gradient: Gradient, expected: Schema | None) -> tuple[Schema, str | None]:
-    """The gradient's schema, and why it cannot enter the round (or None)."""
-    schema = schema_of(gradient)
-    if expected is not None and schema != expected:
-        return schema, (
-            f"schema-mismatch: expected {schema_text(expected)}, got {schema_text(schema)}"
-        )
-    for name, arr in gradient.tensors.items():
-        if not all_finite(arr):
-            return schema, f"non-finite: tensor {name!r} holds NaN or Inf"
-    return schema, None
-
-
-def _method(name: str) -> MethodName:
-    """A method name gradstore knows (AggregationError naming the known ones otherwise)."""
-    if name not in METHODS:
-        raise AggregationError(f"unknown aggregation method {name!r} (one of {', '.join(METHODS)})")
-    return cast(MethodName, name)

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING
 from .._lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
-    from ._codec import CODECS, VALUE_FORMATS, Codec
     from ._compressed import CompressedGradient, CompressedTensor
     from ._decode import decode, decode_any, decode_with_header, from_header
     from ._dtype_codes import DTYPES, EXTENDED, FLOATS, ITEMSIZE, NUMPY_CODES
@@ -34,11 +33,13 @@ if TYPE_CHECKING:
     from ._limits import DEFAULT_LIMITS, Limits
     from ._names import name_problem
     from ._payload import CHECK_SCRATCH_BYTES, read_range, sparse_range
+    from .codecs import CODECS, Codec
+    from .codecs.topk import VALUE_FORMATS
 
 _HOMES = {
-    "CODECS": "_codec",
-    "VALUE_FORMATS": "_codec",
-    "Codec": "_codec",
+    "CODECS": "codecs",
+    "VALUE_FORMATS": "codecs.topk",
+    "Codec": "codecs",
     "CompressedGradient": "_compressed",
     "CompressedTensor": "_compressed",
     "decode": "_decode",

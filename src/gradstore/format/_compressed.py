@@ -13,12 +13,12 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidDocumentError, LimitExceededError
-from ._codec import Codec
 from ._dtype_codes import FLOATS, ITEMSIZE
 from ._dtypes import numpy_dtype
 from ._gradient import Gradient, _same_meta
 from ._limits import DEFAULT_LIMITS
 from ._payload import payload_finite, read_range, sparse_range, validate
+from .codecs import Codec
 
 Array = np.ndarray[Any, Any]
 
@@ -82,7 +82,7 @@ class CompressedTensor:
         return read_range(self.codec, self.payload[lo:hi], self.size, first, start, stop, out)
 
     def sparse(self, start: int, stop: int) -> tuple[Array, Array]:
-        """``topk`` only: the kept entries of ``start..stop`` (positions relative to start)."""
+        """Sparse codecs (``topk``) only: the kept entries of ``start..stop`` (positions relative to start)."""
         if not self.codec.sparse:
             raise ValueError(f"{self.codec.name} is not a sparse codec")
         first, lo, hi = self.codec.span(self.size, start, stop)
@@ -133,7 +133,8 @@ class CompressedGradient:
         need = 8 * sum(t.size for t in self.tensors.values())
         if need > max_bytes:
             raise LimitExceededError(
-                f"decompressing needs {need} bytes of float64, over max_bytes={max_bytes}"
+                f"decompressing needs {need} bytes of float64, over max_bytes={max_bytes}",
+                "max_bytes",
             )
         return Gradient({n: t.decompress() for n, t in self.tensors.items()}, dict(self.meta))
 

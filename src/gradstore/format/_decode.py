@@ -84,5 +84,7 @@ def _dense(mv: memoryview, header: DocumentHeader) -> Gradient:
         try:
             tensors[t.name] = flat.reshape(t.shape)
         except ValueError as e:  # only reachable with limits raised past what NumPy can index
-            raise LimitExceededError(f"tensor {t.name!r} shape {t.shape}: {e}") from None
+            raise LimitExceededError(
+                f"tensor {t.name!r} shape {t.shape}: {e}", "max_elements"
+            ) from None
     return Gradient(tensors, header.meta)

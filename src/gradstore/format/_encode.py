@@ -7,7 +7,6 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidDocumentError
-from ._codec import Codec
 from ._compressed import CompressedGradient, CompressedTensor
 from ._dtypes import canonical_dtype, normalize_array
 from ._gradient import Gradient
@@ -22,6 +21,7 @@ from ._layout import (
     tensor_layout,
 )
 from ._pack import array_header, pack_meta
+from .codecs import Codec
 
 
 def encode(g: Gradient | CompressedGradient) -> EncodedDocument:

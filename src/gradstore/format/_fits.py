@@ -48,30 +48,37 @@ def check_layout(
     """``check_fits`` from the document's ``size``, its ``meta`` and each tensor's name and
     shape (and, for a compressed document, the dense bytes it stands for)."""
     if size > limits.max_bytes:
-        raise LimitExceededError(f"document is {size} bytes, over max_bytes={limits.max_bytes}")
+        raise LimitExceededError(
+            f"document is {size} bytes, over max_bytes={limits.max_bytes}", "max_bytes"
+        )
     shapes = list(shapes)
     if len(shapes) > limits.max_tensors:
         raise LimitExceededError(
-            f"document has {len(shapes)} tensors, over max_tensors={limits.max_tensors}"
+            f"document has {len(shapes)} tensors, over max_tensors={limits.max_tensors}",
+            "max_tensors",
         )
     packed = len(pack_meta(meta))
     if packed > limits.max_meta_bytes:
         raise LimitExceededError(
-            f"meta is {packed} bytes, over max_meta_bytes={limits.max_meta_bytes}"
+            f"meta is {packed} bytes, over max_meta_bytes={limits.max_meta_bytes}",
+            "max_meta_bytes",
         )
     if dense_nbytes is not None and dense_nbytes > limits.max_bytes:
         raise LimitExceededError(
-            f"the document stands for {dense_nbytes} dense bytes, over max_bytes={limits.max_bytes}"
+            f"the document stands for {dense_nbytes} dense bytes, over max_bytes={limits.max_bytes}",
+            "max_bytes",
         )
     elements = 0
     for name, shape in shapes:
         if len(name.encode("utf-8", "surrogatepass")) > limits.max_name_bytes:
             raise LimitExceededError(
-                f"tensor name {name[:40]!r}... is over max_name_bytes={limits.max_name_bytes}"
+                f"tensor name {name[:40]!r}... is over max_name_bytes={limits.max_name_bytes}",
+                "max_name_bytes",
             )
         if len(shape) > limits.max_rank:
             raise LimitExceededError(
-                f"tensor {name!r} has rank {len(shape)}, over max_rank={limits.max_rank}"
+                f"tensor {name!r} has rank {len(shape)}, over max_rank={limits.max_rank}",
+                "max_rank",
             )
         extent = count = 1
         for d in shape:
@@ -80,5 +87,6 @@ def check_layout(
         elements += count
         if extent > limits.max_elements or elements > limits.max_elements:
             raise LimitExceededError(
-                f"tensor {name!r} brings the document over max_elements={limits.max_elements}"
+                f"tensor {name!r} brings the document over max_elements={limits.max_elements}",
+                "max_elements",
             )

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 from ..errors import InvalidDocumentError, LimitExceededError, MalformedDocumentError
-from ._codec import PARAMS, Codec
 from ._dtype_codes import DTYPES, FLOATS, ITEMSIZE
 from ._layout import (
     ALIGN,
@@ -30,6 +29,7 @@ from ._names import name_problem
 from ._pack import pack_str
 from ._paths import PathError, render
 from ._unpack import ARRAY, BIN, INT, MAP, STR, Reader
+from .codecs import MAX_TEXT, REGISTRY, Codec
 
 if TYPE_CHECKING:
     import numpy as np
@@ -107,7 +107,9 @@ def walk(mv: memoryview, limits: Limits) -> DocumentHeader:
     """read_header on a format-'B' memoryview."""
     size = mv.nbytes
     if size > limits.max_bytes:
-        raise LimitExceededError(f"document is {size} bytes, over max_bytes={limits.max_bytes}")
+        raise LimitExceededError(
+            f"document is {size} bytes, over max_bytes={limits.max_bytes}", "max_bytes"
+        )
     if size and mv[0] != PREFIX[0] and Reader(mv, 0, size).head()[0] is not MAP:
         raise InvalidDocumentError(
             f"{NOT_A_DOCUMENT} (it would begin with a msgpack map of format, meta, tensors; "
@@ -145,7 +147,8 @@ def walk(mv: memoryview, limits: Limits) -> DocumentHeader:
         raise InvalidDocumentError(f"tensors must be an array, found {kind}", "$.tensors")
     if count > limits.max_tensors:
         raise LimitExceededError(
-            f"document declares {count} tensors, over max_tensors={limits.max_tensors}"
+            f"document declares {count} tensors, over max_tensors={limits.max_tensors}",
+            "max_tensors",
         )
     infos: list[TensorInfo] = []
     prev = b""
@@ -186,7 +189,6 @@ def _read_meta(r: Reader, limits: Limits) -> dict[str, Any]:
 _WANT_MAP: Final = (
     "a map of exactly the keys format, meta, tensors (or format, meta, codec, tensors)"
 )
-_MAX_CODEC_TEXT: Final = 8  # the longest codec name or value format
 
 
 def _read_codec(r: Reader) -> Codec:
@@ -196,11 +198,12 @@ def _read_codec(r: Reader) -> Codec:
         raise InvalidDocumentError(f"codec must be a map, found {kind}", "$.codec")
     _expect(r, pack_str("name"), "key 'name' first", "$.codec")
     name = _codec_text(r, "name")
-    params = PARAMS.get(name)
-    if params is None:
+    cls = REGISTRY.get(name)
+    if cls is None:
         raise InvalidDocumentError(
-            f"unknown codec {name!r}; known: {', '.join(PARAMS)}", "$.codec.name"
+            f"unknown codec {name!r}; known: {', '.join(REGISTRY)}", "$.codec.name"
         )
+    params = cls.params()
     if count != 1 + len(params):
         raise InvalidDocumentError(
             f"codec {name} is a map of the keys {', '.join(('name', *params))}, found {count} keys",
@@ -209,21 +212,21 @@ def _read_codec(r: Reader) -> Codec:
     values: dict[str, Any] = {}
     for param in params:
         _expect(r, pack_str(param), f"key {param!r} next", "$.codec")
-        if param == "values":
+        if param in cls.text_params:
             values[param] = _codec_text(r, param)
             continue
         kind, arg = r.head()
         if kind is not INT:
             raise InvalidDocumentError(f"{param} must be an int, found {kind}", f"$.codec.{param}")
         values[param] = arg
-    return Codec(name, **values)  # range checks: InvalidDocumentError at $.codec.<param>
+    return cls(**values)  # range checks: InvalidDocumentError at $.codec.<param>
 
 
 def _codec_text(r: Reader, key: str) -> str:
     kind, n = r.head()
     if kind is not STR:
         raise InvalidDocumentError(f"{key} must be a str, found {kind}", f"$.codec.{key}")
-    if n > _MAX_CODEC_TEXT:
+    if n > MAX_TEXT:
         raise InvalidDocumentError(f"unknown {key} (a {n}-byte str)", f"$.codec.{key}")
     return r.text(n)
 
@@ -254,7 +257,8 @@ def _read_tensor(
         raise InvalidDocumentError("name must not be empty", f"$.tensors[{i}].name")
     if n > limits.max_name_bytes:
         raise LimitExceededError(
-            f"tensor {i} name is {n} bytes, over max_name_bytes={limits.max_name_bytes}"
+            f"tensor {i} name is {n} bytes, over max_name_bytes={limits.max_name_bytes}",
+            "max_name_bytes",
         )
     at = r.pos
     name = r.text(n)
@@ -290,7 +294,7 @@ def _read_tensor(
         raise InvalidDocumentError(f"shape must be an array, found {kind}", f"$.tensors[{i}].shape")
     if rank > limits.max_rank:
         raise LimitExceededError(
-            f"tensor {name!r} has rank {rank}, over max_rank={limits.max_rank}"
+            f"tensor {name!r} has rank {rank}, over max_rank={limits.max_rank}", "max_rank"
         )
     dims = []
     count = 1
@@ -306,18 +310,21 @@ def _read_tensor(
         extent *= max(d, 1)
         if extent > limits.max_elements:
             raise LimitExceededError(
-                f"tensor {name!r} declares dimensions over max_elements={limits.max_elements}"
+                f"tensor {name!r} declares dimensions over max_elements={limits.max_elements}",
+                "max_elements",
             )
         dims.append(d)
     if count > elements_left:
         raise LimitExceededError(
             f"tensor {name!r} declares {count} elements; the document would pass "
-            f"max_elements={limits.max_elements}"
+            f"max_elements={limits.max_elements}",
+            "max_elements",
         )
     if codec is not None and count * ITEMSIZE[dtype] > dense_left:
         raise LimitExceededError(
             f"tensor {name!r} stands for {count * ITEMSIZE[dtype]} dense bytes; the document "
-            f"would stand for more than max_bytes={limits.max_bytes}"
+            f"would stand for more than max_bytes={limits.max_bytes}",
+            "max_bytes",
         )
 
     _expect(r, KEY_PAD, "key 'pad' fourth", tensor=i)

@@ -71,7 +71,7 @@ class Reader:
         start = self.pos
         if start + n > self.end:
             if self.limit is not None:
-                raise LimitExceededError(self.limit)
+                raise LimitExceededError(self.limit, "max_meta_bytes")
             raise MalformedDocumentError(
                 f"truncated: {n} bytes needed, {self.end - start} left", start
             )
@@ -174,4 +174,6 @@ class Reader:
 
 def _check_depth(depth: int, max_depth: int) -> None:
     if depth > max_depth:
-        raise LimitExceededError(f"meta nests deeper than max_meta_depth={max_depth}")
+        raise LimitExceededError(
+            f"meta nests deeper than max_meta_depth={max_depth}", "max_meta_depth"
+        )

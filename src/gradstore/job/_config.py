@@ -3,8 +3,8 @@
 job = "digits"
 coordinator = "did:key:z6Mk..."
 peers = ["did:key:z6Mk...", ...]
-[aggregation]   method, weights = {did = w}, trim_ratio, byzantine, select,
-                clip_input_norm, clip_output_norm
+[aggregation]   method, weights = {did = w}, the method's own parameters (trim_ratio,
+                byzantine, select: its class's fields), clip_input_norm, clip_output_norm
 [rounds]        count (0 = until stopped), quorum, deadline_s, max_ahead
 [limits]        max_gradient_bytes, max_tensors, max_elements
 [messages]      max_clock_skew_s (messages stamped further from now are refused)
@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import math
 import tomllib
-from collections.abc import Mapping
+import typing
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any, cast
 
-from ..aggregate import METHODS, AggregationParams
-from ..aggregate.methods import MethodName
+from ..aggregate import CLIP_PARAMETERS, AggregationParams, parameter_names
+from ..aggregate.methods import REGISTRY, MethodName, method_class
 from ..errors import AggregationError, CoordinatorError
 from ..format import DTYPES, Limits
 from ..messages import Roster, public_key_from_did
@@ -77,10 +78,9 @@ class JobConfig:
     coordinator: str
     peers: tuple[str, ...]
     method: MethodName = "fedavg"
-    weights: Mapping[str, float] = field(default_factory=dict)
-    trim_ratio: float | None = None
-    byzantine: int | None = None
-    select: int | None = None
+    weights: Mapping[str, float] = field(default_factory=dict)  # per peer, for "weighted"
+    #: The method's own parameters by name (``{"trim_ratio": 0.2}``): its class's fields.
+    method_params: Mapping[str, Any] = field(default_factory=dict)
     clip_input_norm: float | None = None
     clip_output_norm: float | None = None
     rounds: RoundsConfig = field(default_factory=RoundsConfig)
@@ -89,17 +89,13 @@ class JobConfig:
     messages: MessagesConfig = field(default_factory=MessagesConfig)
     inputs: InputsConfig = field(default_factory=InputsConfig)
 
-    def params_for(self, peers: list[str]) -> AggregationParams:
-        """Aggregation parameters for inputs from ``peers`` (in that order)."""
-        weights = (
-            tuple(float(self.weights[p]) for p in peers) if self.method == "weighted" else None
-        )
+    def params_for(self, peers: Sequence[str]) -> AggregationParams:
+        """Aggregation parameters for inputs from ``peers`` (in that order): the method sets
+        itself up from the job (``Method.for_round``)."""
+        strategy = method_class(self.method).for_round(self.method_params, self.weights, peers)
         return AggregationParams(
-            method=self.method,
-            weights=weights,
-            trim_ratio=self.trim_ratio,
-            byzantine=self.byzantine,
-            select=self.select,
+            self.method,
+            strategy=strategy,
             clip_input_norm=self.clip_input_norm,
             clip_output_norm=self.clip_output_norm,
         )
@@ -163,23 +159,13 @@ def parse_job(raw: Mapping[str, Any], source: str = "job") -> JobConfig:
         raise where.err("peers", "lists a peer twice")
 
     agg = raw.get("aggregation", {})
-    where.keys(
-        agg,
-        {
-            "method",
-            "weights",
-            "trim_ratio",
-            "byzantine",
-            "select",
-            "clip_input_norm",
-            "clip_output_norm",
-        },
-        "aggregation.",
-    )
+    names = parameter_names()
+    types = _method_types()
+    where.keys(agg, {"method", *names}, "aggregation.")
     method = agg.get("method", "fedavg")
-    if method not in METHODS:
+    if method not in REGISTRY:
         raise where.err(
-            "aggregation.method", f"unknown method {method!r} (one of {', '.join(METHODS)})"
+            "aggregation.method", f"unknown method {method!r} (one of {', '.join(REGISTRY)})"
         )
     weights_raw = agg.get("weights", {})
     where.keys(
@@ -283,9 +269,11 @@ def parse_job(raw: Mapping[str, Any], source: str = "job") -> JobConfig:
         peers=peers,
         method=cast(MethodName, method),
         weights=weights,
-        trim_ratio=_opt(agg, "trim_ratio", where),
-        byzantine=_opt_int(agg, "byzantine", where),
-        select=_opt_int(agg, "select", where),
+        method_params={
+            key: _method_param(agg[key], types[key], f"aggregation.{key}", where)
+            for key in names
+            if key in types and key in agg
+        },
         clip_input_norm=_opt(agg, "clip_input_norm", where),
         clip_output_norm=_opt(agg, "clip_output_norm", where),
         rounds=rounds,
@@ -294,10 +282,11 @@ def parse_job(raw: Mapping[str, Any], source: str = "job") -> JobConfig:
         messages=messages,
         inputs=inputs,
     )
-    for key in ("trim_ratio", "byzantine", "select", "clip_input_norm", "clip_output_norm"):
-        if key in agg:  # each parameter on its own first, so the error names its key
+    given = {**cfg.method_params, **{k: getattr(cfg, k) for k in CLIP_PARAMETERS}}
+    for key in names:
+        if key in agg and key in given:  # each on its own first, so the error names its key
             try:
-                AggregationParams(method, **{key: getattr(cfg, key)})
+                AggregationParams(method, **{key: given[key]})
             except AggregationError as exc:
                 raise where.err(f"aggregation.{key}", str(exc)) from exc
     # The checks the aggregator applies, early, for the smallest round the quorum allows: any
@@ -319,12 +308,29 @@ def parse_job(raw: Mapping[str, Any], source: str = "job") -> JobConfig:
     return cfg
 
 
+def _method_types() -> dict[str, Any]:
+    """The methods' own parameters (not ``weights``: a table by peer), with their types."""
+    return {
+        name: kind
+        for cls in REGISTRY.values()
+        for name, kind in cls.parameter_types().items()
+        if name != "weights"
+    }
+
+
+def _method_param(value: Any, kind: Any, key: str, where: _Where) -> Any:
+    """A method parameter read as its class declares it (an int, a number); the method
+    checks the value itself."""
+    kinds = typing.get_args(kind) or (kind,)
+    if int in kinds:
+        return where.int_(value, key, 0)
+    if float in kinds:
+        return where.num(value, key)
+    return value
+
+
 def _opt(table: Mapping[str, Any], key: str, where: _Where) -> float | None:
     return None if key not in table else where.num(table[key], f"aggregation.{key}")
-
-
-def _opt_int(table: Mapping[str, Any], key: str, where: _Where) -> int | None:
-    return None if key not in table else where.int_(table[key], f"aggregation.{key}", 0)
 
 
 class _Where:

@@ -18,10 +18,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Final
 
-import dag_cbor
-
+from ..dag import cbor
 from ..dag.cid import CID, DAG_CBOR, verify_block
-from ..errors import MessageError
+from ..errors import DAGError, MessageError
 from .keys import SigningKey
 from .roster import Roster
 from .schema import MAX_REASON_BYTES, Result, Status, check_reasons
@@ -84,7 +83,7 @@ def _lists_block(msg: Status | Result) -> tuple[CID, bytes]:
     node: dict[str, Any] = {"type": LISTS_TYPE, "job": msg.job, "run": msg.run, "round": msg.round}
     if isinstance(msg, Result):
         node["peers"] = msg.peers
-        data = dag_cbor.encode(node)
+        data = cbor.encode(node)
     else:
         node["received"], node["verified"] = msg.received, msg.verified
         node["refused"] = msg.refused
@@ -94,7 +93,7 @@ def _lists_block(msg: Status | Result) -> tuple[CID, bytes]:
             ["refused"] * len(msg.reasons),
         ):
             node["reasons"] = reasons
-            data = dag_cbor.encode(node)
+            data = cbor.encode(node)
             if len(data) <= MAX_LISTS_BYTES:
                 break
     if len(data) > MAX_LISTS_BYTES:
@@ -115,9 +114,9 @@ def decode_lists(data: bytes, msg: Status | Result, roster: Roster) -> PeerLists
     if len(data) > MAX_LISTS_BYTES:
         raise MessageError("too-large", f"lists block is {len(data)} bytes")
     try:
-        node = dag_cbor.decode(bytes(data))
-    except Exception as exc:  # dag_cbor's own decoding errors
-        raise MessageError("malformed", f"lists block is not DAG-CBOR: {exc}") from None
+        node = cbor.decode(data)
+    except DAGError as exc:
+        raise MessageError("malformed", f"lists block is {exc}") from None
     keys = _STATUS_KEYS if isinstance(msg, Status) else _RESULT_KEYS
     if not isinstance(node, dict) or set(node) != keys or node["type"] != LISTS_TYPE:
         raise MessageError("malformed", f"not a {LISTS_TYPE} block for a {msg.kind.value}")

@@ -35,11 +35,9 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any, Final
 
-import dag_cbor
-from multiformats import CID as _MFCID
-
+from ..dag import cbor
 from ..dag.cid import CID, DAG_CBOR, verify_block
-from ..errors import CIDError, FormatError, MessageError
+from ..errors import CIDError, DAGError, FormatError, MessageError
 from ..format import Codec
 from .didkey import SIGNATURE_LEN, verify_signature
 from .keys import SigningKey
@@ -249,19 +247,6 @@ def _typed(items: object, cls: type[Any], name: str) -> list[Any]:
     return out
 
 
-def _to_mf(cid: CID) -> Any:
-    return _MFCID.decode(cid.bytes)
-
-
-def _from_mf(name: str, value: object) -> CID:
-    if not isinstance(value, _MFCID):
-        raise MessageError("malformed", f"`{name}` must be a CID link, got {type(value).__name__}")
-    try:
-        return CID.from_bytes(bytes(value))
-    except CIDError as exc:
-        raise MessageError("malformed", f"`{name}`: {exc}") from None
-
-
 def _cid_text(name: str, value: object) -> CID:
     if not isinstance(value, str):
         raise MessageError(
@@ -297,7 +282,7 @@ def _unsigned_node(rec: RoundRecord) -> dict[str, Any]:
     for i in rec.inputs:
         item: dict[str, Any] = {
             "peer": i.peer,
-            "gradient": _to_mf(i.gradient),
+            "gradient": i.gradient,
             "num_samples": i.num_samples,
             "weight": i.weight,
         }
@@ -316,20 +301,17 @@ def _unsigned_node(rec: RoundRecord) -> dict[str, Any]:
         "params": rec.params,
         "inputs": inputs,
         "excluded": excluded,
-        "output": _to_mf(rec.output),
-        "prev": None if rec.prev is None else _to_mf(rec.prev),
+        "output": rec.output,
+        "prev": rec.prev,
         "coordinator": rec.coordinator,
     }
 
 
 def _dag_cbor(node: dict[str, Any]) -> bytes:
     try:
-        out: bytes = dag_cbor.encode(node)
-    except Exception as exc:  # dag_cbor's own error types
-        raise MessageError(
-            "malformed", f"cannot encode the round record as DAG-CBOR: {exc}"
-        ) from None
-    return out
+        return cbor.encode(node)
+    except DAGError as exc:
+        raise MessageError("malformed", f"cannot encode the round record: {exc}") from None
 
 
 def encode_record(rec: RoundRecord, key: SigningKey) -> tuple[CID, bytes]:
@@ -378,9 +360,9 @@ def decode_record(
             "too-large", f"round record is {len(data)} bytes, the limit is {max_bytes}"
         )
     try:
-        node = dag_cbor.decode(bytes(data))
-    except Exception as exc:  # DAGCBORDecodingError, OverflowError on absurd lengths, ...
-        raise MessageError("malformed", f"not DAG-CBOR: {exc}") from None
+        node = cbor.decode(data)
+    except DAGError as exc:
+        raise MessageError("malformed", str(exc)) from None
     node = _exact_keys("record", node, _RECORD_KEYS)
     if node["type"] not in RECORD_TYPES:
         raise MessageError(
@@ -420,7 +402,7 @@ def _record_from_node(node: dict[str, Any]) -> RoundRecord:
         inputs.append(
             RecordInput(
                 peer=entry["peer"],
-                gradient=_from_mf(f"inputs[{i}].gradient", entry["gradient"]),
+                gradient=_check_link(f"inputs[{i}].gradient", entry["gradient"]),
                 num_samples=entry["num_samples"],
                 weight=entry["weight"],
                 codec=_codec(f"inputs[{i}].codec", entry["codec"]) if codecs else None,
@@ -453,8 +435,8 @@ def _record_from_node(node: dict[str, Any]) -> RoundRecord:
         params=node["params"],
         inputs=tuple(inputs),
         excluded=tuple(excluded),
-        output=_from_mf("output", node["output"]),
-        prev=None if prev is None else _from_mf("prev", prev),
+        output=_check_link("output", node["output"]),
+        prev=None if prev is None else _check_link("prev", prev),
         coordinator=node["coordinator"],
     )
     if list(rec.inputs) != inputs or list(rec.excluded) != excluded:

@@ -69,5 +69,6 @@ def check_pubsub_size(topic: str, data: bytes) -> None:
     if size > MAX_PUBSUB_DATA:
         raise LimitExceededError(
             f"pubsub message of {len(data)} bytes on a {size - len(data)}-byte topic is over "
-            f"the {MAX_PUBSUB_DATA}-byte limit (libp2p drops messages over 1 MiB)"
+            f"the {MAX_PUBSUB_DATA}-byte limit (libp2p drops messages over 1 MiB)",
+            "max_pubsub_bytes",
         )

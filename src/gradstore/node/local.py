@@ -110,7 +110,8 @@ class LocalNode(AsyncClosing):
     def _store(self, cid: CID, data: memoryview) -> None:
         if len(data) > MAX_BLOCK_SIZE:
             raise LimitExceededError(
-                f"block {cid} of {len(data)} bytes is over the {MAX_BLOCK_SIZE}-byte limit"
+                f"block {cid} of {len(data)} bytes is over the {MAX_BLOCK_SIZE}-byte limit",
+                "max_block_bytes",
             )
         verify_block(cid, data)
         path = self._block_path(cid)

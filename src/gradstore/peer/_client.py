@@ -42,7 +42,7 @@ from ..messages import (
     verify_message,
 )
 from ..messages.refusal_log import RefusalLog
-from ..node import Node, follow
+from ..node import Node, Retry, follow
 from ..store import GradientStore
 from ._view import CoordinatorView, Standing
 
@@ -318,7 +318,10 @@ class Peer:
         deadline = None if timeout is None else time.monotonic() + timeout
         if not await self._wait(lambda: self.run is not None, None, deadline):
             raise TimeoutError(f"round {round_}: no word from the coordinator in {timeout}s")
-        delay = self.first_backoff_s
+        delays = Retry(
+            retries=None, backoff=self.first_backoff_s, max_backoff=self.max_backoff_s
+        ).delays()
+        delay = next(delays)
         while True:
             run = self.run
             assert run is not None
@@ -341,7 +344,7 @@ class Peer:
                 raise TimeoutError(
                     f"round {round_}: the coordinator did not verify {cid} in {timeout}s"
                 )
-            delay = min(delay * 2, self.max_backoff_s)
+            delay = next(delays)
 
     async def _verdict(
         self, round_: int, run: str, since_ms: int, delay: float, deadline: float | None

@@ -20,7 +20,7 @@ class SyncGradientStore(Closing):
     """
 
     def __init__(self, node: Node, *, limits: Limits | None = None) -> None:
-        self._runner = LoopThread("gradstore-sync-store")
+        self._loop = LoopThread("gradstore-sync-store")
         self.store = GradientStore(node) if limits is None else GradientStore(node, limits=limits)
 
     def put(
@@ -30,30 +30,30 @@ class SyncGradientStore(Closing):
         pin: bool = True,
         progress: Progress | None = None,
     ) -> CID:
-        return self._runner.run(self.store.put(gradient, pin=pin, progress=progress))
+        return self._loop.run(self.store.put(gradient, pin=pin, progress=progress))
 
     def get(
         self, cid: CID | str, *, limits: Limits | None = None, progress: Progress | None = None
     ) -> Gradient:
-        return self._runner.run(self.store.get(cid, limits=limits, progress=progress))
+        return self._loop.run(self.store.get(cid, limits=limits, progress=progress))
 
     def get_any(
         self, cid: CID | str, *, limits: Limits | None = None, progress: Progress | None = None
     ) -> Gradient | CompressedGradient:
-        return self._runner.run(self.store.get_any(cid, limits=limits, progress=progress))
+        return self._loop.run(self.store.get_any(cid, limits=limits, progress=progress))
 
     def fetch_document(self, cid: CID | str, *, progress: Progress | None = None) -> np.ndarray:
-        return self._runner.run(self.store.fetch_document(cid, progress=progress))
+        return self._loop.run(self.store.fetch_document(cid, progress=progress))
 
     def verify(self, cid: CID | str) -> VerifyReport:
-        return self._runner.run(self.store.verify(cid))
+        return self._loop.run(self.store.verify(cid))
 
     def unpin(self, cid: CID | str) -> None:
-        self._runner.run(self.store.unpin(cid))
+        self._loop.run(self.store.unpin(cid))
 
     def close(self) -> None:
         """Close the node's connections and the private loop."""
         try:
-            self._runner.run(self.store.node.aclose())
+            self._loop.run(self.store.node.aclose())
         finally:
-            self._runner.close()
+            self._loop.close()

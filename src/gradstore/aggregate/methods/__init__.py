@@ -22,19 +22,20 @@ REGISTRY: Final[dict[str, type[Method]]] = {
 }
 
 
-def method_of(name: str, params: Mapping[str, Any]) -> Method:
-    """The method called ``name`` with ``params``; AggregationError for an unknown name or a
-    parameter the method does not take."""
+def method_class(name: str) -> type[Method]:
+    """The method called ``name``; AggregationError naming the known ones otherwise."""
     cls = REGISTRY.get(name)
     if cls is None:
         raise AggregationError(
             f"unknown aggregation method {name!r}; expected one of {', '.join(REGISTRY)}"
         )
-    accepted = {f for f in cls.__dataclass_fields__}
-    for key, value in params.items():
-        if value is not None and key not in accepted:
-            raise AggregationError(f"{key} does not apply to method {name!r}")
-    return cls(**{k: v for k, v in params.items() if k in accepted})
+    return cls
+
+
+def method_of(name: str, params: Mapping[str, Any]) -> Method:
+    """The method called ``name`` with ``params``; AggregationError for an unknown name or a
+    parameter the method does not take."""
+    return method_class(name).configured(params)
 
 
 __all__ = [
@@ -55,6 +56,7 @@ __all__ = [
     "TrimmedMean",
     "Weighted",
     "check_num_samples",
+    "method_class",
     "method_of",
     "trimmed_per_side",
 ]

@@ -1,8 +1,9 @@
 """What every aggregation method is: a name, its parameters, and the checks it makes.
 
 A method is one small frozen class (one per file, as Flower keeps one strategy per file)
-holding its own parameters and refusing what it cannot honestly do, before any array is
-touched. The engines (``aggregate`` in memory, ``aggregate_streamed`` from a node) never
+holding its own parameters (its fields: a job file's ``[aggregation]`` keys and a round
+record's ``params`` by the same names) and refusing what it cannot honestly do, before any
+array is touched. A new parameter is a field of its method (and a key of the job parser). The engines (``aggregate`` in memory, ``aggregate_streamed`` from a node) never
 branch on a method's name; they ask what kind of method it is:
 
 - ``Linear``: each output element is ``sum_i c_i * x_i / divisor`` (sum, mean, fedavg,
@@ -17,10 +18,11 @@ from __future__ import annotations
 
 import math
 import numbers
+import typing
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar, Final, Literal
+from typing import Any, ClassVar, Final, Literal, Self
 
 from ...errors import AggregationError, TooManyInputsError
 
@@ -46,6 +48,36 @@ class Method(ABC):
     """An aggregation method with its parameters (none, for most)."""
 
     name: ClassVar[MethodName]
+
+    @classmethod
+    def parameters(cls) -> tuple[str, ...]:
+        """The names of the method's own parameters, in the order a round record lists them."""
+        return tuple(field.name for field in fields(cls))
+
+    @classmethod
+    def parameter_types(cls) -> dict[str, Any]:
+        """Each parameter's declared type (``int | None``, ...): how a job file's value is read."""
+        hints = typing.get_type_hints(cls)
+        return {name: hints[name] for name in cls.parameters()}
+
+    @classmethod
+    def configured(cls, params: Mapping[str, Any]) -> Self:
+        """The method with ``params`` (None values left out); AggregationError naming a
+        parameter it does not take."""
+        accepted = cls.parameters()
+        for key, value in params.items():
+            if value is not None and key not in accepted:
+                raise AggregationError(f"{key} does not apply to method {cls.name!r}")
+        return cls(**{k: v for k, v in params.items() if k in accepted})
+
+    @classmethod
+    def for_round(
+        cls, params: Mapping[str, Any], weights: Mapping[str, float], peers: Sequence[str]
+    ) -> Self:
+        """The method as a job sets it (``params``: its own parameters, by name), for a
+        round whose inputs come from ``peers`` in this order. ``weights`` are the job's,
+        per peer: only a method that weighs peers by them reads them."""
+        return cls.configured(params)
 
     def validate(self, n: int) -> None:
         """Refuse (AggregationError) unless the method can honestly combine ``n`` inputs."""

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar, Self
 
 from ...errors import AggregationError
 from .base import Linear, MethodName, number
@@ -24,6 +24,13 @@ class Weighted(Linear):
             if any(w < 0 for w in weights):
                 raise AggregationError("weights must not be negative")
             object.__setattr__(self, "weights", weights)
+
+    @classmethod
+    def for_round(
+        cls, params: Mapping[str, Any], weights: Mapping[str, float], peers: Sequence[str]
+    ) -> Self:
+        """The job's weights, per peer, become one per input, in the round's peer order."""
+        return cls.configured({**params, "weights": tuple(float(weights[p]) for p in peers)})
 
     def validate(self, n: int) -> None:
         super().validate(n)

@@ -4,17 +4,26 @@ safetensors names dtypes its own way (``F32``, ``BF16``, ``F8_E4M3``); the table
 maps them to the document's. Its NumPy loader does not build float8 arrays (0.8 fails on
 them), so files holding bfloat16 or float8 are read through its parser (``deserialize``)
 and given the document's dtypes here; every other file through ``safe_open``.
+
+safetensors writes files, not streams: a stream gets a file built in a temporary
+directory, then copied.
+
+The package is an optional extra: this module imports it when a file is read or
+written, and says which extra to install when it is missing (``MissingExtraError``).
 """
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, BinaryIO, Final
 
 import numpy as np
 
 from ..errors import FormatError, MissingExtraError
 from ..format import EXTENDED, Gradient, dtype_code, numpy_dtype
+from ._names import check_names, stream_name
 
 #: safetensors dtype -> document dtype (F8_E4M3 is PyTorch's float8_e4m3fn).
 CODES: Final[dict[str, str]] = {
@@ -73,6 +82,15 @@ def load_safetensors(path: str | Path, meta: dict[str, Any] | None = None) -> Gr
     return Gradient(tensors, dict(meta or {}))
 
 
+def write_safetensors(stream: BinaryIO, gradient: Gradient) -> None:
+    """Write the tensors as a ``.safetensors`` file to ``stream`` (meta is not kept; the
+    stream need not seek). Every tensor is checked to be storable before anything is
+    written (FormatError); MissingExtraError without the ``safetensors`` extra."""
+    shown = stream_name(stream)
+    check_names(shown, gradient)
+    copy_safetensors(stream, safetensors_arrays(shown, gradient), shown)
+
+
 def safetensors_arrays(target: str | Path, gradient: Gradient) -> dict[str, np.ndarray[Any, Any]]:
     """The arrays to write, each checked to be storable (before anything is opened)."""
     _package()
@@ -85,7 +103,7 @@ def safetensors_arrays(target: str | Path, gradient: Gradient) -> dict[str, np.n
     return arrays
 
 
-def write_safetensors(
+def write_safetensors_file(
     path: Path, arrays: dict[str, np.ndarray[Any, Any]], shown: str | Path
 ) -> None:
     """Write ``arrays`` as a ``.safetensors`` file at exactly ``path`` (a file being built).
@@ -106,6 +124,18 @@ def write_safetensors(
                     )
     except st.SafetensorError as exc:
         raise FormatError(f"{shown}: safetensors cannot write these tensors ({exc})") from exc
+
+
+def copy_safetensors(
+    stream: BinaryIO, arrays: dict[str, np.ndarray[Any, Any]], shown: str | Path
+) -> None:
+    """Write ``arrays`` as a ``.safetensors`` file to ``stream``: built in a temporary
+    directory (``write_safetensors_file``), then copied a MiB at a time."""
+    with tempfile.TemporaryDirectory(prefix="gradstore-") as tmp:
+        built = Path(tmp) / "out.safetensors"
+        write_safetensors_file(built, arrays, shown)
+        with open(built, "rb") as f:
+            shutil.copyfileobj(f, stream, 1 << 20)
 
 
 def _code(path: str | Path, name: str, kind: str) -> str:

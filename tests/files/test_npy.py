@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gradstore.cli._npy import MAGIC, PLAIN, parse_plain, plain_header
+from gradstore.files._npy import MAGIC, PLAIN, parse_plain, plain_header
 
 SHAPES = [(), (0,), (1,), (7,), (3, 4), (2, 0, 5), (10**12,), tuple(range(1, 40))]
 

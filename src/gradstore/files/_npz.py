@@ -1,4 +1,4 @@
-"""Gradients from and to ``.npz`` files, the CLI's exchange format (never pickled).
+"""Gradients from and to ``.npz`` files, gradstore's exchange format (never pickled).
 
 Stored (uncompressed) members, what ``np.savez`` writes, are read straight into their
 arrays and written straight from them (``_stored_zip``), CRC-32 checked either way;
@@ -17,6 +17,7 @@ import numpy as np
 
 from ..errors import FormatError
 from ..format import EXTENDED, Gradient, dtype_code
+from ._names import check_names, stream_name
 from ._npy import MAGIC as NPY_MAGIC
 from ._npz_directory import NPY, Member, fill, npz_errors, read_directory
 from ._stored_zip import StoredZipWriter
@@ -89,20 +90,25 @@ def check_npz_dtypes(
 
 
 def write_npz(stream: BinaryIO, gradient: Gradient) -> None:
-    """Write the tensors as an uncompressed ``.npz`` to ``stream`` (meta is not kept).
+    """Write the tensors as an uncompressed ``.npz`` to ``stream`` (meta is not kept), what
+    ``np.savez`` writes and ``np.load`` reads.
 
-    Member by member, so any tensor name works (``file`` included), each ``.npy``
-    header followed by the array's own buffer (a copy only for an array that is not
-    C-contiguous). ``stream`` need not be seekable (a pipe: data descriptors then
-    follow each member).
+    Member by member, each ``.npy`` header followed by the array's own buffer (a copy
+    only for an array that is not C-contiguous). ``stream`` need not be seekable (a pipe:
+    data descriptors then follow each member). A tensor an ``.npz`` cannot hold (bfloat16,
+    float8, objects) or a name the format refuses is refused (FormatError) before the
+    first byte is written.
     """
+    check_names(stream_name(stream), gradient)
+    check_npz(stream_name(stream), gradient)
+    for name, value in gradient.tensors.items():
+        if np.asarray(value).dtype.hasobject:
+            raise FormatError(f"tensor {name!r} holds Python objects, which .npz cannot hold")
     archive = StoredZipWriter(stream)
     for name, value in gradient.tensors.items():
         array = np.asarray(value)
         if not array.flags.c_contiguous:  # (np.ascontiguousarray would make 0-d arrays 1-d)
             array = array.copy(order="C")
-        if array.dtype.hasobject:
-            raise FormatError(f"tensor {name!r} holds Python objects, which .npz cannot hold")
         header = memoryview(_npy_header(array))
         archive.add(name + NPY, [header, array.reshape(-1).view(np.uint8).data])
     archive.close()

@@ -14,13 +14,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gradstore.cli import _stored_zip
-from gradstore.cli._npz import load_npz, write_npz
-from gradstore.cli._output import _Sequential
 from gradstore.errors import FormatError
+from gradstore.files import SequentialWriter, _stored_zip, load_npz, write_npz
 from gradstore.format import Gradient
 
-from .helpers import SEED
+SEED = 20240611
 
 
 def _arrays() -> dict[str, np.ndarray[Any, Any]]:
@@ -95,7 +93,7 @@ def test_written_archives_read_back_everywhere(
             write_npz(f, Gradient(arrays))
     else:
         pipe = io.BytesIO()
-        write_npz(_Sequential(pipe), Gradient(arrays))  # says it cannot seek
+        write_npz(SequentialWriter(pipe), Gradient(arrays))  # says it cannot seek
         path.write_bytes(pipe.getvalue())
     _same(_np_load(path), arrays)
     with zipfile.ZipFile(path) as zf:

@@ -1,0 +1,427 @@
+"""The coordinator's state: each event in, the effects out, with no node and no event loop.
+
+What ``Coordinator`` decides lives in ``CoordinatorState`` (issue 26): the replay filter,
+the books of past rounds, recovery from journal rows, the restart grace, the learned
+schema, what the beacon repeats, and the bookkeeping of every fetch attempt. Each test is
+a list of calls, as tests/coordinator/test_rules.py is for the pure rules.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from gradstore.coordinator import CoordinatorState, Verdict
+from gradstore.coordinator.closing import Closed
+from gradstore.coordinator.inputs import VerifiedInput
+from gradstore.coordinator.journal import InputRow, RoundRow
+from gradstore.coordinator.rounds import PeerState, Schema
+from gradstore.coordinator.state import (
+    PAST_ROUNDS,
+    Accept,
+    CloseRound,
+    FailRound,
+    FetchFailed,
+    LearnSchema,
+    SetInput,
+)
+from gradstore.dag import CID
+from gradstore.format import Gradient
+from gradstore.job import parse_job
+from gradstore.messages import Announce, RecordInput, RoundRecord, encode_message
+
+from .harness import key
+
+RUN = "a" * 26
+CIDS = [
+    "bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy",
+    "bafkreidgvpkjawlxz6sffxzwgooowe5yt7i6wsyg236mfoks77nywkptdq",
+    "bafkreiculfwg6gpeo3eevolx277diwuhohklq7guh32jpaqcoyorzl5jvy",
+]
+SCHEMA: Schema = (("w", "<f4", (2,)),)
+
+
+class Job:
+    """A job of ``n`` peers (``rounds`` takes the job file's ``[rounds]`` keys) and its state."""
+
+    def __init__(
+        self, n: int = 2, *, grace: float | None = None, schema: bool = False, **rounds: Any
+    ) -> None:
+        self.coord = key(100)
+        self.keys = sorted((key(i) for i in range(n)), key=lambda k: k.did)
+        raw: dict[str, Any] = {
+            "job": "test-job",
+            "coordinator": self.coord.did,
+            "peers": [k.did for k in self.keys],
+            "aggregation": {"method": "mean"},
+            "rounds": {"count": 1, "quorum": n, "deadline_s": 30.0, **rounds},
+        }
+        if schema:
+            raw["schema"] = [{"name": "w", "dtype": "<f4", "shape": [2]}]
+        self.config = parse_job(raw)
+        self.state = CoordinatorState(self.config, restart_grace_s=grace)
+        self.state.run_id = RUN
+        self.now = time.time()
+
+    @property
+    def peers(self) -> list[str]:
+        return [k.did for k in self.keys]
+
+    def message(self, i: int, round_: int = 0, cid: int = 0, **kw: Any) -> bytes:
+        fields: dict[str, Any] = {
+            "job": self.config.job,
+            "run": RUN,
+            "round": round_,
+            "peer": self.keys[i].did,
+            "cid": CIDS[cid],
+            "num_samples": 1,
+            "sent_at": int(self.now * 1000),
+        }
+        fields.update(kw)
+        return encode_message(Announce(**fields), self.keys[i])
+
+    def announce(self, i: int, round_: int = 0, cid: int = 0, **kw: Any) -> Verdict:
+        """Admit peer ``i``'s announcement and commit it, as the journal writer does."""
+        verdict, _ = self.state.admit(self.message(i, round_, cid, **kw), self.now)
+        self.state.accepted(self.state.take_accepted(), self.now)
+        return verdict
+
+    def open(self, round_: int, inputs: Sequence[InputRow] = (), opened_at: float = 0.0) -> Any:
+        row = RoundRow(round_, opened_at or self.now, "open", None, None, None, False)
+        return self.state.opened(row, inputs, self.now)
+
+    def verified(self, i: int, round_: int = 0, cid: int = 0, schema: Schema = SCHEMA) -> Any:
+        gradient = Gradient({"w": np.zeros(2, np.float32)})
+        got = VerifiedInput(
+            self.peers[i], CID.parse(CIDS[cid]), 1, 8, schema, None, gradient, {}, 0.1
+        )
+        return self.state.fetched((round_, self.peers[i]), got, 0.1, self.now)
+
+    def closed(self, round_: int, peers: list[int]) -> Closed:
+        record = RoundRecord(
+            job=self.config.job,
+            run=RUN,
+            round=round_,
+            method=self.config.method,
+            params={},
+            inputs=tuple(RecordInput(self.peers[i], CID.parse(CIDS[0]), 1, 1.0) for i in peers),
+            excluded=(),
+            output=CID.parse(CIDS[1]),
+            prev=None,
+            coordinator=self.coord.did,
+        )
+        return Closed(CID.parse(CIDS[1]), record, CID.parse(CIDS[2]), {})
+
+
+# -- announcements --------------------------------------------------------------------------------
+def test_an_exact_replay_is_dropped_before_its_signature_is_checked() -> None:
+    job = Job()
+    data = job.message(0)
+    verdict, effects = job.state.admit(data, job.now)
+    assert verdict is Verdict.ACCEPT
+    assert effects.writes == [Accept(0, job.peers[0], CIDS[0], 1, data)]
+    forged = bytearray(data)
+    forged[-1] ^= 1  # a bad signature: refused, once, as such
+    assert job.state.admit(bytes(forged), job.now)[0] is Verdict.REFUSE
+    for _ in range(3):
+        verdict, effects = job.state.admit(data, job.now)
+        assert verdict is Verdict.DUPLICATE and effects.writes == [] and not effects.statuses
+    assert job.state.refusals == {"bad-signature": 1, "duplicate": 3}
+
+
+def test_an_accepted_announcement_enters_its_round_only_once_committed() -> None:
+    job = Job()
+    job.open(0)
+    verdict, effects = job.state.admit(job.message(0), job.now)
+    assert verdict is Verdict.ACCEPT and not effects.fetch
+    assert job.state.books[0].slots[job.peers[0]].state is PeerState.PENDING
+    assert job.state.plan.next(job.now) == (None, None)  # nothing to fetch before the commit
+    effects = job.state.accepted(job.state.take_accepted(), job.now)
+    assert effects.fetch and effects.news and effects.statuses
+    assert job.state.books[0].slots[job.peers[0]].state is PeerState.RECEIVED
+    assert job.state.plan.next(job.now) == ((0, job.peers[0]), None)
+
+
+def test_a_told_refusal_is_told_in_its_rounds_status_once() -> None:
+    job = Job()
+    job.open(0)
+    job.announce(0, cid=0)
+    job.state.due_statuses(0)
+    verdict, effects = job.state.admit(job.message(0, cid=1), job.now)  # another CID
+    assert verdict is Verdict.REFUSE and effects.statuses
+    (status,) = job.state.due_statuses(0)
+    assert status.round == 0 and status.reasons[0].startswith("conflicting-cid")
+    _, again = job.state.admit(job.message(0, cid=1, sent_at=int(job.now * 1000) + 1), job.now)
+    assert not again.statuses  # the same refusal again: no news, no publish
+
+
+# -- fetches --------------------------------------------------------------------------------------
+def test_a_passing_failure_is_retried_then_fails_as_unavailable() -> None:
+    job = Job()
+    job.open(0)
+    job.announce(0)
+    key = (0, job.peers[0])
+    for attempt in range(job.state.plan.attempts):
+        started, wake = job.state.plan.next(job.now + 60 * attempt)
+        assert started == key, (attempt, wake)
+        effects = job.state.fetched(key, FetchFailed("timeout", passing=True), 1.0, job.now)
+        assert effects.fetch  # a worker is free again
+    assert effects.writes == [
+        SetInput(
+            0,
+            job.peers[0],
+            PeerState.FAILED,
+            f"unavailable: {CIDS[0]} could not be fetched in 4 attempts (last: timeout)",
+        )
+    ]
+    assert job.state.plan.running == 0 and job.state.plan.next(job.now + 600) == (None, None)
+    assert job.state.books[0].refusals[job.peers[0]].startswith("unavailable")
+
+
+def test_every_attempt_frees_its_worker_whatever_happened() -> None:
+    job = Job(4)
+    job.open(0)
+    for i in range(4):
+        job.announce(i)
+    keys = [(0, peer) for peer in job.peers]
+    assert [job.state.plan.next(job.now)[0] for _ in keys] == keys and job.state.plan.running == 4
+    job.verified(0)
+    job.state.fetched(keys[1], FetchFailed("too-large: 9 bytes"), 0.1, job.now)  # for good
+    job.state.fetched(keys[2], None, 0.1, job.now)  # cancelled
+    job.state.fetched(keys[3], FetchFailed("internal error: KeyError: 'x'"), 0.1, job.now)
+    assert job.state.plan.running == 0
+    assert job.state.plan.next(job.now + 600) == (None, None)  # and none comes back
+    slots = job.state.books[0].slots
+    assert [slots[p].state for p in job.peers] == [
+        PeerState.VERIFIED,
+        PeerState.FAILED,
+        PeerState.RECEIVED,  # cancelled: cut off at the deadline, not failed here
+        PeerState.FAILED,
+    ]
+    assert job.state.fetch_seconds == 0.4 and job.state.bytes_fetched == 8
+
+
+def test_the_kernel_is_prepared_with_the_first_verified_gradient_only() -> None:
+    job = Job(3)
+    job.open(0)
+    for i in range(3):
+        job.announce(i)
+        job.state.plan.next(job.now)
+    first = job.verified(0)
+    assert first.prepare is not None
+    assert first.writes == [SetInput(0, job.peers[0], PeerState.VERIFIED)]
+    assert job.verified(1).prepare is None
+
+
+def test_an_input_verified_after_its_round_moved_on_gives_its_bytes_back() -> None:
+    job = Job(2, quorum=1)
+    job.open(0)
+    job.announce(0)
+    job.announce(1)
+    job.state.plan.next(job.now)
+    job.state.plan.next(job.now)
+    job.verified(0)
+    book = job.state.books[0]
+    judged = job.state.judge(book, job.now)  # peer 1 is still being fetched: cut off
+    assert judged.effects.writes == [
+        SetInput(0, job.peers[1], PeerState.FAILED, "unavailable: not verified by the deadline")
+    ]
+    job.state.forget(0, keep_pins=False)
+    late = job.verified(1)
+    assert late.give_back == 8 and late.writes == [] and 1 not in job.state.books
+
+
+# -- rounds ---------------------------------------------------------------------------------------
+def test_a_closed_round_moves_on_at_once_and_its_late_announcements_are_stale() -> None:
+    # Before issue 26 the round advanced only after the close's stats were committed, so an
+    # announcement of the closed round accepted in between built a book that never went away.
+    job = Job(2, max_ahead=0)
+    job.open(0)
+    job.state.admit(job.message(0), job.now)
+    batch = job.state.take_accepted()  # being committed while the round closes
+    job.state.judge(job.state.books[0], job.now)
+    job.state.forget(0, keep_pins=False)
+    assert job.state.round == 1 and job.state.progress(job.now) is None
+    job.state.accepted(batch, job.now)
+    verdict, _ = job.state.admit(job.message(1), job.now)
+    assert verdict is Verdict.REFUSE and job.state.recent_refusals[-1][0] == "stale-round"
+    assert job.state.books == {}
+
+
+def test_the_first_aggregated_round_fixes_the_schema_for_the_next() -> None:
+    job = Job(2, count=2)
+    job.open(0)
+    for i in range(2):
+        job.announce(i, cid=i)
+        job.state.plan.next(job.now)
+        job.verified(i, cid=i)
+    assert job.state.schema is None
+    judged = job.state.judge(job.state.books[0], job.now)
+    assert judged.failure is None and [i.peer for i in judged.inputs] == job.peers
+    effects = job.state.close_succeeded(0, job.closed(0, [0, 1]))
+    assert effects.writes == [
+        SetInput(0, job.peers[0], PeerState.AGGREGATED),
+        SetInput(0, job.peers[1], PeerState.AGGREGATED),
+        LearnSchema(SCHEMA),
+        CloseRound(0, CIDS[1], CIDS[2]),
+    ]
+    forget = job.state.forget(0, keep_pins=True)
+    assert forget.unpin == [] and forget.give_back == 16
+    job.open(1)
+    job.announce(0, round_=1)
+    order = job.state.order((1, job.peers[0]))
+    assert order is not None and order.schema == SCHEMA
+    assert order.claim.round == 1 and order.claim.run == RUN
+
+
+def test_an_aggregated_peer_announcing_its_input_again_after_the_close_is_not_refused() -> None:
+    # Defect (256 peers under load): a peer whose input was aggregated, but which had not yet
+    # heard so, announced it again after the close; it was refused as stale-round and saw
+    # itself both aggregated and refused, so it raised RefusedError for a round it was in.
+    job = Job(2)
+    job.open(0)
+    for i in range(2):
+        job.announce(i, cid=i)
+        job.state.plan.next(job.now)
+        job.verified(i, cid=i)
+    job.state.judge(job.state.books[0], job.now)
+    job.state.close_succeeded(0, job.closed(0, [0, 1]))
+    job.state.forget(0, keep_pins=True)
+    again = job.message(0, cid=0, sent_at=int(job.now * 1000) + 1)
+    verdict, effects = job.state.admit(again, job.now)
+    assert verdict is Verdict.DUPLICATE and not effects.statuses
+    assert job.state.past[0].refusals == {}
+    other = job.message(1, cid=2)  # not the input it had: still stale
+    verdict, _ = job.state.admit(other, job.now)
+    assert verdict is Verdict.REFUSE and job.state.recent_refusals[-1][0] == "stale-round"
+
+
+def test_a_configured_schema_is_never_learned() -> None:
+    job = Job(1, schema=True)
+    assert job.state.schema == SCHEMA
+    job.open(0)
+    job.announce(0)
+    job.state.plan.next(job.now)
+    job.verified(0)
+    job.state.judge(job.state.books[0], job.now)
+    writes = job.state.close_succeeded(0, job.closed(0, [0])).writes
+    assert not any(isinstance(w, LearnSchema) for w in writes) and job.state.learned is None
+
+
+def test_a_round_without_quorum_fails_and_the_beacon_repeats_why() -> None:
+    job = Job(2)
+    job.open(0)
+    judged = job.state.judge(job.state.books[0], job.now)
+    assert judged.failure == "quorum not met: 0 verified of 2 needed"
+    assert job.state.close_failed(0, judged.failure).writes == [FailRound(0, judged.failure)]
+    assert job.state.failure(0) is None  # not before the journal has it
+    job.state.announce_failure(0, judged.failure)
+    job.state.forget(0, keep_pins=False)
+    failure = job.state.failure(int(job.now * 1000))
+    assert failure is not None and failure.round == 0 and failure.failed == judged.failure
+
+
+def test_one_bound_for_the_books_of_past_rounds() -> None:
+    # Before issue 26 closed rounds were kept 4 deep and refusal books 8 deep, in one dict
+    job = Job(2, count=0, max_ahead=1)
+    for r in range(3 * PAST_ROUNDS):
+        job.open(r)
+        job.state.forget(r, keep_pins=False)
+        assert len(job.state.past) == min(r + 1, PAST_ROUNDS)
+    assert list(job.state.past) == list(range(2 * PAST_ROUNDS, 3 * PAST_ROUNDS))
+    open_ = job.state.round
+    job.open(open_)
+    for r in (open_ + 2, open_ + 3):  # told refusals for rounds too far ahead: small books
+        assert job.announce(0, round_=r) is Verdict.REFUSE
+    assert len(job.state.past) == PAST_ROUNDS
+    assert list(job.state.past)[-2:] == [open_ + 2, open_ + 3]
+    assert job.state.book(open_ - 1) is not None  # the last closed round still answers
+
+
+def test_the_beacon_repeats_the_open_round_and_buffered_ones() -> None:
+    job = Job(2, max_ahead=1)
+    job.open(0)
+    job.announce(0, round_=1)  # buffered for round 1
+    job.state.due_statuses(0)
+    assert job.state.beacon().statuses
+    assert [s.round for s in job.state.due_statuses(0)] == [0, 1]
+    job.state.forget(0, keep_pins=False)
+    job.state.beacon()
+    assert [s.round for s in job.state.due_statuses(0)] == [1]  # not the closed one
+
+
+def test_progress_is_the_open_rounds_and_none_between_rounds() -> None:
+    job = Job(3, quorum=2, deadline_s=60)
+    assert job.state.progress(job.now) is None
+    job.open(0)
+    job.announce(0)
+    progress = job.state.progress(job.now + 10)
+    assert progress is not None
+    assert (progress.round, progress.received, progress.verified, progress.quorum) == (0, 1, 0, 2)
+    assert progress.deadline_in == 50
+
+
+# -- recovery -------------------------------------------------------------------------------------
+def _row(r: int, state: str, published: bool = True, reason: str | None = None) -> RoundRow:
+    record = CIDS[r % 3] if state == "closed" else None
+    return RoundRow(r, 0.0, state, CIDS[1] if record else None, record, reason, published)
+
+
+def test_recovery_rereads_unpublished_records_and_the_last_one() -> None:
+    job = Job(2, count=0)
+    rows = [
+        _row(0, "closed", published=False),
+        _row(1, "failed", reason="quorum not met"),
+        _row(2, "closed"),
+        _row(3, "closed"),
+        _row(4, "open"),
+    ]
+    again = job.state.recovered(rows, [["w", "<f4", [2]]])
+    assert again == [(0, CID.parse(CIDS[0]), True), (3, CID.parse(CIDS[0]), False)]
+    assert job.state.round == 4 and job.state.head == CID.parse(CIDS[0])
+    assert job.state.last_failure == (1, "quorum not met") and job.state.schema == SCHEMA
+
+
+def test_recovery_without_an_open_round_resumes_after_the_last() -> None:
+    job = Job(2, count=0)
+    assert job.state.recovered([_row(0, "closed"), _row(1, "failed")]) == [
+        (0, CID.parse(CIDS[0]), False)
+    ]
+    assert job.state.round == 2
+
+
+def test_a_journaled_input_keeps_its_cid_after_a_restart() -> None:
+    job = Job(2)
+    job.state.recovered([_row(0, "open")])
+    job.state.remember([InputRow(0, job.peers[0], CIDS[0], 1, "received", None)])
+    verdict, _ = job.state.admit(job.message(0, cid=1), job.now)
+    assert verdict is Verdict.REFUSE and job.state.recent_refusals[-1][0] == "conflicting-cid"
+    assert job.state.admit(job.message(0, cid=0), job.now)[0] is Verdict.DUPLICATE
+
+
+def test_a_restart_past_the_deadline_gives_journaled_inputs_a_grace_period() -> None:
+    job = Job(2, deadline_s=60, grace=5.0)
+    inputs = [
+        InputRow(0, job.peers[0], CIDS[0], 1, "received", None, job.now - 100),
+        InputRow(0, job.peers[1], CIDS[1], 1, "failed", "too-large: 9 bytes", job.now - 99),
+    ]
+    book, effects = job.open(0, inputs, opened_at=job.now - 200)  # opened before the crash
+    assert effects.fetch and book.grace_until == job.now + 5.0
+    assert job.state.plan.next(job.now) == ((0, job.peers[0]), None)  # fetched again
+    assert not job.state.should_close(book, job.now).close
+    assert job.state.should_close(book, job.now + 5.0).close
+
+
+def test_the_default_restart_grace_is_the_deadline_at_most_30_s() -> None:
+    assert Job(2, deadline_s=10).state.restart_grace_s == 10.0
+    assert Job(2, deadline_s=600).state.restart_grace_s == 30.0
+
+
+def test_the_coordinators_progress_is_round_progress_under_its_old_name_too() -> None:
+    # one Progress name per meaning: gradstore.store's Progress is a byte-count callback
+    from gradstore.coordinator import Progress, RoundProgress
+
+    assert Progress is RoundProgress
