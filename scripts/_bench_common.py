@@ -15,8 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gradstore.node import KuboDaemon, find_kubo_binary
-from gradstore.node.daemon import stop_all
+from gradstore.node import KuboDaemon, find_kubo_binary, stop_all
 
 MiB = 1 << 20
 

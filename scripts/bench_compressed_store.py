@@ -35,8 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_common import MiB, dump_json, kubo_binary, machine, start_daemons, table
 from gradstore.compress import compress
 from gradstore.format import CompressedGradient, Gradient, Limits, decode_any, encode
-from gradstore.node import KuboDaemon
-from gradstore.node.daemon import stop_all
+from gradstore.node import KuboDaemon, stop_all
 from gradstore.store import GradientStore
 
 SEED = 20270202

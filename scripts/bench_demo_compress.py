@@ -30,7 +30,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_common import dump_json, kubo_binary, machine, start_daemons, table
 from gradstore.cli import main as gradstore
-from gradstore.node.daemon import stop_all
+from gradstore.node import stop_all
 
 #: The spec the demo's docs recommend: 2-bit values leave room for more of each chunk.
 RECOMMENDED = "topk:0.027,values=2bit"

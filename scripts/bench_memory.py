@@ -38,8 +38,7 @@ from gradstore.coordinator import Coordinator
 from gradstore.format import Gradient
 from gradstore.job import JobConfig, load_job
 from gradstore.messages import SigningKey
-from gradstore.node import KuboDaemon, KuboNode
-from gradstore.node.daemon import stop_all
+from gradstore.node import KuboDaemon, KuboNode, stop_all
 from gradstore.peer import Peer
 
 SEED = 20261201

@@ -44,8 +44,7 @@ from gradstore.coordinator import Journal
 from gradstore.format import Gradient, Limits
 from gradstore.job import JobConfig, parse_job
 from gradstore.messages import SigningKey
-from gradstore.node import KuboDaemon, KuboNode
-from gradstore.node.daemon import stop_all
+from gradstore.node import KuboDaemon, KuboNode, stop_all
 from gradstore.peer import Peer
 
 SEED = 20250918

@@ -28,8 +28,7 @@ import torch
 from safetensors.torch import save_file
 
 from _bench_common import Clock, MiB, dump_json, kubo_binary, machine, start_daemons, table
-from gradstore.node import KuboDaemon
-from gradstore.node.daemon import stop_all
+from gradstore.node import KuboDaemon, stop_all
 from gradstore.store import GradientStore
 from gradstore.torch import to_gradient
 

@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gradstore.node import KuboDaemon, LocalNode, find_kubo_binary
-from gradstore.node.daemon import stop_all
+from gradstore.node import KuboDaemon, LocalNode, find_kubo_binary, stop_all
 
 KUBO_FIXTURES = frozenset({"kubo_binary", "kubo", "kubo_factory"})
 

@@ -79,7 +79,7 @@ def test_a_lazy_package_root_still_gives_every_public_name() -> None:
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
-    assert proc.stdout.split() == ["gradstore.format._gradient", "gradstore.node.kubo"]
+    assert proc.stdout.split() == ["gradstore.format._gradient", "gradstore.node.kubo.node"]
 
 
 def _npz(tmp_path: Path) -> Path:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from gradstore.node.daemon import DAEMON_CONFIG, MIN_KUBO_VERSION, PROFILES
+from gradstore.node.kubo.daemon import DAEMON_CONFIG, MIN_KUBO_VERSION, PROFILES
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker" / "compose.yml"

@@ -10,7 +10,7 @@ import pytest
 
 from gradstore.errors import NodeError
 from gradstore.node import KuboDaemon, find_kubo_binary
-from gradstore.node.daemon import auth_header, parse_version
+from gradstore.node.kubo.daemon import auth_header, parse_version
 
 
 def fake_ipfs(path: Path, version: str) -> Path:

@@ -17,7 +17,7 @@ import pytest
 from gradstore.dag.cid import CID, RAW
 from gradstore.errors import NodeError, NodeTimeoutError, NodeUnreachableError
 from gradstore.node import KuboNode, Timeouts
-from gradstore.node import kubo_rpc as rpc
+from gradstore.node.kubo import rpc
 
 CID_X = CID.hash(RAW, b"x")
 FAST = Timeouts(connect=2.0, read=0.3, write=2.0, pool=2.0)

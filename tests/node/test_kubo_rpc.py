@@ -24,7 +24,7 @@ from gradstore.errors import (
     NodeUnreachableError,
 )
 from gradstore.node import MAX_PUBSUB_DATA, KuboNode, Retry
-from gradstore.node import kubo_rpc as rpc
+from gradstore.node.kubo import rpc
 
 FAST = Retry(retries=3, backoff=0.001, max_backoff=0.002)
 Handler = Callable[[httpx.Request], httpx.Response]

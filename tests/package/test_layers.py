@@ -18,6 +18,7 @@ RANK = {
     "errors": 0,
     "_closing": 0,
     "_lazy_exports": 0,
+    "_sync": 0,
     "format": 1,
     "compress": 2,
     "dag": 2,

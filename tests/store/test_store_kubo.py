@@ -15,7 +15,7 @@ from gradstore.dag import CID, file_cid
 from gradstore.errors import BlockNotFoundError, IntegrityError, InvalidDocumentError, NodeError
 from gradstore.format import CompressedGradient, Gradient, encode
 from gradstore.node import KuboDaemon, KuboNode
-from gradstore.node._guarded_import import CanaryGuardedImport
+from gradstore.node.kubo.guarded_import import CanaryGuardedImport
 from gradstore.store import GradientStore, _put
 
 pytestmark = pytest.mark.kubo

@@ -1,4 +1,4 @@
-"""Pick the node a command talks to, as the ``ipfs`` command would.
+"""The node options of a command, and the node they name (``gradstore.node.connect``).
 
 ``--local DIR`` is the embedded node; otherwise Kubo at ``--api``, else ``$GRADSTORE_API``,
 else the address in ``$IPFS_PATH/api`` (``~/.ipfs/api`` when ``IPFS_PATH`` is unset; a
@@ -9,18 +9,15 @@ but names no running daemon is an error, not a silent fallback to another node.
 from __future__ import annotations
 
 import argparse
-import os
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import NodeUnreachableError
 from ._argtypes import seconds
 from ._exit import UsageError
 
 if TYPE_CHECKING:
     from ..node import Node
 
-DEFAULT_API = "http://127.0.0.1:5001"
+DEFAULT_API = "http://127.0.0.1:5001"  # for the help text: the node layer is not loaded yet
 DEFAULT_TIMEOUT_S = 60.0
 """Seconds a node command waits without progress before it gives up (``--timeout``)."""
 _NO_LIMIT_S = 10.0**7  # an HTTP read timeout that never fires first: --timeout decides
@@ -58,52 +55,25 @@ def add_timeout_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def api_address(args: argparse.Namespace) -> str:
-    """The Kubo API address the options and the environment name (see the module docstring)."""
-    if args.api:
-        return str(args.api)
-    env = os.environ.get("GRADSTORE_API")
-    if env:
-        return env
-    ipfs_path = os.environ.get("IPFS_PATH")
-    repo = Path(ipfs_path).expanduser() if ipfs_path else Path.home() / ".ipfs"
-    api_file = repo / "api"
-    try:
-        text = api_file.read_text(encoding="utf-8").strip()
-    except FileNotFoundError:
-        if ipfs_path:
-            raise NodeUnreachableError(
-                f"IPFS_PATH={ipfs_path} names no running Kubo daemon (it has no api file): "
-                "start `ipfs daemon`, or pass --api URL"
-            ) from None
-        return DEFAULT_API
-    except OSError as exc:
-        raise NodeUnreachableError(f"cannot read {api_file}: {exc.strerror}") from exc
-    if not text:
-        raise NodeUnreachableError(f"{api_file} is empty: is the Kubo daemon still starting?")
-    return text
-
-
 def node_from_args(args: argparse.Namespace, *, wait_s: float | None = None) -> Node:
-    """The node the options name (imported here: ``--help`` must not load the node layer).
+    """The node the options name, through ``gradstore.node.connect`` (imported here: ``--help``
+    must not load the node layer).
 
     ``wait_s``, when given, is how long the command itself waits for a stalled answer
     (``--timeout``; 0 for ever): Kubo's HTTP read timeout is then set beyond it, so the
     command's own message, which names the CID and the option, is what the user sees.
     """
-    from ..node import KuboNode, LocalNode, Timeouts
+    from ..node import Timeouts, connect
 
-    if args.local:
-        return LocalNode(args.local)
-    api = api_address(args)
-    auth = args.api_auth or os.environ.get("GRADSTORE_API_AUTH")
+    local: str | None = args.local
+    if local:
+        return connect(local=local)
+    api: str | None = args.api
+    auth: str | None = args.api_auth
     timeouts = Timeouts()
     if wait_s is not None:
         timeouts = Timeouts(read=max(timeouts.read, wait_s + 30.0) if wait_s else _NO_LIMIT_S)
     try:
-        return KuboNode(api, auth=auth, timeouts=timeouts)
-    except ValueError as exc:  # an address that is no URL or multiaddr
-        if args.api:
-            raise UsageError(f"--api: {exc}") from exc
-        source = "GRADSTORE_API" if os.environ.get("GRADSTORE_API") else "$IPFS_PATH/api"
-        raise NodeUnreachableError(f"{exc} (from {source})") from exc
+        return connect(api, auth=auth, timeouts=timeouts)
+    except ValueError as exc:  # --api's own address; the environment's name their source
+        raise UsageError(f"--api: {exc}") from exc

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import shlex
 import tempfile
 from collections.abc import AsyncIterator
@@ -11,10 +10,10 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import NodeError
-from ..node import KuboDaemon, KuboNode, LocalNode, Node, Retry, Timeouts, find_kubo_binary
+from ..errors import NodeError, NodeUnreachableError
+from ..node import KuboDaemon, Node, Retry, Timeouts, connect, find_kubo_binary
+from ..node.kubo import find_api
 
-DEFAULT_API = "http://127.0.0.1:5001"
 _PROBE_TIMEOUTS = Timeouts(connect=2.0, read=5.0, write=5.0, pool=2.0)
 
 
@@ -37,7 +36,7 @@ async def kubo_version(api: str, auth: str | None = None) -> str | None:
 
     A Kubo without pubsub cannot run a job, so it is an error, not a fallback.
     """
-    probe = KuboNode(api, auth=auth, timeouts=_PROBE_TIMEOUTS, retry=Retry(retries=0))
+    probe = connect(api, auth=auth, timeouts=_PROBE_TIMEOUTS, retry=Retry(retries=0))
     try:
         try:
             version = await probe.version()
@@ -59,19 +58,26 @@ async def kubo_version(api: str, auth: str | None = None) -> str | None:
 async def open_demo_node(
     api: str | None = None, local: str | Path | None = None, auth: str | None = None
 ) -> AsyncIterator[DemoNode]:
-    """``--local DIR``; else the Kubo at ``api`` / $GRADSTORE_API if it answers; else start the
-    installed Kubo (own temporary repo, stopped on exit); else a LocalNode in a temporary dir."""
+    """``--local DIR``; else the Kubo at ``api`` (else where ``connect`` finds one) if it answers;
+    else start the installed Kubo (own temporary repo, stopped on exit); else a LocalNode in a
+    temporary dir."""
     if local is not None:
-        node = LocalNode(local)
+        node = connect(local=local)
         try:
             yield DemoNode(node, f"local node in {node.path}", _option("--local", node.path))
         finally:
             await node.aclose()
         return
-    url = api or os.environ.get("GRADSTORE_API") or DEFAULT_API
-    version = await kubo_version(url, auth)
-    if version is not None:
-        kubo = KuboNode(url, auth=auth)
+    try:
+        url: str | None = find_api(api)
+    except NodeUnreachableError as exc:  # an IPFS_PATH with no running daemon, say
+        url, why, why_local = None, str(exc), f"{exc}, and no Kubo is installed"
+    else:
+        why = f"nothing answered at {url}"
+        why_local = f"no Kubo answered at {url} and none is installed"
+    version = None if url is None else await kubo_version(url, auth)
+    if url is not None and version is not None:
+        kubo = connect(url, auth=auth)
         try:
             yield DemoNode(kubo, f"kubo {version} at {kubo.api}", _option("--api", kubo.api))
         finally:
@@ -87,7 +93,7 @@ async def open_demo_node(
                 version = await kubo.version()
                 yield DemoNode(
                     kubo,
-                    f"kubo {version} at {kubo.api} (started by the demo; nothing answered at {url})",
+                    f"kubo {version} at {kubo.api} (started by the demo; {why})",
                     gone="the Kubo the demo started is stopped and its repo deleted",
                 )
             finally:
@@ -96,12 +102,11 @@ async def open_demo_node(
             await asyncio.to_thread(daemon.stop)
         return
     with tempfile.TemporaryDirectory(prefix="gradstore-demo-") as tmp:
-        node = LocalNode(tmp)
+        node = connect(local=tmp)
         try:
             yield DemoNode(
                 node,
-                f"local node in {node.path} (no Kubo answered at {url} and none is installed; "
-                "run scripts/install-kubo.sh)",
+                f"local node in {node.path} ({why_local}; run scripts/install-kubo.sh)",
                 gone="the demo's temporary local node is deleted",
             )
         finally:

@@ -1,20 +1,20 @@
 """A node and a store on a private event loop, for Flower's synchronous callbacks.
 
 Flower calls strategies and ClientApps synchronously; gradstore's node is asyncio and its
-HTTP client belongs to the loop that made it. ``NodeLoop`` runs one loop in a daemon
-thread, makes the node there on first use, and ``run`` blocks on one coroutine, so it
-works whether or not the caller has an event loop of its own.
+HTTP client belongs to the loop that made it. ``NodeLoop`` runs one ``LoopThread`` (the
+project's one sync-over-async bridge), makes the node there on first use, and ``run``
+blocks on one coroutine, so it works whether or not the caller has an event loop of its own.
 """
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+from .._sync import LoopThread
 from ..format import DEFAULT_LIMITS, Limits
-from ..node import KuboNode, Node
+from ..node import Node, connect
 from ..store import GradientStore
 
 T = TypeVar("T")
@@ -23,10 +23,11 @@ NodeSource = str | Callable[[], Node]
 
 
 def node_factory(node: NodeSource) -> Callable[[], Node]:
-    """A Kubo RPC URL, or a function that makes a Node (called on the private loop)."""
+    """A Kubo RPC URL (``gradstore.node.connect``), or a function that makes a Node (called on
+    the private loop)."""
     if isinstance(node, str):
         url = node
-        return lambda: KuboNode(url)
+        return lambda: connect(url)
     return node
 
 
@@ -36,49 +37,26 @@ class NodeLoop:
     def __init__(self, node: NodeSource, *, limits: Limits = DEFAULT_LIMITS, name: str) -> None:
         self._make = node_factory(node)
         self._limits = limits
-        self._name = name
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._loop = LoopThread(name)
         self._store: GradientStore | None = None
         self._lock = threading.Lock()
 
     def run(self, step: Callable[[GradientStore], Coroutine[Any, Any, T]]) -> T:
         """``await step(store)`` on the private loop and return its result (blocking)."""
-        loop = self._start()
 
         async def call() -> T:
             if self._store is None:
                 self._store = GradientStore(self._make(), limits=self._limits)
             return await step(self._store)
 
-        future = asyncio.run_coroutine_threadsafe(call(), loop)
-        try:
-            return future.result()
-        except BaseException:  # KeyboardInterrupt in the caller: stop the step too
-            future.cancel()
-            raise
-
-    def _start(self) -> asyncio.AbstractEventLoop:
-        with self._lock:
-            if self._loop is None:
-                self._loop = asyncio.new_event_loop()
-                self._thread = threading.Thread(
-                    target=self._loop.run_forever, name=self._name, daemon=True
-                )
-                self._thread.start()
-            return self._loop
+        return self._loop.run(call())
 
     def close(self) -> None:
         """Close the node's connections and stop the loop (a later ``run`` starts again)."""
         with self._lock:
-            loop, thread, store = self._loop, self._thread, self._store
-            self._loop, self._thread, self._store = None, None, None
-        if loop is None or thread is None:
-            return
+            store, self._store = self._store, None
         try:
             if store is not None:
-                asyncio.run_coroutine_threadsafe(store.node.aclose(), loop).result()
+                self._loop.run(store.node.aclose())
         finally:
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join()
-            loop.close()
+            self._loop.close()

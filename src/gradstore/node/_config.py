@@ -1,4 +1,5 @@
-"""Timeouts, retry policy and limits of the node layer, as small classes with named defaults."""
+"""What every node shares: the retry policy and pubsub's size limit (Kubo's own settings are
+``kubo.settings``)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,6 @@ import itertools
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Final, TypeVar
-
-import httpx
 
 from ..errors import LimitExceededError
 
@@ -23,31 +22,6 @@ MAX_PUBSUB_DATA: Final = (1 << 20) - PUBSUB_ENVELOPE_ALLOWANCE
 libp2p pubsub drops, silently, any message whose signed envelope is over 1 MiB
 (Kubo 0.42 loses an exactly-1-MiB payload), so gradstore refuses such a
 publish up front instead. Announcements are a few hundred bytes."""
-
-UPLOAD_CHUNK: Final = 256 * 1024
-"""Request bodies go out in slices of at most this many bytes (bounded copies in the HTTP stack)."""
-
-DEFAULT_API: Final = "http://127.0.0.1:5001"
-
-
-@dataclass(frozen=True, slots=True)
-class Timeouts:
-    """Seconds allowed for each phase of an RPC call (``read``: between bytes, not the whole body).
-
-    ``pubsub`` readers never time out on read: a quiet topic is not an error.
-    """
-
-    connect: float = 5.0
-    read: float = 120.0
-    write: float = 120.0
-    pool: float = 30.0
-
-    def to_httpx(self) -> httpx.Timeout:
-        return httpx.Timeout(connect=self.connect, read=self.read, write=self.write, pool=self.pool)
-
-    def streaming(self) -> httpx.Timeout:
-        """The same limits with no read timeout, for long-lived subscription streams."""
-        return httpx.Timeout(connect=self.connect, read=None, write=self.write, pool=self.pool)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,19 +61,6 @@ class Retry:
                 if delay is None or not retry_on(error):
                     raise
             await asyncio.sleep(delay)
-
-
-@dataclass(frozen=True, slots=True)
-class DaemonSettings:
-    """How long to wait for a launched Kubo daemon to start and to stop."""
-
-    start_timeout: float = 30.0
-    stop_grace: float = 10.0
-    poll_interval: float = 0.05
-
-
-DEFAULT_TIMEOUTS: Final = Timeouts()
-DEFAULT_DAEMON_SETTINGS: Final = DaemonSettings()
 
 
 def check_pubsub_size(topic: str, data: bytes) -> None:

@@ -20,28 +20,23 @@ and a federated one (each peer trains locally, the job averages the model deltas
 
 from __future__ import annotations
 
-import asyncio
-import os
-import threading
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 
+from .._sync import LoopThread
 from ..dag import CID
 from ..errors import CoordinatorError
 from ..format import Gradient
 from ..job import JobConfig, load_job
 from ..messages import SigningKey
-from ..node import KuboNode, Node
+from ..node import Node, connect
 from ..peer import AggregateResult, Peer
 from ._convert import numpy_to_tensor, to_gradient
 
 T = TypeVar("T")
-
-#: Where the Kubo RPC API is, when neither ``api`` nor $GRADSTORE_API says.
-DEFAULT_API = "http://127.0.0.1:5001"
 
 #: What gradients are taken from: a module, or its ``named_parameters()``-like pairs.
 Parameters = torch.nn.Module | Iterable[tuple[str, torch.Tensor]]
@@ -61,37 +56,14 @@ def snapshot(model: Parameters) -> dict[str, torch.Tensor]:
     return {name: p.detach().clone() for name, p in named_parameters(model).items()}
 
 
-class _LoopThread:
-    """An event loop running in a daemon thread; ``run`` blocks on one coroutine."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(
-            target=self.loop.run_forever, name="gradstore-torch-peer", daemon=True
-        )
-        self.thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        try:
-            return future.result()
-        except BaseException:  # KeyboardInterrupt in the caller: stop the step too
-            future.cancel()
-            raise
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join()
-        self.loop.close()
-
-
 class TorchPeer:
     """One peer of a job, for a synchronous PyTorch loop; use it as a context manager.
 
     ``config`` is a JobConfig or the path of a job file; ``key`` a SigningKey or the path
-    of a key file (None: await results only). The node is Kubo at ``api`` (default
-    $GRADSTORE_API, else http://127.0.0.1:5001), or what ``node()`` returns (called on
-    the peer's own event loop). ``timeout`` bounds each publish and each wait, in seconds.
+    of a key file (None: await results only). The node is Kubo at ``api`` (else where
+    ``gradstore.node.connect`` finds it: $GRADSTORE_API, $IPFS_PATH/api, 127.0.0.1:5001), or
+    what ``node()`` returns (called on the peer's own event loop). ``timeout`` bounds each
+    publish and each wait, in seconds.
     """
 
     def __init__(
@@ -107,13 +79,11 @@ class TorchPeer:
         self.config = config if isinstance(config, JobConfig) else load_job(config)
         self.key = key if isinstance(key, SigningKey) or key is None else SigningKey.load(key)
         if node is None:
-            url = api or os.environ.get("GRADSTORE_API") or DEFAULT_API
-            auth = os.environ.get("GRADSTORE_API_AUTH")
-            node = lambda: KuboNode(url, auth=auth)  # noqa: E731  (an httpx client per loop)
+            node = lambda: connect(api)  # noqa: E731  (an httpx client per loop)
         self._make_node = node
         self.timeout = timeout
         self._first_backoff_s = first_backoff_s
-        self._loop: _LoopThread | None = None
+        self._loop: LoopThread | None = None
         self._node: Node | None = None
         self._peer: Peer | None = None
 
@@ -128,7 +98,7 @@ class TorchPeer:
         """Start the event loop, connect to the node and subscribe to the job's results."""
         if self._loop is not None:
             return
-        self._loop = _LoopThread()
+        self._loop = LoopThread("gradstore-torch-peer")
 
         async def start() -> tuple[Node, Peer]:
             node = self._make_node()

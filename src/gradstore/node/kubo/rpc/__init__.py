@@ -5,7 +5,7 @@
 (a CAR's roots as it streams by), ``error_map`` (every failure to gradstore's
 ``NodeError`` tree, one table for all clients) and ``answers`` (parsing). All
 of it is testable with ``httpx.MockTransport`` or plain values; the names are
-re-exported here for ``from . import kubo_rpc as rpc``.
+re-exported here for ``from . import rpc``.
 """
 
 from .address import API_PREFIX, api_url

@@ -6,8 +6,8 @@ import os
 from collections.abc import AsyncIterable, AsyncIterator, Iterable
 from typing import TYPE_CHECKING
 
-from ...dag.chunker import as_bytes_view
-from .._config import UPLOAD_CHUNK
+from ....dag.chunker import as_bytes_view
+from ..settings import UPLOAD_CHUNK
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer

@@ -1,9 +1,8 @@
-"""``KuboNode``: the ``Node`` interface over Kubo's RPC API (``/api/v0``) with httpx.
+"""``KuboNode``: the ``Node`` interface over Kubo's RPC API (``/api/v0``), plus Kubo's own calls.
 
-Request building and answer parsing live in ``kubo_rpc``; this module only
-sends: one ``httpx.AsyncClient`` per node, retries for calls that are safe to
-repeat, streamed bodies and answers, and pubsub subscriptions that drain
-Kubo's stream on their own client.
+``KuboClient`` sends (one httpx client, mapped errors, retries), ``rpc`` builds requests
+and parses answers, ``bulk`` reads large ``cat`` answers on a blocking socket, and
+``KuboSubscription`` drains ``pubsub/sub``; this module says which command does what.
 """
 
 from __future__ import annotations
@@ -11,34 +10,33 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from .._closing import AsyncClosing
-from ..dag.block import Block
-from ..dag.chunker import as_bytes_view
-from ..dag.cid import CID, verify_block
-from ..errors import (
+from ..._closing import AsyncClosing
+from ...dag.block import Block
+from ...dag.chunker import as_bytes_view
+from ...dag.cid import CID, verify_block
+from ...errors import (
     BlockNotFoundError,
     DAGError,
     IntegrityError,
     NodeError,
     NodeTimeoutError,
 )
-from . import _bulk
-from . import kubo_rpc as rpc
-from ._config import DEFAULT_API, DEFAULT_TIMEOUTS, Retry, Timeouts, check_pubsub_size
-from ._guarded_import import CanaryGuardedImport
-from ._subscription import QueuedSubscription
-from .base import NodeIdentity
+from .._config import Retry, check_pubsub_size
+from ..base import NodeIdentity
+from . import bulk as _bulk
+from . import rpc
+from .client import KuboClient
+from .guarded_import import CanaryGuardedImport
+from .settings import DEFAULT_API, DEFAULT_TIMEOUTS, Timeouts
+from .subscription import KuboSubscription
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
-
-BodyFactory = Callable[[], AsyncIterator[bytes | memoryview]]
-"""Builds a fresh request body per attempt, so a retried call sends its body again."""
 
 
 class KuboNode(AsyncClosing):
@@ -60,166 +58,38 @@ class KuboNode(AsyncClosing):
         retry: Retry | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        self.api = rpc.api_url(api)
+        self.client = KuboClient(
+            api,
+            auth=auth,
+            timeouts=timeouts,
+            retry=retry if retry is not None else Retry(retries=retries),
+            transport=transport,
+        )
+        self.api = self.client.api
         self.name = f"kubo {self.api}"
         self.timeouts = timeouts
-        self.retry = retry if retry is not None else Retry(retries=retries)
-        self._headers = {"Authorization": auth} if auth else {}
-        self._transport = transport
-        self._client = self._new_client(timeouts.to_httpx())
+        self.retry = self.client.retry
         self._publish_lock = asyncio.Lock()
         self._subscriptions: set[KuboSubscription] = set()
 
     def __repr__(self) -> str:
         return f"KuboNode({self.api!r})"
 
-    def _new_client(self, timeout: httpx.Timeout) -> httpx.AsyncClient:
-        return httpx.AsyncClient(
-            base_url=self.api + rpc.API_PREFIX,
-            headers=self._headers,
-            timeout=timeout,
-            transport=self._transport,
-            # a plain http:// API uses no TLS: no certificate bundle to load (about 50 ms of
-            # every command); an https:// one verifies as usual
-            verify=not self.api.startswith("http://"),
-        )
-
     async def aclose(self) -> None:
         """Close every open subscription and the HTTP client."""
         for sub in list(self._subscriptions):
             await sub.aclose()
-        await self._client.aclose()
-
-    # --- the send path ---------------------------------------------------------------------------
-
-    def _request(
-        self,
-        client: httpx.AsyncClient,
-        command: str,
-        params: rpc.Params,
-        body: BodyFactory | None,
-        boundary: str,
-    ) -> httpx.Request:
-        query = httpx.QueryParams(tuple(params))
-        if body is None:
-            return client.build_request("POST", command, params=query)
-        content = cast("AsyncIterator[bytes]", body())  # httpx sends memoryviews as they are
-        return client.build_request(
-            "POST",
-            command,
-            params=query,
-            content=content,
-            headers={"Content-Type": rpc.multipart_content_type(boundary)},
-        )
-
-    @staticmethod
-    def _transient(error: Exception) -> bool:
-        return isinstance(error, NodeError) and rpc.is_transient(error)
-
-    @contextlib.contextmanager
-    def _mapped(self, command: str) -> Iterator[None]:
-        """Translate httpx's exceptions while reading an answer to ``command``."""
-        try:
-            yield
-        except httpx.HTTPError as exc:
-            raise rpc.error_from_transport(exc, command, self.api) from exc
-
-    async def _send(
-        self,
-        command: str,
-        params: rpc.Params,
-        *,
-        body: BodyFactory | None = None,
-        boundary: str = "",
-        cid: CID | None = None,
-        client: httpx.AsyncClient | None = None,
-    ) -> httpx.Response:
-        """Send one request; return its streaming answer once it is a 200 (the caller closes it)."""
-        client = client or self._client
-        request = self._request(client, command, params, body, boundary)
-        with self._mapped(command):
-            response = await client.send(request, stream=True)
-        if response.status_code == 200:
-            return response
-        try:
-            with self._mapped(command):
-                content = await response.aread()
-        finally:
-            await response.aclose()
-        raise rpc.error_from_response(command, response.status_code, content, cid=cid)
-
-    @contextlib.asynccontextmanager
-    async def _open(
-        self,
-        command: str,
-        params: rpc.Params,
-        *,
-        body: BodyFactory | None = None,
-        boundary: str = "",
-        cid: CID | None = None,
-        client: httpx.AsyncClient | None = None,
-    ) -> AsyncIterator[httpx.Response]:
-        """Send one request and yield the streaming response once it is a 200; map every failure."""
-        response = await self._send(
-            command, params, body=body, boundary=boundary, cid=cid, client=client
-        )
-        try:
-            with self._mapped(command):
-                yield response
-        finally:
-            await response.aclose()
-
-    async def _call(
-        self,
-        command: str,
-        params: rpc.Params | None = None,
-        *,
-        body: BodyFactory | None = None,
-        boundary: str = "",
-        cid: CID | None = None,
-        retry: bool = True,
-    ) -> bytes:
-        """One RPC call, whole answer read; with ``retry``, transient failures are retried."""
-
-        async def attempt() -> bytes:
-            async with self._open(
-                command, params or [], body=body, boundary=boundary, cid=cid
-            ) as response:
-                return await response.aread()
-
-        if not retry:
-            return await attempt()
-        return await self.retry.call(attempt, retry_on=self._transient)
-
-    async def _json(self, command: str, params: rpc.Params | None = None, **kwargs: Any) -> Any:
-        return rpc.parse_json(command, await self._call(command, params, **kwargs))
-
-    async def _upload(
-        self,
-        command: str,
-        params: rpc.Params,
-        pieces: AsyncIterable[Buffer] | Iterable[Buffer],
-        *,
-        retry: bool,
-        filename: str = "file",
-    ) -> bytes:
-        """POST ``pieces`` as one streamed multipart file; ``retry`` only if they can be re-read."""
-        boundary = rpc.new_boundary()
-
-        def body() -> AsyncIterator[bytes | memoryview]:
-            return rpc.multipart_stream(pieces, boundary, filename=filename)
-
-        return await self._call(command, params, body=body, boundary=boundary, retry=retry)
+        await self.client.aclose()
 
     # --- Node ------------------------------------------------------------------------------------
 
     async def identity(self) -> NodeIdentity:
         """``id``: peer id, listen addresses, agent version."""
-        return rpc.parse_identity(await self._json("id"))
+        return rpc.parse_identity(await self.client.json("id"))
 
     async def version(self) -> str:
         """Kubo's version string, e.g. ``"0.42.0"``."""
-        return rpc.parse_version(await self._json("version"))
+        return rpc.parse_version(await self.client.json("version"))
 
     async def import_car(
         self,
@@ -251,7 +121,7 @@ class KuboNode(AsyncClosing):
                     seen.see(piece)
                     yield piece
 
-        answer = await self._upload(
+        answer = await self.client.upload(
             "dag/import",
             rpc.dag_import_params(pin_roots=kubo_pins),
             tap(),
@@ -275,7 +145,7 @@ class KuboNode(AsyncClosing):
         """
         return CanaryGuardedImport(self)
 
-    async def export_car(self, root: CID, *, offline: bool = False) -> AsyncIterator[bytes]:
+    def export_car(self, root: CID, *, offline: bool = False) -> AsyncIterator[bytes]:
         """``dag/export``: the DAG under ``root`` as a CAR v1 byte stream.
 
         Retried until the first byte; after that a failure raises. Kubo signals
@@ -286,32 +156,15 @@ class KuboNode(AsyncClosing):
         params: rpc.Params = [("arg", str(root))]
         if offline:
             params.append(("offline", "true"))
-
-        async def first_chunk() -> tuple[httpx.Response, AsyncIterator[bytes], bytes | None]:
-            response = await self._send("dag/export", params, cid=root)
-            chunks = response.aiter_bytes()
-            try:
-                with self._mapped("dag/export"):
-                    return response, chunks, await anext(chunks, None)
-            except BaseException:
-                await response.aclose()
-                raise
-
-        response, chunks, first = await self.retry.call(first_chunk, retry_on=self._transient)
-        try:
-            with self._mapped("dag/export"):
-                if first is not None:
-                    yield first
-                async for chunk in chunks:
-                    yield chunk
-        finally:
-            await response.aclose()
+        return self.client.chunks("dag/export", params, cid=root)
 
     async def put_block(self, data: Buffer, codec: int) -> CID:
         """``block/put`` (CIDv1, sha2-256); the CID Kubo reports must equal the local hash."""
         view = as_bytes_view(data)
         expected = CID.hash(codec, view)
-        answer = await self._upload("block/put", rpc.block_put_params(codec), (view,), retry=True)
+        answer = await self.client.upload(
+            "block/put", rpc.block_put_params(codec), (view,), retry=True
+        )
         got = rpc.parse_block_put(rpc.parse_json("block/put", answer))
         if got != expected:
             raise IntegrityError(expected, f"kubo block/put stored {got}, expected {expected}")
@@ -319,7 +172,7 @@ class KuboNode(AsyncClosing):
 
     async def get_block(self, cid: CID) -> bytes:
         """``block/get`` (may fetch over bitswap); the bytes are verified against ``cid``."""
-        data = await self._call("block/get", [("arg", str(cid))], cid=cid)
+        data = await self.client.call("block/get", [("arg", str(cid))], cid=cid)
         verify_block(cid, data)
         return data
 
@@ -328,7 +181,7 @@ class KuboNode(AsyncClosing):
         params: rpc.Params = [("arg", str(cid))]
         if offline:
             params.append(("offline", "true"))
-        return rpc.parse_block_stat(await self._json("block/stat", params, cid=cid))
+        return rpc.parse_block_stat(await self.client.json("block/stat", params, cid=cid))
 
     async def has_block(self, cid: CID) -> bool:
         """Whether the block is in Kubo's local blockstore (``block/stat``, ``offline=true``)."""
@@ -343,7 +196,7 @@ class KuboNode(AsyncClosing):
         params: rpc.Params = [("arg", str(cid)), ("progress", "false")]
         if offline:
             params.append(("offline", "true"))
-        items = rpc.parse_ndjson("dag/stat", await self._call("dag/stat", params, cid=cid))
+        items = rpc.parse_ndjson("dag/stat", await self.client.call("dag/stat", params, cid=cid))
         result: dict[str, Any] = items[-1] if items else {}
         return result
 
@@ -361,29 +214,31 @@ class KuboNode(AsyncClosing):
             else:
                 await self.block_stat(cid, offline=True)
             params.append(("offline", "true"))
-        await self._call("pin/add", params, cid=cid)
+        await self.client.call("pin/add", params, cid=cid)
 
     async def unpin(self, cid: CID) -> None:
         """``pin/rm`` of a recursive pin; a CID that is not pinned is left as is."""
         try:
-            await self._call("pin/rm", [("arg", str(cid)), ("recursive", "true")], cid=cid)
+            await self.client.call("pin/rm", [("arg", str(cid)), ("recursive", "true")], cid=cid)
         except NodeError as error:
             if not rpc.is_not_pinned(error):
                 raise
 
     async def pins(self) -> set[CID]:
         """``pin/ls --type=recursive``."""
-        return rpc.parse_pin_ls(await self._json("pin/ls", [("type", "recursive")]))
+        return rpc.parse_pin_ls(await self.client.json("pin/ls", [("type", "recursive")]))
 
     async def publish(self, topic: str, data: bytes) -> None:
         """``pubsub/pub``; serialized per node and retried (concurrent publishes race in Kubo)."""
         check_pubsub_size(topic, data)
         async with self._publish_lock:
-            await self._upload("pubsub/pub", rpc.pubsub_pub_params(topic), (data,), retry=True)
+            await self.client.upload(
+                "pubsub/pub", rpc.pubsub_pub_params(topic), (data,), retry=True
+            )
 
     def subscribe(self, topic: str) -> KuboSubscription:
         """A ``pubsub/sub`` stream; ``async with`` returns once Kubo is subscribed."""
-        return KuboSubscription(self, topic)
+        return KuboSubscription(self.client, topic, live=self._subscriptions)
 
     # --- Kubo-only -------------------------------------------------------------------------------
 
@@ -403,7 +258,7 @@ class KuboNode(AsyncClosing):
             name = key.replace("_", "-")
             query = [(k, v) for k, v in query if k != name]
             query.append((name, rpc.flag(value) if isinstance(value, bool) else str(value)))
-        answer = await self._upload("add", query, pieces, retry=False, filename="gradient")
+        answer = await self.client.upload("add", query, pieces, retry=False, filename="gradient")
         return rpc.parse_add(rpc.parse_ndjson("add", answer))
 
     async def import_car_gc_locked(self, car: AsyncIterable[Buffer], *, guard: CID) -> None:
@@ -413,7 +268,7 @@ class KuboNode(AsyncClosing):
         ``guard``, a CID never stored, so Kubo has nothing to pin (it reports
         ``guard`` as unpinnable, which is expected) and walks nothing. Not retried.
         """
-        answer = await self._upload(
+        answer = await self.client.upload(
             "dag/import", rpc.guarded_import_params(), car, retry=False, filename="import.car"
         )
         rpc.parse_guarded_import(rpc.parse_ndjson("dag/import", answer), guard)
@@ -425,7 +280,7 @@ class KuboNode(AsyncClosing):
         caller vouches for it). Retried: storing and pinning a block again is harmless.
         """
         boundary = rpc.new_boundary()
-        answer = await self._call(
+        answer = await self.client.call(
             "dag/put",
             rpc.dag_put_params(block.cid.codec, pin=pin),
             body=lambda: rpc.multipart_stream([block.data], boundary, filename="root"),
@@ -438,14 +293,16 @@ class KuboNode(AsyncClosing):
         self, cid: CID, *, offset: int = 0, length: int | None = None
     ) -> AsyncIterator[bytes]:
         """``cat``: a UnixFS file's content (or ``length`` bytes from ``offset``), streamed."""
-        async with self._open("cat", rpc.cat_params(cid, offset, length), cid=cid) as response:
+        async with self.client.open(
+            "cat", rpc.cat_params(cid, offset, length), cid=cid
+        ) as response:
             async for chunk in response.aiter_bytes():
                 yield chunk
 
     @property
     def bulk_reads(self) -> bool:
         """Whether ``cat_into`` reads on its own socket (plain ``http://`` API, no test transport)."""
-        return self._transport is None and _bulk.supported(self.api)
+        return self.client.transport is None and _bulk.supported(self.api)
 
     async def cat_into(
         self,
@@ -488,7 +345,7 @@ class KuboNode(AsyncClosing):
             self.api,
             "cat",
             rpc.cat_params(cid, offset, length),
-            auth=self._headers.get("Authorization"),
+            auth=self.client.auth,
             cid=cid,
         )
         transfer = asyncio.ensure_future(
@@ -504,20 +361,20 @@ class KuboNode(AsyncClosing):
 
     async def swarm_connect(self, multiaddr: str) -> None:
         """``swarm/connect`` to a peer's ``/ip4/.../tcp/.../p2p/<id>`` address."""
-        await self._call("swarm/connect", [("arg", multiaddr)])
+        await self.client.call("swarm/connect", [("arg", multiaddr)])
 
     async def swarm_peers(self) -> list[str]:
         """Peer ids this node is connected to."""
-        return rpc.parse_swarm_peers(await self._json("swarm/peers"))
+        return rpc.parse_swarm_peers(await self.client.json("swarm/peers"))
 
     async def pubsub_peers(self, topic: str | None = None) -> list[str]:
         """Peers known to be subscribed to ``topic`` (all pubsub peers when ``None``)."""
         params = rpc.pubsub_sub_params(topic) if topic is not None else []
-        return rpc.parse_strings(await self._json("pubsub/peers", params), "pubsub/peers")
+        return rpc.parse_strings(await self.client.json("pubsub/peers", params), "pubsub/peers")
 
     async def pubsub_topics(self) -> list[str]:
         """Topics this node is subscribed to."""
-        encoded = rpc.parse_strings(await self._json("pubsub/ls"), "pubsub/ls")
+        encoded = rpc.parse_strings(await self.client.json("pubsub/ls"), "pubsub/ls")
         return [rpc.decode_multibase(t).decode("utf-8", "replace") for t in encoded]
 
     async def wait_for_topic_peers(
@@ -546,66 +403,3 @@ class KuboNode(AsyncClosing):
                     f"subscribed to {topic!r}: {known}"
                 )
             await asyncio.sleep(interval)
-
-
-class KuboSubscription(QueuedSubscription):
-    """A ``pubsub/sub`` stream read by a background task into an unbounded queue.
-
-    Kubo buffers only 32 messages per subscriber and drops the rest, so the
-    reader drains the stream as soon as lines arrive, on its own client with no
-    read timeout. ``async with`` returns once Kubo has answered the request,
-    which it does only after it has subscribed.
-    """
-
-    def __init__(self, node: KuboNode, topic: str) -> None:
-        super().__init__(topic)
-        self.node = node
-        self._task: asyncio.Task[None] | None = None
-        self._ready: asyncio.Future[None] | None = None
-
-    def __repr__(self) -> str:
-        return f"KuboSubscription({self.node.api!r}, {self.topic!r})"
-
-    async def _activate(self) -> None:
-        if self._ready is None:
-            self._ready = asyncio.get_running_loop().create_future()
-            self._task = asyncio.create_task(
-                self._read(self._ready), name=f"pubsub-sub {self.topic}"
-            )
-            self.node._subscriptions.add(self)
-        await asyncio.shield(self._ready)
-
-    async def _read(self, ready: asyncio.Future[None]) -> None:
-        client = self.node._new_client(self.node.timeouts.streaming())
-        try:
-            async with self.node._open(
-                "pubsub/sub", rpc.pubsub_sub_params(self.topic), client=client
-            ) as response:
-                ready.set_result(None)
-                async for line in response.aiter_lines():
-                    if line.strip():
-                        item = rpc.parse_json("pubsub/sub", line.encode("utf-8"))
-                        self._queue.put_nowait(rpc.parse_pubsub_message(item, self.topic))
-            self._queue.put_nowait(
-                NodeError(f"kubo pubsub/sub {self.topic!r}: the node ended the stream")
-            )
-        except Exception as exc:
-            error = (
-                exc
-                if isinstance(exc, NodeError)
-                else NodeError(f"kubo pubsub/sub {self.topic!r}: {exc!r}")
-            )
-            if not ready.done():
-                ready.set_exception(error)
-            self._queue.put_nowait(error)
-        finally:
-            await client.aclose()
-
-    async def _deactivate(self) -> None:
-        self.node._subscriptions.discard(self)
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        if self._ready is not None and not self._ready.done():
-            self._ready.cancel()

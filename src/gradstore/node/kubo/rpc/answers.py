@@ -10,9 +10,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ...dag.cid import CID
-from ...errors import CIDError, KuboCommandError, NodeError
-from ..base import NodeIdentity, PubsubMessage
+from ....dag.cid import CID
+from ....errors import CIDError, KuboCommandError, NodeError
+from ...base import NodeIdentity, PubsubMessage
 from .error_map import error_from_stream_item, is_stream_error
 from .multibase import decode_multibase
 

@@ -6,7 +6,7 @@ import base64
 import binascii
 import re
 
-from ...errors import NodeError
+from ....errors import NodeError
 
 _BASE64URL = re.compile(r"[A-Za-z0-9_-]*={0,2}")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ...dag.cid import CID, codec_name
+from ....dag.cid import CID, codec_name
 from .multibase import multibase_u
 
 Params = list[tuple[str, str]]

@@ -1,7 +1,7 @@
 """Every failure talking to Kubo becomes gradstore's ``NodeError`` tree here, and only here.
 
 Transport failures are first named as a ``Fault``, whichever client saw them
-(httpx in ``KuboNode``, a blocking socket in ``_bulk``), and one table turns a
+(httpx in ``KuboNode``, a blocking socket in ``bulk``), and one table turns a
 fault into the error users see:
 
     timeouts (connect, read, write, pool)  -> NodeTimeoutError
@@ -21,8 +21,8 @@ from typing import Any, Final
 
 import httpx
 
-from ...dag.cid import CID
-from ...errors import (
+from ....dag.cid import CID
+from ....errors import (
     BlockNotFoundError,
     CIDError,
     KuboCommandError,

@@ -22,11 +22,11 @@ from typing import Any, Final, Self
 
 import httpx
 
-from .._closing import Closing
-from ..errors import NodeError
-from ._config import DEFAULT_DAEMON_SETTINGS, DaemonSettings
-from .kubo import KuboNode
-from .kubo_rpc import api_url
+from ..._closing import Closing
+from ...errors import NodeError
+from .node import KuboNode
+from .rpc import api_url
+from .settings import DEFAULT_DAEMON_SETTINGS, DaemonSettings
 
 MIN_KUBO_VERSION: Final = (0, 40)
 """Oldest Kubo taken from ``PATH`` (the ``unixfs-v1-2025`` profile needs a recent Kubo)."""

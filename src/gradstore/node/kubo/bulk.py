@@ -5,7 +5,7 @@ loop (about 4x slower than ``ipfs cat`` for a 256 MiB file). Here the answer
 body is read straight into the caller's buffer with ``readinto`` (the kernel
 copies once), and the request ends with ``Connection: close`` so nothing is
 pooled. Only plain ``http://`` APIs. Failures become the node layer's errors
-through ``kubo_rpc.error_map``, the same table as httpx's.
+through ``rpc.error_map``, the same table as httpx's.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from collections.abc import Callable
 from typing import BinaryIO, cast
 from urllib.parse import quote, urlsplit
 
-from ..dag.cid import CID
-from ..errors import NodeError
-from . import kubo_rpc as rpc
-from ._config import Timeouts
+from ...dag.cid import CID
+from ...errors import NodeError
+from . import rpc
+from .settings import Timeouts
 
 _MAX_LINE = 64 * 1024  # status, header, chunk-size and trailer lines
 _MAX_ERROR_BODY = 1 << 20

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ...dag.car import MAX_HEADER_BYTES, decode_header
-from ...dag.chunker import as_bytes_view
-from ...dag.cid import CID
-from ...dag.varint import MAX_VARINT_BYTES, read_varint
-from ...errors import DAGError
+from ....dag.car import MAX_HEADER_BYTES, decode_header
+from ....dag.chunker import as_bytes_view
+from ....dag.cid import CID
+from ....dag.varint import MAX_VARINT_BYTES, read_varint
+from ....errors import DAGError
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer

@@ -24,7 +24,7 @@ So:
    that cost grows without bound, where the walk avoided above is bounded.
 
 ``CanaryGuardedImport`` needs only the few public calls of ``GuardedTarget``
-(``KuboNode`` has them), so this module and ``kubo`` do not import each other.
+(``KuboNode`` has them), so this module and ``node`` do not import each other.
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ import os
 from collections.abc import AsyncIterable, AsyncIterator
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..dag.block import Block
-from ..dag.car import write_car_async
-from ..dag.cid import CID, RAW
-from ..errors import BlockNotFoundError, IntegrityError, NodeError
+from ...dag.block import Block
+from ...dag.car import write_car_async
+from ...dag.cid import CID, RAW
+from ...errors import BlockNotFoundError, IntegrityError, NodeError
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
