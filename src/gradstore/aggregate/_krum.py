@@ -35,7 +35,7 @@ import numpy as np
 
 from ._blocks import Scratch, blocks, chunks
 from ._checks import Flat, Layout, NonFiniteResult
-from ._network import Comparator, selection_network
+from ._network import Comparator, selection_network, sort_rows
 
 #: Elements per block: an (n, 32 Ki) float64 work array, large enough for BLAS to be efficient.
 #: The block boundaries are part of the arithmetic (each block's product is added on its own).
@@ -177,20 +177,8 @@ def centre_on_median(block: np.ndarray, strip: np.ndarray) -> None:
 
 def _network_select(work: np.ndarray, network: Sequence[Comparator], middle: int) -> np.ndarray:
     """Row ``middle`` of the first n rows of ``work`` once ``network`` has sorted them column
-    by column (row n is spare); rows are swapped as views, never copied."""
-    rows: list[np.ndarray] = [work[i] for i in range(work.shape[0])]
-    spare = rows.pop()
-    for c in network:
-        a, b = rows[c.low], rows[c.high]
-        if c.keep_low and c.keep_high:
-            np.minimum(a, b, out=spare)
-            np.maximum(a, b, out=b)
-            rows[c.low], spare = spare, a
-        elif c.keep_low:
-            np.minimum(a, b, out=a)
-        else:
-            np.maximum(a, b, out=b)
-    return rows[middle]
+    by column (row n is spare)."""
+    return sort_rows([work[i] for i in range(work.shape[0])], network)[middle]
 
 
 def _strip_columns(n: int, dtype: np.dtype[Any]) -> int:

@@ -7,9 +7,11 @@ per-column overhead; a comparator network instead runs whole rows through SIMD
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from typing import NamedTuple
+
+import numpy as np
 
 
 class Comparator(NamedTuple):
@@ -64,3 +66,21 @@ def apply_network(values: list[int], network: Iterable[Comparator]) -> list[int]
         if c.keep_high:
             out[c.high] = hi
     return out
+
+
+def sort_rows(rows: Sequence[np.ndarray], network: Sequence[Comparator]) -> list[np.ndarray]:
+    """Run ``network`` over ``rows[:-1]`` column by column (the last row is scratch) and return
+    them in order: where a comparator keeps both results, rows swap as views, never copied."""
+    rows = list(rows)
+    spare = rows.pop()
+    for c in network:
+        a, b = rows[c.low], rows[c.high]
+        if c.keep_low and c.keep_high:
+            np.minimum(a, b, out=spare)
+            np.maximum(a, b, out=b)
+            rows[c.low], spare = spare, a
+        elif c.keep_low:
+            np.minimum(a, b, out=a)
+        else:
+            np.maximum(a, b, out=b)
+    return rows

@@ -16,7 +16,7 @@ import numpy as np
 
 from ._blocks import Scratch, blocks, chunks, run
 from ._checks import Flat, Layout, NonFiniteResult
-from ._network import selection_network
+from ._network import selection_network, sort_rows
 from ._rounding import narrow_format, round_into
 
 #: Elements per block on one thread: (n + 1) rows of 16 Ki elements stay in L2 for a round's n.
@@ -77,17 +77,7 @@ def order_mean(
             for i in range(n):
                 if not np.isfinite(rows[i], out=finite).all():
                     raise NonFiniteResult(name)
-            spare = rows[n]
-            for c in network:
-                a, b = rows[c.low], rows[c.high]
-                if c.keep_low and c.keep_high:
-                    np.minimum(a, b, out=spare)
-                    np.maximum(a, b, out=b)
-                    rows[c.low], spare = spare, a
-                elif c.keep_low:
-                    np.minimum(a, b, out=a)
-                else:
-                    np.maximum(a, b, out=b)
+            rows = sort_rows(rows, network)
             dst = out_flat[name][lo:hi]
             if stop - first == 1:
                 round_into(dst, rows[first])
