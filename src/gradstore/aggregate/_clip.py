@@ -51,6 +51,44 @@ def global_norm(tensors: Tensors, rule: NormSum = "sequential") -> float:
     return squares.norm()
 
 
+def pairwise_sum(a: np.ndarray[Any, Any]) -> float:
+    """NumPy 2.4's pairwise summation of a contiguous float64 array, written out so that it
+    does not depend on the NumPy installed (2.5 sums differently): old records' norms need it.
+
+    Below 8 elements a running sum from 0.0; up to 128, eight running sums over the whole
+    groups of 8, combined as ((r0+r1)+(r2+r3))+((r4+r5)+(r6+r7)), then the rest in order;
+    above, the two halves (the first a multiple of 8 long) summed apart and added.
+    """
+    n = a.size
+    if n >= 256 and n & (n - 1) == 0:  # a power of two (a whole BLOCK): every split halves
+        groups = a.reshape(-1, 128)
+        r = groups[:, 0:8].copy()
+        for i in range(8, 128, 8):
+            np.add(r, groups[:, i : i + 8], out=r)
+        low = (r[:, 0] + r[:, 1]) + (r[:, 2] + r[:, 3])
+        sums = low + ((r[:, 4] + r[:, 5]) + (r[:, 6] + r[:, 7]))
+        while sums.size > 1:
+            sums = sums[0::2] + sums[1::2]
+        return float(sums[0])
+    if n < 8:
+        total = 0.0
+        for v in a.tolist():
+            total = total + v
+        return total
+    if n <= 128:
+        whole = n - n % 8
+        r = a[0:8].copy()
+        for i in range(8, whole, 8):
+            np.add(r, a[i : i + 8], out=r)
+        total = float(((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7])))
+        for v in a[whole:].tolist():
+            total = total + v
+        return total
+    half = n // 2
+    half -= half % 8
+    return pairwise_sum(a[:half]) + pairwise_sum(a[half:])
+
+
 class SquareSum:
     """The float64 sum of squares behind :func:`global_norm`, fed in tensor-name order.
 
@@ -80,8 +118,7 @@ class SquareSum:
                     np.add.accumulate(squares, out=squares)
                     self.total = float(squares[-1])
                 else:
-                    # sum() is np.add.reduce (same bits); NumPy 2.5's stubs refuse the latter
-                    self.total += float(squares.sum())
+                    self.total += pairwise_sum(squares)
 
     def norm(self) -> float:
         return math.sqrt(self.total)
