@@ -85,12 +85,13 @@ def parse_aggregation(
                 prefix + "weights",
                 f"method 'weighted' needs a weight for every peer; missing {missing[0]}",
             )
-    types = _method_types()
     names = parameter_names()
+    listed = [key for key in names if key in table and key not in (*CLIP_PARAMETERS, "weights")]
+    types = _method_types() if listed else {}  # type hints cost ms: only for a table with some
     own = {
         key: _method_param(table[key], types[key], prefix + key, where)
-        for key in names
-        if key in types and key in table
+        for key in listed
+        if key in types
     }
     clips = {
         key: where.num(table[key], prefix + key) if key in table else getattr(base, key)
