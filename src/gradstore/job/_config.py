@@ -10,6 +10,13 @@ peers = ["did:key:z6Mk...", ...]
 [messages]      max_clock_skew_s (messages stamped further from now are refused)
 [inputs]        require_bound_meta (refuse documents whose meta names no peer, round, job)
 [[schema]]      optional: name, dtype, shape of every expected tensor
+[[steps]]       optional, output layer first (a backward pass): name (1-64 of A-Z a-z 0-9 . _ -),
+                tensors (exact names or `prefix.*`), peers (default: all), quorum (default:
+                min(rounds.quorum, its peers)), deadline_s (default: rounds'), and any
+                [aggregation] key as an override (another method drops the job's method
+                parameters and weights, keeps its clipping). Every tensor is in one step: an
+                overlap is refused, and with [[schema]] so is a tensor in no step or a selector
+                matching none. Without [[steps]], one step "all" covers every tensor.
 """
 
 from __future__ import annotations
