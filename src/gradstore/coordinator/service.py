@@ -26,7 +26,7 @@ from ..aggregate import prepare
 from ..dag import CID
 from ..errors import AggregationError, CoordinatorError, NodeError
 from ..format import Gradient
-from ..job import JobConfig
+from ..job import JobConfig, refuse_steps
 from ..messages import SigningKey, decode_record, encode_fitted
 from ..node import Node, follow
 from ..store import GradientStore
@@ -73,6 +73,7 @@ class Coordinator:
             raise CoordinatorError(
                 f"the key's id {key.did} is not the job's coordinator {config.coordinator}"
             )
+        refuse_steps(config, "the coordinator")
         self.config = config
         self.key = key
         self.node = node

@@ -12,7 +12,7 @@ from ._config import (
     parse_job,
     topics,
 )
-from ._steps import DEFAULT_STEP, MAX_STEPS, Selector, StepConfig, StepsPlan
+from ._steps import DEFAULT_STEP, MAX_STEPS, Selector, StepConfig, StepsPlan, refuse_steps
 
 __all__ = [
     "DEFAULT_STEP",
@@ -28,5 +28,6 @@ __all__ = [
     "TensorSpec",
     "load_job",
     "parse_job",
+    "refuse_steps",
     "topics",
 ]

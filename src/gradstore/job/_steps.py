@@ -107,6 +107,16 @@ class StepsPlan:
         return {step: tuple(found) for step, found in parts.items()}
 
 
+def refuse_steps(cfg: Any, runner: str) -> None:
+    """Refuse a job with ``[[steps]]`` in ``runner``, which does not run steps yet: running it
+    as one round would silently ignore every step's peers and method."""
+    if cfg.stepped:
+        raise CoordinatorError(
+            f"job {cfg.job!r} has [[steps]], which the job file accepts but {runner} does not "
+            "run yet (issue 19: per-step rounds); remove [[steps]] to run it as one round"
+        )
+
+
 def implicit_step(
     peers: Sequence[str], quorum: int, deadline_s: float, aggregation: Aggregation
 ) -> StepConfig:
