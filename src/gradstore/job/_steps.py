@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ..aggregate import AggregationParams
-from ..errors import CoordinatorError, UncoveredTensorError
+from ..errors import CoordinatorError, MessageError, UncoveredTensorError
 from ..format import name_problem
 from ..messages.schema import JOB_NAME
+from ..messages.step_record import PATTERN_SUFFIX, check_selector
 from ._aggregation import Aggregation, Where, aggregation_keys, check_sizes, parse_aggregation
 
 #: At most this many steps per job: a status lists every peer's state in every step, and at
@@ -24,7 +25,6 @@ from ._aggregation import Aggregation, Where, aggregation_keys, check_sizes, par
 MAX_STEPS: Final = 64
 #: The name of the one implicit step of a job without ``[[steps]]``: it covers every tensor.
 DEFAULT_STEP: Final = "all"
-PATTERN_SUFFIX: Final = ".*"
 
 
 @dataclass(frozen=True)
@@ -209,18 +209,17 @@ def _step(
 
 
 def _selector(text: Any, where: Where, key: str) -> Selector:
-    """An exact name, or ``prefix.*`` with a non-empty ``prefix``; no other ``*``."""
-    if not isinstance(text, str) or not text:
-        raise where.err(key, "must be a non-empty string: a tensor name or `prefix.*`")
+    """An exact name, or ``prefix.*`` with a non-empty ``prefix``; no other ``*``: the rule a
+    step record's selectors follow (``messages.check_selector``), so a job's steps always fit
+    in its records."""
+    try:
+        check_selector(key, text)
+    except MessageError as exc:
+        detail = str(exc).split(": ", 1)[-1].removeprefix(f"`{key}` ")
+        raise where.err(key, detail) from None
     if text.endswith(PATTERN_SUFFIX) and len(text) > len(PATTERN_SUFFIX):
-        selector = Selector(text[:-1], pattern=True)
-    else:
-        selector = Selector(text)
-    if "*" in selector.text:
-        raise where.err(
-            key, f"{text[:80]!r}: `*` is only allowed as `prefix.*`, with a non-empty prefix"
-        )
-    return selector
+        return Selector(text[:-1], pattern=True)
+    return Selector(text)
 
 
 def _check_selector(selector: Selector, where: Where, key: str, max_name_bytes: int) -> None:
