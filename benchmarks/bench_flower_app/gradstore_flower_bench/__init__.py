@@ -1,1 +1,1 @@
-"""The Flower App of scripts/bench_flower.py."""
+"""The Flower App of benchmarks/bench_flower.py."""
