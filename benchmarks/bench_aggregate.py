@@ -54,16 +54,19 @@ def byzantine_for(n: int) -> int:
 
 
 def naive_fedavg(arrays: list[np.ndarray], counts: list[int]) -> np.ndarray:
-    return np.average(np.stack(arrays), axis=0, weights=counts)
+    result: np.ndarray = np.average(np.stack(arrays), axis=0, weights=counts)
+    return result
 
 
 def naive_median(arrays: list[np.ndarray]) -> np.ndarray:
-    return np.median(np.stack(arrays), axis=0)
+    result: np.ndarray = np.median(np.stack(arrays), axis=0)
+    return result
 
 
 def naive_trimmed_mean(arrays: list[np.ndarray], k: int) -> np.ndarray:
     ordered = np.sort(np.stack(arrays), axis=0)
-    return ordered[k : len(arrays) - k].mean(axis=0)
+    result: np.ndarray = ordered[k : len(arrays) - k].mean(axis=0)
+    return result
 
 
 def naive_krum(arrays: list[np.ndarray], f: int) -> int:

@@ -108,7 +108,7 @@ def main() -> None:
         coordinator, keys = build(args.peers, Path(tmp))
         with Journal(Path(tmp) / "state" / "journal.sqlite") as journal:
             coordinator._journal = journal  # what run() does, without a node or a loop
-            coordinator.run_id = journal.bind(
+            coordinator.state.run_id = journal.bind(
                 coordinator.config.job, coordinator.config.coordinator
             )
             fresh = announcements(coordinator, keys)

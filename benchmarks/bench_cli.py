@@ -192,7 +192,8 @@ def measure_size(bench: Bench, mib: int, ops: Sequence[str], repeat: int) -> dic
         expect("ipfs add --only-hash", out)
         return seconds
 
-    sides = {
+    Side = tuple[Callable[[], float], Callable[[], float], Callable[[], None]]
+    sides: dict[str, Side] = {
         "put": (put_ours, put_ref, lambda: bench.drop(cid)),
         "get": (get_ours, get_ref, remove_outputs),
         "cid": (cid_ours, cid_ref, lambda: None),
