@@ -1,6 +1,7 @@
 """The documentation's links hold: every relative link in README.md and docs/**/*.md names a
-file of the repository (and, with ``#anchor``, a heading of it), and every "docs/....md" the
-code, the tests and the docs cite by path exists, with the section they quote.
+file of the repository (and, with ``#anchor``, a heading of it), every "docs/....md" the
+code, the tests and the docs cite by path exists, with the section they quote, and every
+test the docs name (``tests/x.py::test_y``) exists.
 
 Links are read as GitHub renders them: fenced code blocks and inline code are not text, and
 a heading's anchor is GitHub's slug of its text (lower case, punctuation dropped, spaces as
@@ -160,3 +161,18 @@ def test_every_cited_docs_path_exists_with_the_section_it_quotes() -> None:
             if number not in sections:
                 problems.append(f"{where}: docs/spec.md has no section {number}")
     assert not problems, "\n".join(sorted(problems))
+
+
+_TEST_CITED = re.compile(r"\b(tests/[\w/]+\.py)::(test_\w+)")
+
+
+def test_every_test_the_docs_name_exists() -> None:
+    problems = []
+    for page in PAGES:
+        for path, name in _TEST_CITED.findall(page.read_text("utf-8")):
+            source = ROOT / path
+            if not source.is_file() or not re.search(
+                rf"^(async )?def {name}\(", source.read_text("utf-8"), re.M
+            ):
+                problems.append(f"{page.relative_to(ROOT)}: {path}::{name} does not exist")
+    assert not problems, "\n".join(problems)
