@@ -16,7 +16,7 @@ Coordinators write ``gradstore/round/4``: every input has a ``codec`` (null when
 and carries its peer's own word, the announcement's ``sent_at`` and the peer's Ed25519
 signature ``peer_sig`` over it, so an auditor checks each ``num_samples`` against what the
 peer signed, not what the coordinator says. Round/4 also states the input-clipping norm
-as a sequential float64 sum (docs/audit.md); round/2 and round/3 keep theirs.
+as a sequential float64 sum (docs/spec.md, section 6.2); round/2 and round/3 keep theirs.
 
 An excluded input's CID is text, not a link: an input is often excluded because nobody
 serves it, and a link would make the record's DAG incomplete, so pinning the record (or
