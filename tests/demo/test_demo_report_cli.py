@@ -19,8 +19,11 @@ from gradstore.demo import (
     format_row,
     open_demo_node,
     summary,
+    table_header,
+    write_plot,
+    write_summary,
 )
-from gradstore.demo._report import format_bytes, table_header, write_plot, write_summary
+from gradstore.demo._report import format_bytes
 
 AGG = CID.hash(RAW, b"aggregate")
 REC = CID.hash(DAG_CBOR, b"record")
