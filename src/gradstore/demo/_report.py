@@ -38,7 +38,7 @@ def format_row(row: RoundRow) -> str:
     )
 
 
-class Progress:
+class DemoProgressBar:
     """``[####....] round 2 (3/20): training`` on stderr, redrawn in place; silent unless it is a terminal."""
 
     def __init__(
