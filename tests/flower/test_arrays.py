@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord
 
+from gradstore.coordinator import tensor_infos
 from gradstore.dag import CID
 from gradstore.errors import CIDError
 from gradstore.flower import (
@@ -19,7 +20,6 @@ from gradstore.flower import (
     tensors_to_arrays,
 )
 from gradstore.flower._protocol import cid_metric
-from gradstore.flower._strategy import tensor_infos
 from gradstore.format import DEFAULT_LIMITS, Gradient, Limits, encode, read_header
 
 

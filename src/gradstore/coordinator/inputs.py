@@ -326,6 +326,3 @@ def check_gradient(
         if not all_finite(arr):  # by blocks: no bool array of the tensor's size
             return schema, f"non-finite: tensor {name!r} holds NaN or Inf", None
     return schema, None, global_norm(gradient.tensors) if clip else None
-
-
-_check = check_gradient  # its former name
