@@ -25,7 +25,7 @@ from typing import Any, cast
 
 from ..aggregate import CLIP_PARAMETERS, AggregationParams, parameter_names
 from ..aggregate.methods import REGISTRY, MethodName, method_class
-from ..errors import AggregationError, CoordinatorError
+from ..errors import AggregationError, ConfigError
 from ..format import DTYPES, Limits
 from ..messages import Roster, public_key_from_did
 from ..messages.schema import JOB_NAME
@@ -120,12 +120,12 @@ def topics(job: str) -> tuple[str, str]:
 
 
 def load_job(path: str | Path) -> JobConfig:
-    """Read and validate a job file; every problem is a ``CoordinatorError`` naming the key."""
+    """Read and validate a job file; every problem is a ``ConfigError`` naming the key."""
     try:
         with open(path, "rb") as f:
             raw = tomllib.load(f)
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise CoordinatorError(f"{path}: not valid TOML ({exc})") from exc
+        raise ConfigError(f"{path}: not valid TOML ({exc})") from exc
     return parse_job(raw, source=str(path))
 
 
@@ -295,7 +295,7 @@ def parse_job(raw: Mapping[str, Any], source: str = "job") -> JobConfig:
     try:
         cfg.params_for(smallest).validate(rounds.quorum)
     except AggregationError as exc:
-        raise CoordinatorError(
+        raise ConfigError(
             f"{source}: [aggregation] cannot work with quorum {rounds.quorum}: {exc}"
         ) from exc
     # and for the largest one, every peer: krum and multikrum take at most MAX_KRUM_INPUTS
@@ -339,8 +339,8 @@ class _Where:
     def __init__(self, source: str) -> None:
         self.source = source
 
-    def err(self, key: str, message: str) -> CoordinatorError:
-        return CoordinatorError(f"{self.source}: `{key}` {message}")
+    def err(self, key: str, message: str) -> ConfigError:
+        return ConfigError(f"{self.source}: `{key}` {message}")
 
     def keys(self, table: Any, allowed: set[str], prefix: str) -> None:
         if not isinstance(table, Mapping):

@@ -37,7 +37,7 @@ from typing import Any, Final
 
 from ..dag import cbor
 from ..dag.cid import CID, DAG_CBOR, verify_block
-from ..errors import CIDError, DAGError, FormatError, MessageError
+from ..errors import CIDError, DAGError, FormatError, MessageError, Reason
 from ..format import Codec
 from .didkey import SIGNATURE_LEN, verify_signature
 from .keys import SigningKey
@@ -82,23 +82,23 @@ def _set(obj: object, name: str, value: object) -> None:
 
 def _check_link(name: str, value: object) -> CID:
     if not isinstance(value, CID):
-        raise MessageError("malformed", f"`{name}` must be a CID, got {type(value).__name__}")
+        raise MessageError(Reason.MALFORMED, f"`{name}` must be a CID, got {type(value).__name__}")
     return value
 
 
 def _check_params(value: object, path: str = "params", depth: int = 0) -> Any:
     """A deep copy of JSON-like ``value`` (lists for tuples), or MessageError."""
     if depth > _MAX_PARAMS_DEPTH:
-        raise MessageError("malformed", f"`{path}` nests too deep")
+        raise MessageError(Reason.MALFORMED, f"`{path}` nests too deep")
     if value is None or isinstance(value, bool | str):
         return value
     if isinstance(value, int):
         if not -(2**64) <= value < 2**64:  # the CBOR integer range
-            raise MessageError("malformed", f"`{path}` does not fit in 64 bits")
+            raise MessageError(Reason.MALFORMED, f"`{path}` does not fit in 64 bits")
         return value
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise MessageError("malformed", f"`{path}` must be finite, got {value!r}")
+            raise MessageError(Reason.MALFORMED, f"`{path}` must be finite, got {value!r}")
         return value
     if isinstance(value, list | tuple):
         return [_check_params(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value)]
@@ -106,10 +106,14 @@ def _check_params(value: object, path: str = "params", depth: int = 0) -> Any:
         out = {}
         for k, v in value.items():
             if not isinstance(k, str):
-                raise MessageError("malformed", f"`{path}` keys must be strings, got {k!r:.40}")
+                raise MessageError(
+                    Reason.MALFORMED, f"`{path}` keys must be strings, got {k!r:.40}"
+                )
             out[k] = _check_params(v, f"{path}.{k}", depth + 1)
         return out
-    raise MessageError("malformed", f"`{path}`: {type(value).__name__} is not a JSON-like value")
+    raise MessageError(
+        Reason.MALFORMED, f"`{path}`: {type(value).__name__} is not a JSON-like value"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,27 +132,31 @@ class RecordInput:
 
     def __post_init__(self) -> None:
         if self.codec is not None and not isinstance(self.codec, Codec):
-            raise MessageError("malformed", "`inputs.codec` must be a Codec or None")
+            raise MessageError(Reason.MALFORMED, "`inputs.codec` must be a Codec or None")
         check_did("inputs.peer", self.peer)
         _check_link("inputs.gradient", self.gradient)
         check_uint("inputs.num_samples", self.num_samples)
         w = self.weight
         if isinstance(w, bool) or not isinstance(w, int | float) or not math.isfinite(w):
-            raise MessageError("malformed", f"`inputs.weight` must be a finite number, got {w!r}")
+            raise MessageError(
+                Reason.MALFORMED, f"`inputs.weight` must be a finite number, got {w!r}"
+            )
         _set(self, "weight", float(w))
         if (self.sent_at is None) != (self.peer_sig is None):
-            raise MessageError("malformed", "`inputs.sent_at` and `inputs.peer_sig` go together")
+            raise MessageError(
+                Reason.MALFORMED, "`inputs.sent_at` and `inputs.peer_sig` go together"
+            )
         if self.sent_at is not None:
             check_uint("inputs.sent_at", self.sent_at)
         if self.peer_sig is not None and (
             not isinstance(self.peer_sig, bytes) or len(self.peer_sig) != SIGNATURE_LEN
         ):
-            raise MessageError("malformed", f"`inputs.peer_sig` must be {SIGNATURE_LEN} bytes")
+            raise MessageError(Reason.MALFORMED, f"`inputs.peer_sig` must be {SIGNATURE_LEN} bytes")
 
     def announcement(self, record: RoundRecord) -> Announce:
         """The announcement the peer signed for this input (``peer_sig`` covers its fields)."""
         if self.sent_at is None:
-            raise MessageError("malformed", "this input carries no signed announcement")
+            raise MessageError(Reason.MALFORMED, "this input carries no signed announcement")
         return Announce(
             job=record.job,
             run=record.run,
@@ -206,25 +214,27 @@ class RoundRecord:
         check_uint("round", self.round)
         check_text("method", self.method)
         if not isinstance(self.params, Mapping):
-            raise MessageError("malformed", "`params` must be a map")
+            raise MessageError(Reason.MALFORMED, "`params` must be a map")
         _set(self, "params", _check_params(self.params))
         inputs = tuple(sorted(_typed(self.inputs, RecordInput, "inputs"), key=lambda i: i.peer))
         if any(a.peer == b.peer for a, b in pairwise(inputs)):
-            raise MessageError("malformed", "`inputs` lists a peer twice")
+            raise MessageError(Reason.MALFORMED, "`inputs` lists a peer twice")
         excluded = tuple(
             sorted(_typed(self.excluded, RecordExclusion, "excluded"), key=RecordExclusion.sort_key)
         )
         if any(a == b for a, b in pairwise(excluded)):
-            raise MessageError("malformed", "`excluded` lists the same exclusion twice")
+            raise MessageError(Reason.MALFORMED, "`excluded` lists the same exclusion twice")
         _set(self, "inputs", inputs)
         _set(self, "excluded", excluded)
         _check_link("output", self.output)
         if self.prev is not None and _check_link("prev", self.prev).codec != DAG_CBOR:
-            raise MessageError("malformed", "`prev` must link to a dag-cbor round record")
+            raise MessageError(Reason.MALFORMED, "`prev` must link to a dag-cbor round record")
         check_did("coordinator", self.coordinator)
         signed = [i.peer_sig is not None for i in inputs]
         if any(signed) and not all(signed):
-            raise MessageError("malformed", "either every input carries `peer_sig` or none does")
+            raise MessageError(
+                Reason.MALFORMED, "either every input carries `peer_sig` or none does"
+            )
 
     @property
     def type(self) -> str:
@@ -239,34 +249,34 @@ class RoundRecord:
 
 def _typed(items: object, cls: type[Any], name: str) -> list[Any]:
     if isinstance(items, str | bytes) or not isinstance(items, Iterable):
-        raise MessageError("malformed", f"`{name}` must be a sequence of {cls.__name__}")
+        raise MessageError(Reason.MALFORMED, f"`{name}` must be a sequence of {cls.__name__}")
     out = list(items)
     for i, item in enumerate(out):
         if not isinstance(item, cls):
-            raise MessageError("malformed", f"`{name}[{i}]` must be a {cls.__name__}")
+            raise MessageError(Reason.MALFORMED, f"`{name}[{i}]` must be a {cls.__name__}")
     return out
 
 
 def _cid_text(name: str, value: object) -> CID:
     if not isinstance(value, str):
         raise MessageError(
-            "malformed", f"`{name}` must be a CID string, got {type(value).__name__}"
+            Reason.MALFORMED, f"`{name}` must be a CID string, got {type(value).__name__}"
         )
     try:
         return CID.parse(value)
     except CIDError as exc:
-        raise MessageError("malformed", f"`{name}`: {exc}") from None
+        raise MessageError(Reason.MALFORMED, f"`{name}`: {exc}") from None
 
 
 def _codec(name: str, value: object) -> Codec | None:
     if value is None:
         return None
     if not isinstance(value, dict):
-        raise MessageError("malformed", f"`{name}` must be a codec map or null")
+        raise MessageError(Reason.MALFORMED, f"`{name}` must be a codec map or null")
     try:
         return Codec.from_fields(value)
     except (FormatError, TypeError) as exc:
-        raise MessageError("malformed", f"`{name}`: {exc}") from None
+        raise MessageError(Reason.MALFORMED, f"`{name}`: {exc}") from None
 
 
 def _unsigned_node(rec: RoundRecord) -> dict[str, Any]:
@@ -311,7 +321,7 @@ def _dag_cbor(node: dict[str, Any]) -> bytes:
     try:
         return cbor.encode(node)
     except DAGError as exc:
-        raise MessageError("malformed", f"cannot encode the round record: {exc}") from None
+        raise MessageError(Reason.MALFORMED, f"cannot encode the round record: {exc}") from None
 
 
 def encode_record(rec: RoundRecord, key: SigningKey) -> tuple[CID, bytes]:
@@ -321,7 +331,7 @@ def encode_record(rec: RoundRecord, key: SigningKey) -> tuple[CID, bytes]:
     """
     if key.did != rec.coordinator:
         raise MessageError(
-            "not-coordinator",
+            Reason.NOT_COORDINATOR,
             f"a record of coordinator {rec.coordinator} cannot be signed by {key.did}",
         )
     node = _unsigned_node(rec)
@@ -334,11 +344,11 @@ def _exact_keys(
     name: str, node: object, required: frozenset[str], optional: frozenset[str] = frozenset()
 ) -> dict[str, Any]:
     if not isinstance(node, dict):
-        raise MessageError("malformed", f"`{name}` must be a map")
+        raise MessageError(Reason.MALFORMED, f"`{name}` must be a map")
     keys = set(node)
     if not required <= keys or not keys <= required | optional:
         raise MessageError(
-            "malformed", f"`{name}` has keys {sorted(keys)}, expected {sorted(required)}"
+            Reason.MALFORMED, f"`{name}` has keys {sorted(keys)}, expected {sorted(required)}"
         )
     return node
 
@@ -357,30 +367,30 @@ def decode_record(
         verify_block(cid, data)
     if len(data) > max_bytes:
         raise MessageError(
-            "too-large", f"round record is {len(data)} bytes, the limit is {max_bytes}"
+            Reason.TOO_LARGE, f"round record is {len(data)} bytes, the limit is {max_bytes}"
         )
     try:
         node = cbor.decode(data)
     except DAGError as exc:
-        raise MessageError("malformed", str(exc)) from None
+        raise MessageError(Reason.MALFORMED, str(exc)) from None
     node = _exact_keys("record", node, _RECORD_KEYS)
     if node["type"] not in RECORD_TYPES:
         raise MessageError(
-            "malformed",
+            Reason.MALFORMED,
             f"not a {', '.join(RECORD_TYPES)} node (type {node['type']!r:.40})",
         )
     sig = node.pop("sig")
     if not isinstance(sig, bytes) or len(sig) != SIGNATURE_LEN:
-        raise MessageError("malformed", f"`sig` must be {SIGNATURE_LEN} bytes")
+        raise MessageError(Reason.MALFORMED, f"`sig` must be {SIGNATURE_LEN} bytes")
     rec = _record_from_node(node)
     unsigned = _dag_cbor(node)
     if _dag_cbor(_unsigned_node(rec)) != unsigned:
         raise MessageError(
-            "malformed", "round record is not in canonical form (order, int or float types)"
+            Reason.MALFORMED, "round record is not in canonical form (order, int or float types)"
         )
     if not verify_signature(rec.coordinator, unsigned, sig):
         raise MessageError(
-            "bad-signature", f"round record is not signed by its coordinator {rec.coordinator}"
+            Reason.BAD_SIGNATURE, f"round record is not signed by its coordinator {rec.coordinator}"
         )
     return rec
 
@@ -389,7 +399,7 @@ def _record_from_node(node: dict[str, Any]) -> RoundRecord:
     inputs_node = node["inputs"]
     excluded_node = node["excluded"]
     if not isinstance(inputs_node, list) or not isinstance(excluded_node, list):
-        raise MessageError("malformed", "`inputs` and `excluded` must be arrays")
+        raise MessageError(Reason.MALFORMED, "`inputs` and `excluded` must be arrays")
     kind = node["type"]
     codecs = kind != RECORD_TYPE
     signed = kind == RECORD_TYPE_SIGNED
@@ -398,7 +408,7 @@ def _record_from_node(node: dict[str, Any]) -> RoundRecord:
     for i, item in enumerate(inputs_node):
         entry = _exact_keys(f"inputs[{i}]", item, keys)
         if not isinstance(entry["weight"], float):
-            raise MessageError("malformed", f"`inputs[{i}].weight` must be a float")
+            raise MessageError(Reason.MALFORMED, f"`inputs[{i}].weight` must be a float")
         inputs.append(
             RecordInput(
                 peer=entry["peer"],
@@ -411,10 +421,10 @@ def _record_from_node(node: dict[str, Any]) -> RoundRecord:
             )
         )
     if signed and not inputs:
-        raise MessageError("malformed", f"a {RECORD_TYPE_SIGNED} record lists no input")
+        raise MessageError(Reason.MALFORMED, f"a {RECORD_TYPE_SIGNED} record lists no input")
     if kind == RECORD_TYPE_CODECS and all(i.codec is None for i in inputs):
         raise MessageError(
-            "malformed", f"a {RECORD_TYPE_CODECS} record names no codec (write {RECORD_TYPE})"
+            Reason.MALFORMED, f"a {RECORD_TYPE_CODECS} record names no codec (write {RECORD_TYPE})"
         )
     excluded = []
     for i, item in enumerate(excluded_node):
@@ -440,7 +450,7 @@ def _record_from_node(node: dict[str, Any]) -> RoundRecord:
         coordinator=node["coordinator"],
     )
     if list(rec.inputs) != inputs or list(rec.excluded) != excluded:
-        raise MessageError("malformed", "`inputs` and `excluded` must be sorted by peer")
+        raise MessageError(Reason.MALFORMED, "`inputs` and `excluded` must be sorted by peer")
     return rec
 
 
