@@ -6,8 +6,11 @@ LocalNode, exported as a CAR v1 whose root is the signed round record and whose 
 the record, every input document and the aggregate (and, for a chain, the rounds before).
 Everything is fixed (seeds, keys, sent_at), so running this again gives the same bytes:
 
-    python scripts/make_vectors.py            # rewrite tests/vectors/
-    python scripts/make_vectors.py --check    # exit 1 unless tests/vectors/ is what it writes
+    python -m scripts.make_vectors            # rewrite tests/vectors/
+    python -m scripts.make_vectors --check    # exit 1 unless tests/vectors/ is what it writes
+
+Run it from the repository root as a module: the round builders are imported from
+``tests.audit``, which the root (first on the path under ``-m``) holds.
 
 tests/vectors/README.md says what the files are and how an auditor uses them.
 """
@@ -35,21 +38,25 @@ from gradstore.dag.block import Block
 from gradstore.format import Gradient, numpy_dtype
 from gradstore.node import LocalNode
 
+try:  # the round builders live with the tests
+    from tests.audit.rounds import (
+        COORDINATOR,
+        JOB,
+        RUN,
+        Round,
+        key,
+        legacy_round,
+        signed_round,
+    )
+    from tests.audit.vector_features import describe
+except ModuleNotFoundError as error:  # run as a file: the repository root is not on the path
+    if error.name != "tests":
+        raise
+    raise SystemExit(
+        "make_vectors: run it from the repository root: python -m scripts.make_vectors"
+    ) from None
+
 ROOT: Final = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # the round builders live with the tests
-    sys.path.insert(0, str(ROOT))
-
-from tests.audit.rounds import (  # noqa: E402
-    COORDINATOR,
-    JOB,
-    RUN,
-    Round,
-    key,
-    legacy_round,
-    signed_round,
-)
-from tests.audit.vector_features import describe  # noqa: E402
-
 VECTORS_DIR: Final = ROOT / "tests" / "vectors"
 FORMAT: Final = "gradstore/conformance-vectors/1"
 

@@ -2,13 +2,8 @@
 """verify_history: the same as `gradstore audit history` (see `gradstore audit history --help`)."""
 
 import sys
-from pathlib import Path
 
-try:
-    from gradstore.cli import main
-except ImportError:  # run from a checkout without the package installed
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
-    from gradstore.cli import main
+from gradstore.cli import main  # the installed package (pip install -e ., or scripts/demo)
 
 if __name__ == "__main__":
     sys.exit(main(["audit", "history", *sys.argv[1:]]))

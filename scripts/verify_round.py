@@ -2,13 +2,8 @@
 """verify_round: the same as `gradstore audit round` (see `gradstore audit round --help`)."""
 
 import sys
-from pathlib import Path
 
-try:
-    from gradstore.cli import main
-except ImportError:  # run from a checkout without the package installed
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
-    from gradstore.cli import main
+from gradstore.cli import main  # the installed package (pip install -e ., or scripts/demo)
 
 if __name__ == "__main__":
     sys.exit(main(["audit", "round", *sys.argv[1:]]))

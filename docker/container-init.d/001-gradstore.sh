@@ -3,8 +3,8 @@
 # (after `ipfs init`, before the daemon), so each step is idempotent.
 #
 #   unixfs-v1-2025   CIDv1, raw leaves, 1 MiB chunks, 1024 links per node:
-#                    the CIDs gradstore computes offline (docs/design.md, "CIDs")
-#   Pubsub.Enabled   announcements and results travel over pubsub (docs/design.md, "Messages")
+#                    the CIDs gradstore computes offline (docs/design/documents.md, "CIDs")
+#   Pubsub.Enabled   announcements and results travel over pubsub (docs/design/messages.md)
 #
 # Routing is left at Kubo's default so the node can find peers elsewhere.
 set -eu

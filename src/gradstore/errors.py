@@ -19,7 +19,8 @@ GradstoreError
 ├── AggregationError (ValueError)     inputs an aggregator cannot honestly combine
 │   └── TooManyInputsError            more inputs than a method takes in bounded memory
 ├── CoordinatorError                  a job or round cannot proceed
-│   └── RoundFailedError              the coordinator says a round ended without an aggregate
+│   ├── RoundFailedError              the coordinator says a round ended without an aggregate
+│   └── UncoveredTensorError          a tensor name no step of the job covers; names the ``tensor``
 ├── AuditError                        an independent re-check failed; carries the ``check`` name
 └── MissingExtraError (ImportError)   an optional extra is needed and not installed; names it
 
@@ -315,6 +316,15 @@ class RefusedError(CoordinatorError):
             cid=cid if cid is not None else self.cid,
             node_id=node_id if node_id is not None else self.node_id,
         )
+
+
+class UncoveredTensorError(CoordinatorError):
+    """No step of the job covers the tensor ``tensor``: its gradient cannot be cut into the
+    job's steps (``job.StepsPlan.partition``)."""
+
+    def __init__(self, tensor: str) -> None:
+        self.tensor = tensor
+        super().__init__(f"no step of the job covers tensor {tensor[:200]!r}")
 
 
 class AuditError(GradstoreError):

@@ -134,7 +134,7 @@ def test_round_4_output_clipping_rounds_once() -> None:
 
 
 def test_round_4_norms_sum_their_squares_one_at_a_time_in_order() -> None:
-    """The rule docs/audit.md states: total = total + float64(x)**2, tensor-name order, then
+    """The rule docs/spec.md states (6.2): total = total + float64(x)**2, tensor-name order, then
     element order, across block boundaries; NumPy's pairwise sum gives other bits here."""
     rng = np.random.default_rng(3)
     a = (rng.standard_normal(70_001) * np.exp(rng.uniform(-20, 20, 70_001))).astype(np.float32)

@@ -52,7 +52,7 @@ def _put(cli: Cli, kubo: KuboDaemon, tmp_path: Path, spec: str) -> tuple[str, Co
 
 
 def _within_int8_bound(x: Array, got: Array, block: int) -> None:
-    """design.md: ``|x' - x| <= m / 254 * (1 + 2^-23)`` per block; plus the one rounding of
+    """spec.md 2.4: ``|x' - x| <= m / 254 * (1 + 2^-23)`` per block; plus the one rounding of
     ``scale * q`` to float32 (half an ulp)."""
     flat_x, flat_got = x.reshape(-1).astype(np.float64), got.reshape(-1).astype(np.float64)
     for lo in range(0, flat_x.size, block):
@@ -63,7 +63,7 @@ def _within_int8_bound(x: Array, got: Array, block: int) -> None:
 
 
 def _within_topk_bound(x: Array, got: Array, tensor: CompressedTensor) -> None:
-    """design.md: kept values within bf16's bound, dropped ones (written 0) no larger than
+    """spec.md 2.4: kept values within bf16's bound, dropped ones (written 0) no larger than
     the smallest kept magnitude of their chunk. Which were kept: the document says."""
     chunk = tensor.codec.chunk
     flat_x, flat_got = x.reshape(-1).astype(np.float64), got.reshape(-1).astype(np.float64)

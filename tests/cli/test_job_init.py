@@ -93,3 +93,20 @@ def test_what_the_coordinator_would_refuse_is_not_written(
     line = cli(*base, "--peer", tmp_path / "nokey", "-o", out).one_error_line()
     assert "no key file" in line
     assert not out.exists()
+
+
+def test_the_commented_steps_example_loads_once_uncommented(
+    cli: Cli, tmp_path: Path, keys: dict[str, tuple[Path, str]]
+) -> None:
+    out = tmp_path / "job.toml"
+    argv = ["--peer", keys["alice"][0], "--peer", keys["bob"][0], "-o", out]
+    assert cli("job", "init", "--coordinator", keys["coord"][0], *argv).code == 0
+    assert not load_job(out).stepped  # commented out: one step of every tensor
+    lines = out.read_text().splitlines()
+    out.write_text("\n".join(x[1:] if x[:2] in ("#[", "#n", "#t", "#q") else x for x in lines))
+    job = load_job(out)
+    assert job.stepped and [s.name for s in job.steps] == ["head", "body"]
+    assert job.plan.partition(["fc.w", "conv1.bias"]) == {
+        "head": ("fc.w",),
+        "body": ("conv1.bias",),
+    }

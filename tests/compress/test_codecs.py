@@ -1,6 +1,6 @@
 """Every codec: its stated error bound, its selection and rounding rules, canonical bytes.
 
-The bounds are docs/design.md's ("Compressed updates"); each test computes them from the
+The bounds are docs/spec.md's (section 2.4); each test computes them from the
 input with plain NumPy/Python, independently of the encoder.
 """
 

@@ -1,7 +1,7 @@
 """bfloat16 and float8 (e4m3fn, e5m2) in gradstore/1: names, bytes, zero-copy, refusals.
 
 The in-memory arrays are ml_dtypes arrays; the document writes the dtype by name
-(docs/design.md, "Tensor dtypes").
+(docs/design/documents.md, "Tensor dtypes").
 """
 
 from __future__ import annotations

@@ -99,7 +99,7 @@ def _pairs(msg: Announce | Result | Status) -> list[tuple[str, Any]]:
     return [("v", 2), ("type", msg.kind.value)] + [
         (name, list(v) if isinstance(v, tuple) else v)
         for name, v in values
-        if v is not None or name not in ("failed", "lists")  # unset optional fields: off the wire
+        if v is not None or name not in ("step", "failed", "lists")  # unset: off the wire
     ]
 
 

@@ -1,4 +1,4 @@
-"""Imports point downwards through the layers of docs/design.md.
+"""Imports point downwards through the layers of docs/design/layers.md.
 
 Every ``import`` statement counts, wherever it is: at module level, inside a
 function, or under ``if TYPE_CHECKING:`` (a cycle that only the type checker

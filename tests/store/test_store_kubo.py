@@ -178,7 +178,7 @@ class _Recording:
 @pytest.mark.parametrize("n", [100, 700_000])  # one raw leaf as the root; three leaves
 def test_put_pins_only_the_root_and_leaves_its_canaries_to_the_gc(kubo: KuboDaemon, n: int) -> None:
     # The canaries are not removed by put: block/rm makes Kubo walk every pinned DAG to
-    # check them, a cost that grows with all the node keeps (docs/design.md). They stay
+    # check them, a cost that grows with all the node keeps (docs/design/storage.md). They stay
     # unpinned, and a GC removes them without touching the pinned gradient.
     g = _gradient(n, seed=SEED + 2)  # blocks no other test pins
 

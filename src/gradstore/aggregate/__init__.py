@@ -1,4 +1,4 @@
-"""Deterministic NumPy aggregators (docs/design.md, "Aggregation methods"): pure functions over arrays, no I/O.
+"""Deterministic NumPy aggregators (docs/design/aggregation.md): pure functions over arrays, no I/O.
 
 Inputs are combined in the order given (the coordinator passes them sorted by peer id),
 accumulated in float64 and written in the inputs' dtype, bit-for-bit reproducibly. Memory

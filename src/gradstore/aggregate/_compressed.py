@@ -1,9 +1,9 @@
 """Compressed inputs for the streamed engine: decompressed range by range, never whole.
 
 A compressed input is read like any other (``InputSource.read``), its values decompressed
-to float64 (docs/design.md, "Aggregating compressed inputs"); a sparse one (``topk``) also
-gives its kept entries (``SparseSource.read_sparse``), which the linear methods add into
-their accumulator without densifying the input.
+to float64 (docs/design/compression.md, "Aggregating compressed inputs"); a sparse one
+(``topk``) also gives its kept entries (``SparseSource.read_sparse``), which the linear
+methods add into their accumulator without densifying the input.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ Memory: the block rows are as wide as the tensor when it is smaller than a block
 median goes a strip of columns at a time, and the (n, n) passes go a few rows at a time,
 so besides its inputs Krum holds a few (n, n) float64 matrices and one float64 block row
 per input; ``methods.base.MAX_KRUM_INPUTS`` bounds n so that this stays bounded
-(docs/design.md, "Krum takes at most 1024 inputs").
+(docs/design/aggregation.md, "Krum takes at most 1024 inputs").
 """
 
 from __future__ import annotations

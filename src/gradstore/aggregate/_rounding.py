@@ -5,7 +5,7 @@ they are used as they are. ``ml_dtypes``' casts to bfloat16 and float8 went thro
 before its 0.7 and rounded twice (``1 + 2**-8 + 2**-30`` becomes 1.0 instead of ``1 + 2**-7``), so those
 are rounded here, exactly, in float64 arithmetic: scale by a power of two so the kept
 bits are the integer part, ``rint`` (ties to even), scale back. The result is then
-representable and the final cast changes nothing (docs/design.md, "Tensor dtypes").
+representable and the final cast changes nothing (docs/design/aggregation.md, "Narrow floats").
 """
 
 from __future__ import annotations

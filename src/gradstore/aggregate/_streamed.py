@@ -19,7 +19,8 @@ same order, because each element sees the same IEEE operations in the same order
 
 Compressed inputs (``_compressed``) read as float64, decompressed range by range; with a
 sparse one among them, the linear methods take the one-input-at-a-time path, where a
-sparse input adds its kept entries only (docs/design.md, "Aggregating compressed inputs").
+sparse input adds its kept entries only (docs/design/compression.md, "Aggregating compressed
+inputs").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Independent re-checks of what a coordinator published (docs/design.md, "Auditing").
+"""Independent re-checks of what a coordinator published (docs/design/auditing.md).
 
 Used by ``gradstore audit cid|round|history`` (and the scripts/verify_*.py wrappers).
 Every failure is an ``AuditError`` whose ``check`` names what did not hold.

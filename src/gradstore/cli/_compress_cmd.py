@@ -2,7 +2,7 @@
 
 The residual is saved (atomically) only once the caller says the update was taken: a
 failed put or publish leaves it as it was, so retrying the same gradient stores the same
-document (docs/design.md, "Error feedback").
+document (docs/design/compression.md, "Error feedback").
 """
 
 from __future__ import annotations

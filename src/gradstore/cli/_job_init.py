@@ -69,7 +69,24 @@ def job_text(args: argparse.Namespace) -> str:
     ]
     if args.max_gradient_bytes is not None:
         lines += ["", "[limits]", f"max_gradient_bytes = {args.max_gradient_bytes}"]
+    lines += STEPS_EXAMPLE
     return "\n".join(lines) + "\n"
+
+
+#: A commented-out ``[[steps]]`` example closing the template (uncomment ``#`` lines to use).
+STEPS_EXAMPLE = [
+    "",
+    "# Optional: a round in steps, output layer first, every tensor in exactly one step.",
+    "# A step may also set peers, quorum, deadline_s, and method with its parameters.",
+    "#[[steps]]",
+    '#name = "head"',
+    '#tensors = ["fc.*"]  # exact names, or prefix.* for every name starting "prefix."',
+    "#",
+    "#[[steps]]",
+    '#name = "body"',
+    '#tensors = ["conv1.weight", "conv1.bias"]',
+    "#quorum = 1",
+]
 
 
 def _from(source: str) -> str:

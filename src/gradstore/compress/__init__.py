@@ -2,8 +2,9 @@
 
 ``compress(gradient, "topk:0.015,values=int8")`` gives a ``CompressedGradient`` that
 ``GradientStore.put`` stores as a gradstore/2 document; ``ErrorFeedback`` keeps what
-compression leaves out and adds it to the next update (docs/design.md, "Compressed
-updates"). Aggregation decompresses every input to float64, exactly.
+compression leaves out and adds it to the next update (docs/design/compression.md; the
+codecs and what they write: docs/spec.md, sections 2.3 and 2.4). Aggregation decompresses
+every input to float64, exactly.
 """
 
 from __future__ import annotations

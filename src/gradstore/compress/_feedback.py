@@ -1,7 +1,7 @@
 """Error feedback: what compression left out is kept by the peer and added to the next update.
 
 ``u = g + r; c = compress(u); r = u - decompress(c)``, in float64, tensor by tensor. Then
-everything sent plus the residual sums to the raw updates (docs/design.md, "Error
+everything sent plus the residual sums to the raw updates (docs/design/compression.md, "Error
 feedback"). Residuals are saved as gradstore/1 documents of float64 tensors: nothing is
 ever unpickled.
 """

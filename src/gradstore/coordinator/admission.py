@@ -2,9 +2,10 @@
 
 The signature, the job and the allowlist are checked when the message is decoded
 (``messages.verify_message``); what is left needs the coordinator's state: the run, the
-clock, the open round and what each peer already announced. The asyncio service only
-reads a message, calls ``admit`` and acts on the answer, so every hostile sequence can be
-tested here without a network.
+clock, the open round and what each peer already announced. The coordinator's state
+(``CoordinatorState.admit``, given each message the service reads) calls ``admit`` and
+turns the answer into effects, so every hostile sequence can be tested here without a
+network.
 
 Which refusals are told to the peer (``Admission.tell``): only those about an announcement
 the peer may still stand behind. A message of another run or stamped outside the skew

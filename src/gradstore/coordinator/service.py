@@ -33,7 +33,7 @@ from ..errors import (
     RefusedError,
 )
 from ..format import Gradient
-from ..job import JobConfig
+from ..job import JobConfig, refuse_steps
 from ..messages import SigningKey, decode_record, encode_fitted
 from ..node import Node, follow
 from ..store import GradientStore
@@ -80,6 +80,7 @@ class Coordinator:
             raise ConfigError(
                 f"the key's id {key.did} is not the job's coordinator {config.coordinator}"
             )
+        refuse_steps(config, "the coordinator")
         self.config = config
         self.key = key
         self.node = node

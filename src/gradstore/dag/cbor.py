@@ -12,7 +12,7 @@ trailing bytes. Every length is checked against the bytes left before anything i
 
 Why not the ``dag_cbor`` library: it validates the runtime type of every value and CID it
 touches, which made a 1,000-input round record take seconds to decode and a 4 MiB one
-minutes, before any check could refuse it (docs/design.md, "The round record").
+minutes, before any check could refuse it (docs/design/records.md, "The DAG-CBOR codec").
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ from ..errors import (
     RefusedError,
 )
 from ..format import Gradient, dtype_code
-from ..job import JobConfig
+from ..job import JobConfig, refuse_steps
 from ..messages import Announce, SigningKey, announcement_signature, encode_message
 from ..messages.schema import check_job
 from ..node import Closing
@@ -153,6 +153,7 @@ class GradstoreStrategy(Strategy, Closing):
             )
         else:
             self.key = key
+        refuse_steps(config, "GradstoreStrategy")
         self.job = check_job("job", config.job)
         self.run_id = new_run_id()
         self.peers = frozenset(config.peers) or None

@@ -1,5 +1,5 @@
 """The canonical documents: Gradient <-> gradstore/1, CompressedGradient <-> gradstore/2
-(docs/design.md, "The gradient document", "Compressed updates").
+(docs/spec.md, section 2; the reasons: docs/design/documents.md, docs/design/compression.md).
 
 ``encode`` streams the canonical bytes (header pieces plus zero-copy views of
 the arrays); ``decode`` refuses every non-canonical byte string and returns

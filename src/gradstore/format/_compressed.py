@@ -2,7 +2,7 @@
 
 Nothing is decompressed by decoding a gradstore/2 document: a ``CompressedTensor`` holds
 its payload (a view into the document buffer) and decompresses ranges on request, to
-float64, exactly as docs/design.md defines it.
+float64, exactly as docs/spec.md (section 2.3) defines it.
 """
 
 from __future__ import annotations

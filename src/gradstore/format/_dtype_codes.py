@@ -19,7 +19,7 @@ NUMPY_CODES: Final[tuple[str, ...]] = (
     "<f2", "<f4", "<f8", "|i1", "|u1", "<i2", "<u2", "<i4", "<u4", "<i8", "<u8", "|b1",
 )  # fmt: skip
 
-#: Every type string allowed in ``dtype`` (docs/design.md, "Tensor dtypes"), in this order.
+#: Every type string allowed in ``dtype`` (docs/spec.md, section 2.2), in this order.
 DTYPES: Final[tuple[str, ...]] = (*NUMPY_CODES, *EXTENDED)
 
 #: The floating-point type strings: the dtypes a compressed tensor may stand for.

@@ -3,7 +3,8 @@
 NumPy's own types are written as NumPy's little-endian type strings (``"<f4"``). bfloat16
 and the two float8 formats have no NumPy type string of their own (NumPy calls bfloat16
 ``"<V2"``, a raw void), so they are written by name, the names PyTorch, JAX and
-``ml_dtypes`` share; in memory they are ``ml_dtypes`` arrays (docs/design.md, "Tensor dtypes").
+``ml_dtypes`` share; in memory they are ``ml_dtypes`` arrays (docs/design/documents.md, "Tensor
+dtypes").
 """
 
 from __future__ import annotations

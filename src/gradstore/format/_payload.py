@@ -3,7 +3,7 @@ exact decompression of a range to float64, each the codec's own (``codecs``).
 
 Everything works on the records of a range of elements (``Codec.span``), vectorised over
 records with NumPy: a ``topk`` range costs work in proportion to the values it keeps, not
-to its dense size. The rules are docs/design.md's "Compressed updates".
+to its dense size. The rules are docs/spec.md's, section 2.3.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
-"""A federated job: who coordinates, who may contribute, how rounds run and aggregate."""
+"""A federated job: who coordinates, who may contribute, how rounds run and aggregate, and
+the steps a round is made of."""
 
+from ._aggregation import Aggregation
 from ._config import (
     InputsConfig,
     JobConfig,
@@ -10,14 +12,22 @@ from ._config import (
     parse_job,
     topics,
 )
+from ._steps import DEFAULT_STEP, MAX_STEPS, Selector, StepConfig, StepsPlan, refuse_steps
 
 __all__ = [
+    "DEFAULT_STEP",
+    "MAX_STEPS",
+    "Aggregation",
     "InputsConfig",
     "JobConfig",
     "MessagesConfig",
     "RoundsConfig",
+    "Selector",
+    "StepConfig",
+    "StepsPlan",
     "TensorSpec",
     "load_job",
     "parse_job",
+    "refuse_steps",
     "topics",
 ]

@@ -10,25 +10,33 @@ peers = ["did:key:z6Mk...", ...]
 [messages]      max_clock_skew_s (messages stamped further from now are refused)
 [inputs]        require_bound_meta (refuse documents whose meta names no peer, round, job)
 [[schema]]      optional: name, dtype, shape of every expected tensor
+[[steps]]       optional, output layer first (a backward pass): name (1-64 of A-Z a-z 0-9 . _ -),
+                tensors (exact names or `prefix.*`), peers (default: all), quorum (default:
+                min(rounds.quorum, its peers)), deadline_s (default: rounds'), and any
+                [aggregation] key as an override (another method drops the job's method
+                parameters and weights, keeps its clipping). Every tensor is in one step: an
+                overlap is refused, and with [[schema]] so is a tensor in no step or a selector
+                matching none. Without [[steps]], one step "all" covers every tensor.
 """
 
 from __future__ import annotations
 
 import math
 import tomllib
-import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
-from ..aggregate import CLIP_PARAMETERS, AggregationParams, parameter_names
-from ..aggregate.methods import REGISTRY, MethodName, method_class
-from ..errors import AggregationError, ConfigError
+from ..aggregate import AggregationParams
+from ..aggregate.methods import MethodName
+from ..errors import ConfigError
 from ..format import DTYPES, Limits
 from ..messages import Roster, public_key_from_did
 from ..messages.schema import JOB_NAME
+from ._aggregation import Aggregation, aggregation_keys, check_sizes, parse_aggregation
+from ._steps import StepConfig, StepsPlan, implicit_step, parse_steps
 
 DEFAULT_DEADLINE_S = 60.0
 DEFAULT_MAX_AHEAD = 1  # announcements for the next round are buffered, later ones refused
@@ -88,17 +96,43 @@ class JobConfig:
     schema: tuple[TensorSpec, ...] | None = None
     messages: MessagesConfig = field(default_factory=MessagesConfig)
     inputs: InputsConfig = field(default_factory=InputsConfig)
+    #: The round's steps, output layer first. Left empty (a job without ``[[steps]]``), it
+    #: is one implicit step, ``DEFAULT_STEP``, of every tensor, with the job's peers,
+    #: quorum, deadline and aggregation (and follows them in ``dataclasses.replace``).
+    steps: tuple[StepConfig, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.steps or (len(self.steps) == 1 and self.steps[0].covers_all):
+            step = implicit_step(
+                self.peers, self.rounds.quorum, self.rounds.deadline_s, self.aggregation
+            )
+            object.__setattr__(self, "steps", (step,))
+
+    @property
+    def stepped(self) -> bool:
+        """Whether the job file lists ``[[steps]]`` (else its one step covers every tensor)."""
+        return not self.steps[0].covers_all
+
+    @property
+    def aggregation(self) -> Aggregation:
+        """The job's ``[aggregation]``: what a step aggregates with unless it overrides it."""
+        return Aggregation(
+            self.method,
+            self.weights,
+            self.method_params,
+            self.clip_input_norm,
+            self.clip_output_norm,
+        )
+
+    @cached_property
+    def plan(self) -> StepsPlan:
+        """The steps as a lookup: ``plan.step_of(name)``, ``plan.partition(names)``."""
+        return StepsPlan(self.steps)
 
     def params_for(self, peers: Sequence[str]) -> AggregationParams:
         """Aggregation parameters for inputs from ``peers`` (in that order): the method sets
         itself up from the job (``Method.for_round``)."""
-        strategy = method_class(self.method).for_round(self.method_params, self.weights, peers)
-        return AggregationParams(
-            self.method,
-            strategy=strategy,
-            clip_input_norm=self.clip_input_norm,
-            clip_output_norm=self.clip_output_norm,
-        )
+        return self.aggregation.params_for(peers)
 
     @cached_property
     def roster(self) -> Roster:
@@ -144,6 +178,7 @@ def parse_job(raw: Mapping[str, Any], source: str = "job") -> JobConfig:
             "schema",
             "messages",
             "inputs",
+            "steps",
         },
         "",
     )
@@ -159,36 +194,8 @@ def parse_job(raw: Mapping[str, Any], source: str = "job") -> JobConfig:
         raise where.err("peers", "lists a peer twice")
 
     agg = raw.get("aggregation", {})
-    names = parameter_names()
-    types = _method_types()
-    where.keys(agg, {"method", *names}, "aggregation.")
-    method = agg.get("method", "fedavg")
-    if method not in REGISTRY:
-        raise where.err(
-            "aggregation.method", f"unknown method {method!r} (one of {', '.join(REGISTRY)})"
-        )
-    weights_raw = agg.get("weights", {})
-    where.keys(
-        weights_raw,
-        set(weights_raw) if isinstance(weights_raw, Mapping) else set(),
-        "aggregation.weights.",
-    )
-    weights = {str(k): where.num(v, f"aggregation.weights.{k}") for k, v in weights_raw.items()}
-    negative = [k for k, w in weights.items() if w < 0]
-    if negative:
-        raise where.err(f"aggregation.weights.{negative[0]}", "must be >= 0")
-    if weights and method != "weighted":
-        raise where.err("aggregation.weights", f"does not apply to method {method!r}")
-    if method == "weighted":
-        missing = [p for p in peers if p not in weights]
-        if missing:
-            raise where.err(
-                "aggregation.weights",
-                f"method 'weighted' needs a weight for every peer; missing {missing[0]}",
-            )
-    unknown = [p for p in weights if p not in peers]
-    if unknown:
-        raise where.err("aggregation.weights", f"weight for a peer not in peers: {unknown[0]}")
+    where.keys(agg, aggregation_keys(), "aggregation.")
+    aggregation = parse_aggregation(agg, where, "aggregation.", peers)
 
     rounds_raw = raw.get("rounds", {})
     where.keys(rounds_raw, {"count", "quorum", "deadline_s", "max_ahead"}, "rounds.")
@@ -263,74 +270,35 @@ def parse_job(raw: Mapping[str, Any], source: str = "job") -> JobConfig:
             specs.append(TensorSpec(name, dtype, shape))
         schema = tuple(sorted(specs, key=lambda s: s.name.encode()))
 
-    cfg = JobConfig(
+    check_sizes(aggregation, where, "aggregation", "peers", peers, rounds.quorum, "[aggregation]")
+    steps: tuple[StepConfig, ...] = ()
+    if "steps" in raw:
+        steps = parse_steps(
+            raw["steps"],
+            where,
+            peers=peers,
+            quorum=rounds.quorum,
+            deadline_s=rounds.deadline_s,
+            aggregation=aggregation,
+            max_name_bytes=limits.max_name_bytes,
+            schema=None if schema is None else [s.name for s in schema],
+        )
+    return JobConfig(
         job=job,
         coordinator=coordinator,
         peers=peers,
-        method=cast(MethodName, method),
-        weights=weights,
-        method_params={
-            key: _method_param(agg[key], types[key], f"aggregation.{key}", where)
-            for key in names
-            if key in types and key in agg
-        },
-        clip_input_norm=_opt(agg, "clip_input_norm", where),
-        clip_output_norm=_opt(agg, "clip_output_norm", where),
+        method=aggregation.method,
+        weights=aggregation.weights,
+        method_params=aggregation.method_params,
+        clip_input_norm=aggregation.clip_input_norm,
+        clip_output_norm=aggregation.clip_output_norm,
         rounds=rounds,
         limits=limits,
         schema=schema,
         messages=messages,
         inputs=inputs,
+        steps=steps,
     )
-    given = {**cfg.method_params, **{k: getattr(cfg, k) for k in CLIP_PARAMETERS}}
-    for key in names:
-        if key in agg and key in given:  # each on its own first, so the error names its key
-            try:
-                AggregationParams(method, **{key: given[key]})
-            except AggregationError as exc:
-                raise where.err(f"aggregation.{key}", str(exc)) from exc
-    # The checks the aggregator applies, early, for the smallest round the quorum allows: any
-    # `quorum` peers (for `weighted`, the heaviest ones: weights are per peer, not per slot).
-    smallest = sorted(peers, key=lambda p: -weights.get(p, 0.0))[: rounds.quorum]
-    try:
-        cfg.params_for(smallest).validate(rounds.quorum)
-    except AggregationError as exc:
-        raise ConfigError(
-            f"{source}: [aggregation] cannot work with quorum {rounds.quorum}: {exc}"
-        ) from exc
-    # and for the largest one, every peer: krum and multikrum take at most MAX_KRUM_INPUTS
-    try:
-        cfg.params_for(list(peers)).validate(len(peers))
-    except AggregationError as exc:
-        raise where.err(
-            "peers", f"lists {len(peers)} peers, too many for [aggregation]: {exc}"
-        ) from exc
-    return cfg
-
-
-def _method_types() -> dict[str, Any]:
-    """The methods' own parameters (not ``weights``: a table by peer), with their types."""
-    return {
-        name: kind
-        for cls in REGISTRY.values()
-        for name, kind in cls.parameter_types().items()
-        if name != "weights"
-    }
-
-
-def _method_param(value: Any, kind: Any, key: str, where: _Where) -> Any:
-    """A method parameter read as its class declares it (an int, a number); the method
-    checks the value itself."""
-    kinds = typing.get_args(kind) or (kind,)
-    if int in kinds:
-        return where.int_(value, key, 0)
-    if float in kinds:
-        return where.num(value, key)
-    return value
-
-
-def _opt(table: Mapping[str, Any], key: str, where: _Where) -> float | None:
-    return None if key not in table else where.num(table[key], f"aggregation.{key}")
 
 
 class _Where:

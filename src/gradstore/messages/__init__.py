@@ -3,7 +3,8 @@
 Identities are Ed25519 keys named by ``did:key`` ids; announcements, results
 and statuses are canonical msgpack maps with an Ed25519 ``sig``; a round
 record is a signed DAG-CBOR node linking a round's inputs, output and the
-previous round.
+previous round. In a stepped job, messages name their step, each step has its
+own signed step record, and a round/5 record links the steps' records.
 """
 
 from ..errors import KeyFileError, MessageError
@@ -42,6 +43,21 @@ from .signing import (
     encode_message,
     verify_message,
 )
+from .step_record import (
+    STEP_RECORD_TYPE,
+    StepRecord,
+    check_selector,
+    decode_step_record,
+    encode_step_record,
+)
+from .stepped_record import (
+    RECORD_TYPE_STEPPED,
+    RoundStep,
+    SteppedRoundRecord,
+    check_step_of,
+    decode_stepped_record,
+    encode_stepped_record,
+)
 
 __all__ = [
     "INLINE_BYTES",
@@ -53,6 +69,8 @@ __all__ = [
     "RECORD_TYPES",
     "RECORD_TYPE_CODECS",
     "RECORD_TYPE_SIGNED",
+    "RECORD_TYPE_STEPPED",
+    "STEP_RECORD_TYPE",
     "Announce",
     "KeyFileError",
     "Message",
@@ -64,19 +82,28 @@ __all__ = [
     "Result",
     "Roster",
     "RoundRecord",
+    "RoundStep",
     "SigningKey",
     "Status",
+    "StepRecord",
+    "SteppedRoundRecord",
     "aggregate_meta",
     "announcement_signature",
     "announcement_signed",
     "check_bitmaps",
+    "check_selector",
+    "check_step_of",
     "decode_lists",
     "decode_message",
     "decode_record",
+    "decode_step_record",
+    "decode_stepped_record",
     "did_from_public_key",
     "encode_fitted",
     "encode_message",
     "encode_record",
+    "encode_step_record",
+    "encode_stepped_record",
     "inline_lists",
     "public_key_from_did",
     "shorten",

@@ -5,11 +5,12 @@ reason per refused peer. When that makes the signed message longer than ``INLINE
 the lists move into one DAG-CBOR block, and the message carries its CID in ``lists``
 instead. The message's signature covers the CID, and the CID covers the block, so a
 receiver that fetches the block (verified against its hash) reads what the coordinator
-signed. The block repeats job, run and round so one block cannot stand in for another.
+signed. The block repeats job, run, round and step so one block cannot stand in for another.
 
 Block shape: ``{type: "gradstore/lists/1", job, run, round, received, verified, refused,
 reasons}``
-for a status, ``{type, job, run, round, peers}`` for a result.
+for a status, ``{type, job, run, round, peers}`` for a result; a step's status or result
+adds ``step`` (a message without a step has a block without it, byte for byte as before).
 """
 
 from __future__ import annotations
@@ -81,6 +82,8 @@ def encode_fitted(msg: Status | Result, key: SigningKey) -> tuple[bytes, tuple[C
 
 def _lists_block(msg: Status | Result) -> tuple[CID, bytes]:
     node: dict[str, Any] = {"type": LISTS_TYPE, "job": msg.job, "run": msg.run, "round": msg.round}
+    if msg.step is not None:
+        node["step"] = msg.step
     if isinstance(msg, Result):
         node["peers"] = msg.peers
         data = cbor.encode(node)
@@ -120,10 +123,19 @@ def decode_lists(data: bytes, msg: Status | Result, roster: Roster) -> PeerLists
     except DAGError as exc:
         raise MessageError(Reason.MALFORMED, f"lists block is {exc}") from None
     keys = _STATUS_KEYS if isinstance(msg, Status) else _RESULT_KEYS
+    if msg.step is not None:
+        keys = keys | {"step"}
     if not isinstance(node, dict) or set(node) != keys or node["type"] != LISTS_TYPE:
-        raise MessageError(Reason.MALFORMED, f"not a {LISTS_TYPE} block for a {msg.kind.value}")
-    if (node["job"], node["run"], node["round"]) != (msg.job, msg.run, msg.round):
-        raise MessageError(Reason.MALFORMED, "the lists block belongs to another job, run or round")
+        raise MessageError(
+            Reason.MALFORMED,
+            f"not a {LISTS_TYPE} block for a {msg.kind.value}"
+            + ("" if msg.step is None else f" of step {msg.step!r}"),
+        )
+    bound = (node["job"], node["run"], node["round"], node.get("step"))
+    if bound != (msg.job, msg.run, msg.round, msg.step):
+        raise MessageError(
+            Reason.MALFORMED, "the lists block belongs to another job, run, round or step"
+        )
     if isinstance(msg, Result):
         lists = PeerLists(peers=roster.check("peers", node["peers"]))
         check_bitmaps(dataclasses.replace(msg, peers=lists.peers, lists=None), roster)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any, ClassVar, Final
 
@@ -112,6 +112,11 @@ def check_job(name: str, value: object) -> str:
     return value
 
 
+def check_step(name: str, value: object) -> str:
+    """A step name: the job name's rule (it reaches topics' readers, file names and terminals)."""
+    return check_job(name, value)
+
+
 def check_run(name: str, value: object) -> str:
     """A run id: 8-64 characters of ``a-z 0-9`` (the coordinator draws 26 base32 characters)."""
     if not isinstance(value, str) or not 8 <= len(value) <= 64 or not _RUN_CHARS.issuperset(value):
@@ -150,12 +155,14 @@ class Announce:
     """A peer's "my gradient for round ``round`` of run ``run`` is ``cid``", signed by ``peer``.
 
     ``run`` is the coordinator's run id, learnt from its signed status: an announcement
-    replayed from another run of the same job is refused.
+    replayed from another run of the same job is refused. ``step`` names the step of a
+    stepped job the gradient is for (None, and off the wire, in a job without steps).
     """
 
     job: str
     run: str
     round: int
+    step: str | None = field(default=None, kw_only=True)
     peer: str
     cid: str
     num_samples: int
@@ -167,6 +174,8 @@ class Announce:
         check_job("job", self.job)
         check_run("run", self.run)
         check_uint("round", self.round)
+        if self.step is not None:
+            check_step("step", self.step)
         check_did("peer", self.peer)
         _set(self, "cid", check_cid("cid", self.cid))
         check_uint("num_samples", self.num_samples)
@@ -179,11 +188,14 @@ class Result:
 
     ``peers`` is a bitmap over the job's roster. When it would make the message too long it
     is empty and ``lists`` links a DAG-CBOR block that holds it (``messages.lists``).
+    With ``step``, it is one step's result: ``cid`` the step's aggregate, ``record`` its
+    step record.
     """
 
     job: str
     run: str
     round: int
+    step: str | None = field(default=None, kw_only=True)
     cid: str
     record: str
     method: str
@@ -197,6 +209,8 @@ class Result:
         check_job("job", self.job)
         check_run("run", self.run)
         check_uint("round", self.round)
+        if self.step is not None:
+            check_step("step", self.step)
         _set(self, "cid", check_cid("cid", self.cid))
         _set(self, "record", check_cid("record", self.record, DAG_CBOR))
         check_text("method", self.method)
@@ -218,12 +232,13 @@ class Status:
     ``received``, ``verified`` and ``refused`` are bitmaps over the job's roster;
     ``reasons`` gives one reason per refused peer, in roster order. ``failed`` says the round ended without an
     aggregate, and why. When the lists would make the message too long they are empty and
-    ``lists`` links a DAG-CBOR block that holds them.
+    ``lists`` links a DAG-CBOR block that holds them. With ``step``, it is one step's status.
     """
 
     job: str
     run: str
     round: int
+    step: str | None = field(default=None, kw_only=True)
     received: bytes
     verified: bytes
     refused: bytes
@@ -238,6 +253,8 @@ class Status:
         check_job("job", self.job)
         check_run("run", self.run)
         check_uint("round", self.round)
+        if self.step is not None:
+            check_step("step", self.step)
         check_bitmap("received", self.received)
         check_bitmap("verified", self.verified)
         check_bitmap("refused", self.refused)
@@ -265,7 +282,7 @@ def field_names(cls: type[Announce] | type[Result] | type[Status]) -> tuple[str,
 
 
 #: Fields that are left off the wire when None.
-OPTIONAL_FIELDS: Final = frozenset({"failed", "lists"})
+OPTIONAL_FIELDS: Final = frozenset({"step", "failed", "lists"})
 
 
 def unsigned_pairs(msg: Message) -> list[tuple[str, Any]]:

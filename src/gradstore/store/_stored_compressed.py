@@ -4,7 +4,7 @@ The compressed twin of ``StoredGradient``: elements ``start .. stop`` of a tenso
 payload records that hold them (``Codec.span``, one contiguous slice), fetched through
 ``StoredDocument`` (each leaf hashed against its CID) and decompressed to float64. A
 ``topk`` document also gives a range's kept entries, so the aggregators add them without
-densifying the input (docs/design.md, "Aggregating compressed inputs").
+densifying the input (docs/design/compression.md, "Aggregating compressed inputs").
 """
 
 from __future__ import annotations

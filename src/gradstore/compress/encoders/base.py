@@ -3,7 +3,7 @@
 
 An encoder also says which finite inputs its codec cannot take because their values
 would come back beyond their dtype (``overflow_problem``), so ``get`` can always write
-what was stored (docs/design.md, "Compressed updates").
+what was stored (docs/design/compression.md; the bytes: docs/spec.md, section 2.4).
 """
 
 from __future__ import annotations

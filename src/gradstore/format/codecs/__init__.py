@@ -2,7 +2,7 @@
 
 Adding a codec is a module here (its class: parameters, record layout, payload checks,
 decompression, spec), its import below, and its encoder in ``gradstore.compress.encoders``
-(docs/design.md, "Adding a codec").
+(docs/design/compression.md, "Adding a codec").
 """
 
 from __future__ import annotations

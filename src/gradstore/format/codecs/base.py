@@ -9,7 +9,7 @@ itself when its module is imported: ``Codec("topk", chunk=...)`` builds a ``TopK
 
 A compressed tensor's payload is a run of records, every full one the same size, so the
 bytes of any range of records are one slice of the payload, found here without reading
-it (docs/design.md, "Compressed updates"). Nothing here imports NumPy: a codec is named
+it (docs/spec.md, section 2.3). Nothing here imports NumPy: a codec is named
 (a header, a round record) without it, and only its payload methods load it.
 """
 

@@ -16,7 +16,7 @@ Memory: the inputs (N * SIZE * 4 bytes, generated once with a seeded generator a
 for every N) plus, for the naive forms, a stacked copy and its sorted/partitioned copy: the
 default 32 x 25M run needs about 12 GB. OpenBLAS settings in the environment can slow
 NumPy down; run as
-    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python scripts/bench_aggregate.py
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python -m benchmarks aggregate
 Quick run: ``--inputs 8 --sizes 25000000`` (or ``--sizes 4000000``).
 fedavg runs gradstore's numba kernel when numba loads; ``GRADSTORE_NUMBA=0`` times the
 NumPy path instead (same bits). The first call compiles or loads it: ours is best of --repeat.
@@ -54,16 +54,19 @@ def byzantine_for(n: int) -> int:
 
 
 def naive_fedavg(arrays: list[np.ndarray], counts: list[int]) -> np.ndarray:
-    return np.average(np.stack(arrays), axis=0, weights=counts)
+    result: np.ndarray = np.average(np.stack(arrays), axis=0, weights=counts)
+    return result
 
 
 def naive_median(arrays: list[np.ndarray]) -> np.ndarray:
-    return np.median(np.stack(arrays), axis=0)
+    result: np.ndarray = np.median(np.stack(arrays), axis=0)
+    return result
 
 
 def naive_trimmed_mean(arrays: list[np.ndarray], k: int) -> np.ndarray:
     ordered = np.sort(np.stack(arrays), axis=0)
-    return ordered[k : len(arrays) - k].mean(axis=0)
+    result: np.ndarray = ordered[k : len(arrays) - k].mean(axis=0)
+    return result
 
 
 def naive_krum(arrays: list[np.ndarray], f: int) -> int:

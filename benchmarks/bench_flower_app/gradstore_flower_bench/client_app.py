@@ -16,7 +16,7 @@ app = ClientApp()
 def train(msg: Message, context: Context) -> Message:
     step = np.float32(0.001 * (int(context.node_config["partition-id"]) + 1))
     if instruction_of(msg) is None:  # plain Flower FedAvg: the arrays go back through Flower
-        record = msg.content["arrays"]
+        record = msg.content.array_records["arrays"]
         new = {k: v + step for k, v in arrays_to_tensors(record, DEFAULT_LIMITS).items()}
         content = RecordDict(
             {

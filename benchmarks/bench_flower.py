@@ -3,7 +3,7 @@
 
 One run of Flower's own processes on loopback (a SuperLink, --clients SuperNodes, the
 example's launcher in examples/flower/run.py) and one Kubo (the one at $GRADSTORE_API if it
-answers, else one started here). The ServerApp (scripts/bench_flower_app) plays one round
+answers, else one started here). The ServerApp (benchmarks/bench_flower_app) plays one round
 at a time, each side going first in turn, --repeat times each, with the same model
 (--mib MiB of float32 in 8 tensors) and the same clients:
 
@@ -16,7 +16,7 @@ at a time, each side going first in turn, --repeat times each, with the same mod
 "down"/"up" are the serialized sizes of Flower's message objects (instructions / replies);
 a round's seconds run from configure_train to the end of aggregate_train.
 
-    .venv/bin/python scripts/bench_flower.py          options: --mib 16 --repeat 3 --json
+    .venv/bin/python -m benchmarks flower          options: --mib 16 --repeat 3 --json
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from _bench_common import MiB, dump_json, machine, table
+from benchmarks._common import MiB, dump_json, machine, table
 from gradstore.messages import SigningKey
 
 ROOT = Path(__file__).resolve().parent.parent
-APP = ROOT / "scripts" / "bench_flower_app"
+APP = ROOT / "benchmarks" / "bench_flower_app"
 MARK = "gradstore-bench "
 
 

@@ -36,7 +36,7 @@ adds the payload the operation holds anyway (put: the gradient it was given;
 get: already inside the peak, since get allocates the result). Targets: put
 <= 1.5x payload, get <= 2x payload (the "with payload" column).
 
-    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python scripts/bench_store.py
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python -m benchmarks store
     options: --mib 256 --repeat 3 --json --no-rss --kubo PATH
 """
 
@@ -54,8 +54,7 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench_common import (
+from benchmarks._common import (
     MiB,
     dump_json,
     kubo_binary,
@@ -233,7 +232,8 @@ def measure_rss(daemon: KuboDaemon, mib: int, probe_cid: str) -> dict[str, dict[
     for op in ("put", "get"):
         cmd = [
             sys.executable,
-            __file__,
+            "-m",
+            "benchmarks.bench_store",
             "--rss-child",
             op,
             "--api",

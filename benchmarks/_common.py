@@ -1,7 +1,7 @@
-"""Shared helpers for scripts/bench_store.py and scripts/bench_round.py.
+"""Shared helpers for the benchmarks in this folder.
 
 Isolated Kubo daemons, best-of timing, peak-RSS probes and plain-text tables.
-Not part of the package: the benches import it as a sibling module.
+Not part of gradstore: the benchmarks import it as ``benchmarks._common``.
 """
 
 from __future__ import annotations

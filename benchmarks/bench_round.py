@@ -20,7 +20,7 @@ Stages (wall seconds unless marked "sum"):
   fetch aggregate       that peer fetching and verifying the aggregate
   total                 from the announcements until a peer holds the verified aggregate
 
-    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python scripts/bench_round.py
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python -m benchmarks round
     options: --peers 8 --mib 64 (or --kib 64) --method fedavg --json --kubo PATH
     e.g. --peers 256 --kib 64, --peers 1000 --kib 16
 """
@@ -38,8 +38,7 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench_common import MiB, dump_json, kubo_binary, machine, start_daemons, table
+from benchmarks._common import MiB, dump_json, kubo_binary, machine, start_daemons, table
 from gradstore.coordinator import Journal
 from gradstore.format import Gradient, Limits
 from gradstore.job import JobConfig, parse_job

@@ -12,7 +12,7 @@ Each side writes fresh blocks (its own variant of the tensors: one value changed
 `ipfs repo gc` runs (not timed), and the sides alternate which goes first. The ratio is
 ours / reference time (target <= 1.1), on the best of --repeat (default 1: one run).
 
-    .venv/bin/python scripts/bench_torch.py            options: --mib 1024 --repeat 1 --json
+    .venv/bin/python -m benchmarks torch            options: --mib 1024 --repeat 1 --json
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from _bench_common import Clock, MiB, dump_json, kubo_binary, machine, start_daemons, table
+from benchmarks._common import Clock, MiB, dump_json, kubo_binary, machine, start_daemons, table
 from gradstore.node import KuboDaemon, stop_all
 from gradstore.store import GradientStore
 from gradstore.torch import to_gradient

@@ -19,22 +19,19 @@ Figures are GB/s of float32 input (decimal GB), best of --repeat, and the ratio 
 accumulate (> 1: faster than adding the dense input). Targets: int8 compress and
 decompress >= 1 GB/s; topk compress >= 0.5 GB/s; topk decompress+accumulate >= 2 GB/s.
 
-    .venv/bin/python scripts/bench_codecs.py [--elements 25000000] [--repeat 5] [--json]
+    .venv/bin/python -m benchmarks codecs [--elements 25000000] [--repeat 5] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench_common import dump_json, machine, table
+from benchmarks._common import dump_json, machine, table
 from gradstore.compress import compress_array, parse_spec
 
 SEED = 20270201

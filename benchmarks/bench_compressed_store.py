@@ -15,7 +15,7 @@ and the bytes each stores. Every repetition negates the gradient (every value, s
 block and every kept value is new), and between repetitions everything is unpinned and
 `ipfs repo gc` runs (not timed). Times are the best and the median of --repeat.
 
-    .venv/bin/python scripts/bench_compressed_store.py [--mib 1024] [--repeat 3]
+    .venv/bin/python -m benchmarks compressed_store [--mib 1024] [--repeat 3]
         [--spec topk:0.015,values=int8] [--json] [--kubo PATH]
 """
 
@@ -24,15 +24,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench_common import MiB, dump_json, kubo_binary, machine, start_daemons, table
+from benchmarks._common import MiB, dump_json, kubo_binary, machine, start_daemons, table
 from gradstore.compress import compress
 from gradstore.format import CompressedGradient, Gradient, Limits, decode_any, encode
 from gradstore.node import KuboDaemon, stop_all

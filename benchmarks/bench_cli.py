@@ -32,7 +32,7 @@ standard library's ``http.client``, ``gradstore --version`` and ``ipfs version
 --number``: the start-up costs no command can go below (put and get: the third; the
 next two say what asyncio and httpx each cost of it).
 
-    .venv/bin/python scripts/bench_cli.py
+    .venv/bin/python -m benchmarks cli
     options: --sizes 1,64,256 --repeat 5 --ops put,get,cid --json --kubo PATH
 """
 
@@ -52,8 +52,7 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench_common import MiB, dump_json, kubo_binary, machine, start_daemons, table
+from benchmarks._common import MiB, dump_json, kubo_binary, machine, start_daemons, table
 from gradstore.format import Gradient, encode
 from gradstore.node import KuboDaemon
 
@@ -193,7 +192,8 @@ def measure_size(bench: Bench, mib: int, ops: Sequence[str], repeat: int) -> dic
         expect("ipfs add --only-hash", out)
         return seconds
 
-    sides = {
+    Side = tuple[Callable[[], float], Callable[[], float], Callable[[], None]]
+    sides: dict[str, Side] = {
         "put": (put_ours, put_ref, lambda: bench.drop(cid)),
         "get": (get_ours, get_ref, remove_outputs),
         "cid": (cid_ours, cid_ref, lambda: None),

@@ -12,7 +12,7 @@ Two coordinators, one after the other, in the same run:
   in memory  every verified input kept in memory until the close (how gradstore worked
              before): the reference, O(peers x model)
 
-    .venv/bin/python scripts/bench_memory.py [--peers 8] [--mib 256] [--method fedavg]
+    .venv/bin/python -m benchmarks memory [--peers 8] [--mib 256] [--method fedavg]
         [--no-reference] [--json] [--kubo PATH]
     e.g. --peers 16 --mib 1024 --no-reference --one-node   (16 GiB of inputs; with
     --one-node the peers store on the coordinator's daemon, so the disk holds one copy)
@@ -32,8 +32,7 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench_common import MiB, dump_json, kubo_binary, machine, start_daemons, table
+from benchmarks._common import MiB, dump_json, kubo_binary, machine, start_daemons, table
 from gradstore.coordinator import Coordinator
 from gradstore.format import Gradient
 from gradstore.job import JobConfig, load_job
@@ -97,7 +96,7 @@ async def one_round(
     config, peers = make_job(args.peers, args.method, args.mib * MiB + MiB, job)
     carriers = [d.node() for d in daemons[1:]] or [daemons[0].node()]
     cmd = [
-        sys.executable, __file__, "--serve", str(job), "--api", daemons[0].api_url,
+        sys.executable, "-m", "benchmarks.bench_memory", "--serve", str(job), "--api", daemons[0].api_url,
         "--state", str(tmp / f"{name}-state"),
     ]  # fmt: skip
     if in_memory:

@@ -9,13 +9,12 @@ in batches of --batch (one SQLite transaction, synchronous=FULL, each), as the j
 writer does. Side by side, in the same run: the Ed25519 verification alone over the same
 messages (the floor: no coordinator can admit faster than it checks signatures).
 
-    .venv/bin/python scripts/bench_announce.py [--peers 4000] [--batch 256] [--json]
+    .venv/bin/python -m benchmarks announce [--peers 4000] [--batch 256] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -23,8 +22,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench_common import dump_json, machine, table
+from benchmarks._common import dump_json, machine, table
 from gradstore.coordinator import Coordinator, Verdict
 from gradstore.coordinator.journal import Journal
 from gradstore.dag import CID
@@ -110,7 +108,7 @@ def main() -> None:
         coordinator, keys = build(args.peers, Path(tmp))
         with Journal(Path(tmp) / "state" / "journal.sqlite") as journal:
             coordinator._journal = journal  # what run() does, without a node or a loop
-            coordinator.run_id = journal.bind(
+            coordinator.state.run_id = journal.bind(
                 coordinator.config.job, coordinator.config.coordinator
             )
             fresh = announcements(coordinator, keys)

@@ -11,7 +11,7 @@ uncompressed runs alone span about 3 points across seeds), so each row reports t
 and the worst difference over the seeds. Targets: at least 50x fewer bytes_moved, and the
 mean accuracy over the seeds within 2 points of the uncompressed runs' mean.
 
-    .venv/bin/python scripts/bench_demo_compress.py [--seeds 0-7] [--rounds 20]
+    .venv/bin/python -m benchmarks demo_compress [--seeds 0-7] [--rounds 20]
         [--peers 4] [--local] [--json] [--kubo PATH]
 """
 
@@ -22,13 +22,11 @@ import contextlib
 import io
 import json
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench_common import dump_json, kubo_binary, machine, start_daemons, table
+from benchmarks._common import dump_json, kubo_binary, machine, start_daemons, table
 from gradstore.cli import main as gradstore
 from gradstore.node import stop_all
 

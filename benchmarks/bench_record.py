@@ -10,24 +10,21 @@ beside ``dag_cbor`` on the same bytes and the same node, as MB/s and as a ratio.
 encodings are checked to be the same bytes. dag_cbor is a dev dependency (the tests'
 reference), so this script needs the dev extra.
 
-    .venv/bin/python scripts/bench_record.py [--inputs 1000 29000] [--kind 2] [--json]
+    .venv/bin/python -m benchmarks record [--inputs 1000 29000] [--kind 2] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import dag_cbor
 from multiformats import CID as MFCID
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench_common import dump_json, machine, table
+from benchmarks._common import dump_json, machine, table
 from gradstore.dag import cbor
 from gradstore.dag.cid import CID, RAW
 from gradstore.messages import RecordInput, RoundRecord, SigningKey, decode_record, encode_record

@@ -1,1 +1,0 @@
-"""The Flower App of scripts/bench_flower.py."""

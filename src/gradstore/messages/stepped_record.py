@@ -1,0 +1,211 @@
+"""The signed round record of a stepped round, ``gradstore/round/5``: its steps and the model.
+
+A stepped round closes each step on its own (``messages.step_record``); when every step
+has closed or failed the coordinator signs one round record that links each closed step's
+record and aggregate, says why each failed step failed, links the model-level output (one
+document holding every closed step's tensors) and the previous round's record::
+
+    {type: "gradstore/round/5", job, run, round,
+     steps: [{step, record: <link>, output: <link>} | {step, failed: reason}, ...],
+     output: <link>, prev: <link> | null, coordinator, sig}
+
+``steps`` is in the job's order (backward: the output layer's step first), each name once,
+and at least one step closed (a round where every step failed has no record, like a
+failed round of a job without steps). A failed step has no step record: only its name
+and the reason. Unstepped jobs keep writing round/4 records (``messages.record``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final
+
+from ..dag.cid import CID, DAG_CBOR
+from ..errors import MessageError, Reason
+from .keys import SigningKey
+from .record_parts import (
+    MAX_RECORD_BYTES,
+    check_link,
+    check_signed,
+    exact_keys,
+    open_node,
+    sign_node,
+    typed,
+)
+from .schema import check_did, check_job, check_run, check_step, check_text, check_uint
+from .step_record import StepRecord
+
+RECORD_TYPE_STEPPED: Final = "gradstore/round/5"
+
+_KEYS: Final = frozenset(
+    {"type", "job", "run", "round", "steps", "output", "prev", "coordinator", "sig"}
+)
+_CLOSED_KEYS: Final = frozenset({"step", "record", "output"})
+_FAILED_KEYS: Final = frozenset({"step", "failed"})
+_WHAT: Final = "round record"
+
+
+def _set(obj: object, name: str, value: object) -> None:
+    object.__setattr__(obj, name, value)
+
+
+@dataclass(frozen=True, slots=True)
+class RoundStep:
+    """One step of a stepped round: its step record and aggregate, or why it failed."""
+
+    step: str
+    record: CID | None = None
+    output: CID | None = None
+    failed: str | None = None
+
+    def __post_init__(self) -> None:
+        check_step("steps.step", self.step)
+        if self.failed is not None:
+            check_text("steps.failed", self.failed)
+            if self.record is not None or self.output is not None:
+                raise MessageError(
+                    Reason.MALFORMED, f"failed step {self.step!r} has no `record` or `output`"
+                )
+            return
+        if self.record is None or self.output is None:
+            raise MessageError(
+                Reason.MALFORMED,
+                f"step {self.step!r} needs a `record` and an `output`, or `failed`",
+            )
+        if check_link("steps.record", self.record).codec != DAG_CBOR:
+            raise MessageError(
+                Reason.MALFORMED, "`steps.record` must link to a dag-cbor step record"
+            )
+        check_link("steps.output", self.output)
+
+
+@dataclass(frozen=True, slots=True)
+class SteppedRoundRecord:
+    """The unsigned content of a round/5 record; ``encode_stepped_record`` signs it as
+    ``coordinator``."""
+
+    job: str
+    run: str
+    round: int
+    steps: tuple[RoundStep, ...]
+    output: CID
+    prev: CID | None
+    coordinator: str
+
+    def __post_init__(self) -> None:
+        check_job("job", self.job)
+        check_run("run", self.run)
+        check_uint("round", self.round)
+        steps = tuple(typed(self.steps, RoundStep, "steps"))
+        names = [s.step for s in steps]
+        if len(set(names)) != len(names):
+            raise MessageError(Reason.MALFORMED, "`steps` names a step twice")
+        if all(s.failed is not None for s in steps):
+            raise MessageError(Reason.MALFORMED, "a round/5 record has at least one closed step")
+        _set(self, "steps", steps)
+        check_link("output", self.output)
+        if self.prev is not None and check_link("prev", self.prev).codec != DAG_CBOR:
+            raise MessageError(Reason.MALFORMED, "`prev` must link to a dag-cbor round record")
+        check_did("coordinator", self.coordinator)
+
+    @property
+    def type(self) -> str:
+        """The record's ``type``: ``gradstore/round/5``."""
+        return RECORD_TYPE_STEPPED
+
+    def step_of(self, name: str) -> RoundStep | None:
+        """The entry of step ``name``, or None if the round has no such step."""
+        return next((s for s in self.steps if s.step == name), None)
+
+
+def check_step_of(record: SteppedRoundRecord, cid: CID, step: StepRecord) -> None:
+    """MessageError("malformed") unless ``step`` (the record ``cid`` names) is the one
+    ``record`` links for its step: same job, run, round and coordinator, same output."""
+    entry = record.step_of(step.step)
+    if entry is None or entry.record is None:
+        raise MessageError(
+            Reason.MALFORMED, f"round {record.round} links no record of step {step.step!r}"
+        )
+    if entry.record.to_v1() != cid.to_v1():
+        raise MessageError(
+            Reason.MALFORMED, f"step {step.step!r}'s record is {entry.record}, not {cid}"
+        )
+    ours = (record.job, record.run, record.round, record.coordinator)
+    if (step.job, step.run, step.round, step.coordinator) != ours:
+        raise MessageError(
+            Reason.MALFORMED, f"step record {cid} is of another job, run, round or coordinator"
+        )
+    if entry.output != step.output:
+        raise MessageError(
+            Reason.MALFORMED,
+            f"step {step.step!r}'s output is {step.output}, the round says {entry.output}",
+        )
+
+
+def _step_node(entry: RoundStep) -> dict[str, Any]:
+    if entry.failed is not None:
+        return {"step": entry.step, "failed": entry.failed}
+    return {"step": entry.step, "record": entry.record, "output": entry.output}
+
+
+def _unsigned_node(rec: SteppedRoundRecord) -> dict[str, Any]:
+    return {
+        "type": RECORD_TYPE_STEPPED,
+        "job": rec.job,
+        "run": rec.run,
+        "round": rec.round,
+        "steps": [_step_node(s) for s in rec.steps],
+        "output": rec.output,
+        "prev": rec.prev,
+        "coordinator": rec.coordinator,
+    }
+
+
+def encode_stepped_record(rec: SteppedRoundRecord, key: SigningKey) -> tuple[CID, bytes]:
+    """The signed DAG-CBOR bytes of ``rec`` and their CID; ``key`` must be the coordinator's."""
+    return sign_node(_unsigned_node(rec), rec.coordinator, key, _WHAT)
+
+
+def decode_stepped_record(
+    data: bytes, *, cid: CID | None = None, max_bytes: int = MAX_RECORD_BYTES
+) -> SteppedRoundRecord:
+    """Check ``data`` against ``cid`` (IntegrityError), its schema and the coordinator's signature.
+
+    Refusals: ``IntegrityError`` for a hash mismatch, ``MessageError`` with reason
+    too-large, malformed or bad-signature otherwise.
+    """
+    node, sig = open_node(data, cid, max_bytes, _KEYS, _WHAT)
+    if node["type"] != RECORD_TYPE_STEPPED:
+        raise MessageError(
+            Reason.MALFORMED, f"not a {RECORD_TYPE_STEPPED} node (type {node['type']!r:.40})"
+        )
+    if not isinstance(node["steps"], list):
+        raise MessageError(Reason.MALFORMED, "`steps` must be an array")
+    steps = []
+    for i, item in enumerate(node["steps"]):
+        entry = exact_keys(f"steps[{i}]", item, frozenset({"step"}), _CLOSED_KEYS | _FAILED_KEYS)
+        if set(entry) not in (_CLOSED_KEYS, _FAILED_KEYS):
+            raise MessageError(
+                Reason.MALFORMED,
+                f"`steps[{i}]` has keys {sorted(entry)}: either record and output, or failed",
+            )
+        steps.append(
+            RoundStep(
+                step=entry["step"],
+                record=entry.get("record"),
+                output=entry.get("output"),
+                failed=entry.get("failed"),
+            )
+        )
+    prev = node["prev"]
+    rec = SteppedRoundRecord(
+        job=node["job"],
+        run=node["run"],
+        round=node["round"],
+        steps=tuple(steps),
+        output=check_link("output", node["output"]),
+        prev=None if prev is None else check_link("prev", prev),
+        coordinator=node["coordinator"],
+    )
+    check_signed(node, _unsigned_node(rec), rec.coordinator, sig, _WHAT)
+    return rec

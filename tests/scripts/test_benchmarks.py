@@ -1,0 +1,77 @@
+"""benchmarks/: one runner, ``python -m benchmarks <name> [args]``, over every benchmark, each
+importing the shared helpers as a package with no ``sys.path`` edits (issue 26)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCHMARKS = sorted(p.stem.removeprefix("bench_") for p in (ROOT / "benchmarks").glob("bench_*.py"))
+
+
+def _runner(*args, timeout=120):
+    """``python -m benchmarks ARGS`` from the repository root, as the README runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "benchmarks", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_the_runner_lists_every_benchmark_with_what_it_measures():
+    done = _runner("--list")
+    assert done.returncode == 0, done.stderr
+    rows = [line.split(maxsplit=1) for line in done.stdout.splitlines()]
+    assert [row[0] for row in rows] == BENCHMARKS
+    assert all(len(row) == 2 for row in rows), done.stdout  # a description each
+
+
+@pytest.mark.parametrize("name", BENCHMARKS)
+def test_each_benchmark_takes_its_arguments_through_the_runner(name):
+    done = _runner(name, "--help")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: "), done.stdout
+
+
+def test_an_unknown_benchmark_is_refused_with_the_list():
+    done = _runner("no-such-bench")
+    assert done.returncode == 2
+    assert "no benchmark 'no-such-bench'" in done.stderr and "\nstore " in done.stderr
+
+
+def test_no_code_edits_sys_path():
+    edits = re.compile(r"sys\.path\.(insert|append|extend)|sys\.path\s*[+]?=")
+    found = [
+        str(path.relative_to(ROOT))
+        for folder in ("benchmarks", "scripts", "examples", "src")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if edits.search(path.read_text(encoding="utf-8"))
+    ]
+    assert found == []
+
+
+def test_announce_runs_at_its_smallest_size():
+    done = _runner("announce", "--peers", "8", "--json")
+    assert done.returncode == 0, done.stderr
+    assert '"peers": 8' in done.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name, args",
+    [
+        ("store", ["--mib", "1", "--repeat", "1"]),  # its peak-RSS probes are child processes
+        ("memory", ["--peers", "2", "--mib", "1"]),  # its coordinator is a child process
+    ],
+)
+def test_benchmarks_with_child_processes_run_at_their_smallest_size(kubo_binary, name, args):
+    done = _runner(name, *args, "--kubo", str(kubo_binary), "--json", timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.lstrip().startswith("{"), done.stdout
