@@ -19,6 +19,8 @@ GradstoreError
 ├── AggregationError (ValueError)     inputs an aggregator cannot honestly combine
 │   └── TooManyInputsError            more inputs than a method takes in bounded memory
 ├── CoordinatorError                  a job or round cannot proceed
+│   ├── ConfigError (ValueError)      bad configuration: a job file, a key, a strategy's options
+│   ├── RefusedError                  an input refused; carries ``code``, ``detail``, ``reason``
 │   ├── RoundFailedError              the coordinator says a round ended without an aggregate
 │   └── UncoveredTensorError          a tensor name no step of the job covers; names the ``tensor``
 ├── AuditError                        an independent re-check failed; carries the ``check`` name
