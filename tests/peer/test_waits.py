@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from gradstore.coordinator import Coordinator, RoundOutcome
-from gradstore.errors import RefusedError
+from gradstore.errors import Reason, RefusedError
 from gradstore.messages import decode_record
 from gradstore.node import KuboNode
 from gradstore.peer import Peer
@@ -53,16 +53,26 @@ class _DropPublishes(httpx.AsyncBaseTransport):
 
 
 @pytest.mark.parametrize(
-    ("quorum", "told", "within_s"),
+    ("quorum", "told", "code", "within_s"),
     [
         # the round failed: nothing more will come, the peer raises as soon as it hears
-        (2, "round 0 failed: quorum not met: 1 verified of 2 needed", 3.0),
+        (
+            2,
+            "round 0 failed: quorum not met: 1 verified of 2 needed",
+            Reason.ROUND_FAILED,
+            3.0,
+        ),
         # the round closed without it: it waits its grace for a word, then raises
-        (1, "round 0 closed without this peer's input", _OVER_GRACE_S + 2.0),
+        (
+            1,
+            "round 0 closed without this peer's input",
+            Reason.ROUND_OVER,
+            _OVER_GRACE_S + 2.0,
+        ),
     ],
 )
 def test_a_peer_left_out_of_a_round_raises_within_its_grace_not_its_timeout(  # type: ignore[no-untyped-def]
-    kubo_factory, tmp_path: Path, quorum: int, told: str, within_s: float
+    kubo_factory, tmp_path: Path, quorum: int, told: str, code: Reason, within_s: float
 ) -> None:
     daemons = kubo_factory(3, connect=True)
     # two rounds: the coordinator goes on repeating itself while the peer waits
@@ -105,6 +115,7 @@ def test_a_peer_left_out_of_a_round_raises_within_its_grace_not_its_timeout(  # 
                 await asyncio.wait_for(task, 30)
             assert lost.dropped >= 1
             assert told in str(info.value) and info.value.reason == told
+            assert (info.value.code, info.value.round, info.value.peer) == (code, 0, peers[0].did)
             heard = raised - ended[0]
             print(f"peer 0 raised {heard:.2f} s after round 0 ended ({raised - started:.2f} s)")
             assert heard < within_s, f"raised {heard:.1f} s after the round ended"

@@ -35,6 +35,7 @@ from ..errors import (
     IntegrityError,
     MessageError,
     NodeError,
+    Reason,
     TooManyInputsError,
 )
 from ..format import CompressedGradient, Gradient, encode
@@ -104,7 +105,7 @@ async def fetch_record(node: Node, cid: CID | str) -> tuple[CID, RoundRecord]:
     except CIDError as exc:
         raise AuditError("record-cid", f"round record {rcid}: {exc}") from exc
     except MessageError as exc:
-        check = "record-signature" if exc.reason == "bad-signature" else "record-format"
+        check = "record-signature" if exc.code is Reason.BAD_SIGNATURE else "record-format"
         raise AuditError(check, f"round record {rcid}: {exc}") from exc
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
 
+from ..errors import Reason, reason_text
 from ..messages import Announce
 
 
@@ -37,14 +38,14 @@ class Admission:
     """What to do with one announcement, and why."""
 
     verdict: Verdict
-    reason: str = ""  # a reason code: stale-round, conflicting-cid, ...
+    reason: Reason | None = None  # its code: stale-round, conflicting-cid, ... (None: accepted)
     detail: str = ""  # one line for logs and for the peer
     tell: bool = False  # whether the peer hears of the refusal (in its round's status)
 
     @property
     def text(self) -> str:
         """``"reason: detail"``, what logs and statuses carry."""
-        return f"{self.reason}: {self.detail}" if self.detail else self.reason
+        return "" if self.reason is None else reason_text(self.reason, self.detail)
 
 
 ACCEPT = Admission(Verdict.ACCEPT)
@@ -68,13 +69,15 @@ def admit(ann: Announce, state: AdmissionState, now_ms: int) -> Admission:
     """Accept, ignore as a duplicate, or refuse (with a reason) one verified announcement."""
     if ann.run != state.run:
         return Admission(
-            Verdict.REFUSE, "wrong-run", f"announcement is for run {ann.run}, this is {state.run}"
+            Verdict.REFUSE,
+            Reason.WRONG_RUN,
+            f"announcement is for run {ann.run}, this is {state.run}",
         )
     skew = ann.sent_at - now_ms
     if abs(skew) > state.max_skew_ms:
         return Admission(
             Verdict.REFUSE,
-            "clock-skew",
+            Reason.CLOCK_SKEW,
             f"stamped {skew / 1000:+.1f} s from the coordinator's clock "
             f"(the job allows {state.max_skew_ms / 1000:.0f} s)",
         )
@@ -82,24 +85,24 @@ def admit(ann: Announce, state: AdmissionState, now_ms: int) -> Admission:
     if r < open_:
         return Admission(
             Verdict.REFUSE,
-            "stale-round",
+            Reason.STALE_ROUND,
             f"round {r} is over (round {open_} is open)",
             tell=r >= open_ - TELL_WINDOW,
         )
     if r > open_ + state.max_ahead:
         return Admission(
             Verdict.REFUSE,
-            "future-round",
+            Reason.FUTURE_ROUND,
             f"round {r} is too far ahead (round {open_} is open, {state.max_ahead} ahead allowed)",
             tell=r <= open_ + state.max_ahead + TELL_WINDOW,
         )
     known = state.announced.get((r, ann.peer))
     if known is not None:
         if known == ann.cid:
-            return Admission(Verdict.DUPLICATE, "duplicate")
+            return Admission(Verdict.DUPLICATE, Reason.DUPLICATE)
         return Admission(
             Verdict.REFUSE,
-            "conflicting-cid",
+            Reason.CONFLICTING_CID,
             f"round {r}: already announced {known}, the first announcement counts",
             tell=True,
         )
