@@ -14,7 +14,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Final, overload
 
@@ -29,10 +29,11 @@ from ..errors import (
     Reason,
     RefusedError,
     RoundFailedError,
+    StepError,
     reason_detail,
 )
 from ..format import CompressedGradient, Gradient
-from ..job import JobConfig
+from ..job import DEFAULT_STEP, JobConfig
 from ..messages import (
     Announce,
     PeerLists,
@@ -47,7 +48,8 @@ from ..messages import (
 from ..messages.refusal_log import RefusalLog
 from ..node import Node, Retry, follow
 from ..store import GradientStore
-from ._view import CoordinatorView, Standing
+from ._steps import G, PeerSteps
+from ._view import CoordinatorView, Outcome, Standing
 
 log = logging.getLogger("gradstore.peer")
 
@@ -63,13 +65,39 @@ _LISTS_CACHE: Final = 16
 
 @dataclass(frozen=True)
 class AggregateResult:
-    """A round's verified result: the coordinator's signed message and the fetched aggregate."""
+    """A round's verified result: the coordinator's signed message and the fetched aggregate.
+
+    With ``step`` (a stepped job), one step's: ``cid`` its aggregate, ``record`` its step
+    record. A stepped round's own result (step None) has the model-level output as ``cid``
+    and its round/5 record as ``record``.
+    """
 
     round: int
     cid: CID
     record: CID
     peers: tuple[str, ...]
     gradient: Gradient
+    step: str | None = None
+
+
+@dataclass(frozen=True)
+class StepFailed:
+    """A step of a round that ended without an aggregate, and why (``step_results`` yields
+    it; step None: the round of a job without steps)."""
+
+    round: int
+    step: str | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class _Input:
+    """One input a peer announces: its CID, round, sample count and step."""
+
+    cid: CID
+    round: int
+    num_samples: int
+    step: str | None
 
 
 class Peer:
@@ -103,7 +131,9 @@ class Peer:
         self.coordinator_timeout_s = coordinator_timeout_s
         self.clock = clock
         self.announcements_sent = 0
-        self.view = CoordinatorView(config.roster)
+        #: The job's steps as this peer publishes them (which are its own, cutting).
+        self.steps = PeerSteps(config, None if key is None else key.did)
+        self.view = CoordinatorView(config.roster, self.steps.names if config.stepped else ())
         self._heard_at: float | None = None  # monotonic time of the last fresh coordinator message
         self._started_at = 0.0
         self._listening_since_ms = 0
@@ -171,6 +201,15 @@ class Peer:
             if not isinstance(parsed, Status | Result):
                 continue
             if not self._fresh(parsed.sent_at):
+                continue
+            if not self.view.knows(parsed.step):  # signed, but about no step of this job
+                if self._ignored.refused("unknown-step", None, time.monotonic()):
+                    log.warning(
+                        "ignored a %s about step %r, which job %s does not have",
+                        parsed.kind.value,
+                        parsed.step,
+                        cfg.job,
+                    )
                 continue
             try:
                 lists = await self._lists_of(parsed)
@@ -262,32 +301,101 @@ class Peer:
         round_: int,
         num_samples: int,
         *,
+        step: str | None = None,
         wait: bool = True,
         timeout: float | None = None,
     ) -> CID:
         """Store ``gradient`` (pinned on our node) and announce it until the coordinator has it.
 
         A ``CompressedGradient`` (``gradstore.compress``) is stored as a gradstore/2 document;
-        the coordinator decompresses it when it aggregates.
+        the coordinator decompresses it when it aggregates. In a stepped job ``step`` names
+        one of this peer's steps, and ``gradient`` (that step's tensors, or a whole gradient)
+        is cut down to the step's tensors; ``StepError`` says what does not fit, before
+        anything is stored.
 
         With ``wait`` (the default) it returns once the coordinator verified the input, and
         raises ``RefusedError`` with the coordinator's reason as soon as it refuses or
         excludes it. Without ``wait`` it returns after the first announcement.
         """
-        cid = await self.store.put(self.prepare(gradient, round_, num_samples))
-        return await self.announce(cid, round_, num_samples, wait=wait, timeout=timeout)
+        document = self.prepare(gradient, round_, num_samples, step=step)
+        cid = await self.store.put(document)
+        return await self.announce(cid, round_, num_samples, step=step, wait=wait, timeout=timeout)
+
+    async def publish_steps(
+        self,
+        gradient: Gradient | CompressedGradient,
+        round_: int,
+        num_samples: int,
+        *,
+        wait: bool = True,
+        timeout: float | None = None,
+    ) -> dict[str, CID]:
+        """Publish every step of this peer from one whole gradient: each step's tensors are
+        stored and announced in the job's (backward) order, then each is awaited as
+        ``publish`` awaits one. Returns each step's CID by name.
+
+        Every step is cut and checked before anything is stored. With ``wait``, a refusal of
+        one step does not stop the others' announcements: once every step has its verdict,
+        the first step's error (in the job's order) is raised. A job without steps publishes
+        ``gradient`` whole, under its one step's name (``job.DEFAULT_STEP``).
+        """
+        key = self._signer()
+        if not self.config.stepped:
+            cid = await self.publish(gradient, round_, num_samples, wait=wait, timeout=timeout)
+            return {DEFAULT_STEP: cid}
+        if not self.steps.mine:
+            raise StepError(f"{key.did} is among the peers of no step of job {self.config.job!r}")
+        parts = self.steps.cut_steps(gradient, [s.name for s in self.steps.mine])
+        deadline = None if timeout is None else time.monotonic() + timeout
+        await self._await_run(round_, timeout, deadline)
+        sent: dict[str, tuple[_Input, str, int]] = {}
+        for step, part in parts.items():
+            cid = await self.store.put(self._with_meta(key, part, round_, num_samples, step))
+            one = _Input(cid, round_, num_samples, step)
+            sent[step] = (one, *await self._send(key, one))
+        if wait:
+            outcomes = await asyncio.gather(
+                *(
+                    self._until_verified(key, one, run, at, deadline, timeout)
+                    for one, run, at in sent.values()
+                ),
+                return_exceptions=True,
+            )
+            for outcome in outcomes:
+                if isinstance(outcome, BaseException):
+                    raise outcome
+        return {step: one.cid for step, (one, _, _) in sent.items()}
 
     @overload
-    def prepare(self, gradient: Gradient, round_: int, num_samples: int) -> Gradient: ...
+    def prepare(
+        self, gradient: Gradient, round_: int, num_samples: int, *, step: str | None = None
+    ) -> Gradient: ...
     @overload
     def prepare(
-        self, gradient: CompressedGradient, round_: int, num_samples: int
+        self,
+        gradient: CompressedGradient,
+        round_: int,
+        num_samples: int,
+        *,
+        step: str | None = None,
     ) -> CompressedGradient: ...
     def prepare(
-        self, gradient: Gradient | CompressedGradient, round_: int, num_samples: int
+        self,
+        gradient: Gradient | CompressedGradient,
+        round_: int,
+        num_samples: int,
+        *,
+        step: str | None = None,
     ) -> Gradient | CompressedGradient:
-        """``gradient`` with the meta ``publish`` stores it with (round, peer, job, ...)."""
+        """``gradient`` as ``publish`` stores it: cut down to ``step`` (a stepped job's), with
+        the meta that binds it (round, peer, job, ..., and the step)."""
         key = self._signer()
+        step = self.steps.check(step)
+        return self._with_meta(key, self.steps.cut(gradient, step), round_, num_samples, step)
+
+    def _with_meta(
+        self, key: SigningKey, gradient: G, round_: int, num_samples: int, step: str | None
+    ) -> G:
         meta = dict(gradient.meta)
         meta.update(
             {
@@ -298,6 +406,8 @@ class Peer:
                 "job": self.config.job,
             }
         )
+        if step is not None:
+            meta["step"] = step
         return dataclasses.replace(gradient, meta=meta)
 
     def _signer(self) -> SigningKey:
@@ -313,54 +423,86 @@ class Peer:
         round_: int,
         num_samples: int,
         *,
+        step: str | None = None,
         wait: bool = True,
         timeout: float | None = None,
     ) -> CID:
         """Announce a gradient already stored (and pinned) on our node; see ``publish``."""
         key = self._signer()
+        step = self.steps.check(step)
         deadline = None if timeout is None else time.monotonic() + timeout
+        await self._await_run(round_, timeout, deadline)
+        one = _Input(cid, round_, num_samples, step)
+        run, sent_at = await self._send(key, one)
+        if wait:
+            await self._until_verified(key, one, run, sent_at, deadline, timeout)
+        return cid
+
+    async def _await_run(self, round_: int, timeout: float | None, deadline: float | None) -> None:
+        """Wait until the coordinator's run is known (announcements carry it)."""
         if not await self._wait(lambda: self.run is not None, None, deadline):
             raise TimeoutError(f"round {round_}: no word from the coordinator in {timeout}s")
+
+    async def _send(self, key: SigningKey, one: _Input) -> tuple[str, int]:
+        """Announce ``one`` once to the current run; returns the run and the stamp."""
+        run = self.run
+        assert run is not None
+        announce = Announce(
+            job=self.config.job,
+            run=run,
+            round=one.round,
+            step=one.step,
+            peer=key.did,
+            cid=str(one.cid),
+            num_samples=one.num_samples,
+            sent_at=int(self.clock() * 1000),
+        )
+        await self.node.publish(self.config.gradients_topic, encode_message(announce, key))
+        self.announcements_sent += 1
+        return run, announce.sent_at
+
+    async def _until_verified(
+        self,
+        key: SigningKey,
+        one: _Input,
+        run: str,
+        sent_at: int,
+        deadline: float | None,
+        timeout: float | None,
+    ) -> None:
+        """After the first announcement (to ``run``, stamped ``sent_at``): announce again with
+        backoff until the coordinator verified the input; RefusedError if it will not."""
         delays = Retry(
             retries=None, backoff=self.first_backoff_s, max_backoff=self.max_backoff_s
         ).delays()
         delay = next(delays)
-        while True:
-            run = self.run
-            assert run is not None
-            announce = Announce(
-                job=self.config.job,
-                run=run,
-                round=round_,
-                peer=key.did,
-                cid=str(cid),
-                num_samples=num_samples,
-                sent_at=int(self.clock() * 1000),
-            )
-            await self.node.publish(self.config.gradients_topic, encode_message(announce, key))
-            self.announcements_sent += 1
-            if not wait:
-                return cid
-            if await self._verdict(round_, run, announce.sent_at, delay, deadline):
-                return cid
+        while not await self._verdict(one.round, run, sent_at, delay, deadline, one.step):
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(
-                    f"round {round_}: the coordinator did not verify {cid} in {timeout}s"
+                    f"round {one.round}{_of(one.step)}: the coordinator did not verify "
+                    f"{one.cid} in {timeout}s"
                 )
             delay = next(delays)
+            run, sent_at = await self._send(key, one)
 
     async def _verdict(
-        self, round_: int, run: str, since_ms: int, delay: float, deadline: float | None
+        self,
+        round_: int,
+        run: str,
+        since_ms: int,
+        delay: float,
+        deadline: float | None,
+        step: str | None = None,
     ) -> bool:
         """After an announcement stamped ``since_ms``: True once verified; False to announce
         again (not heard of within ``delay``, the run changed, or the deadline passed);
-        RefusedError if refused, or as soon as the round failed. Only statuses stamped after
-        the announcement count."""
+        RefusedError if refused, or as soon as the round (or its step) failed. Only
+        statuses stamped after the announcement count."""
         assert self.key is not None
         did = self.key.did
 
         def standing() -> tuple[Standing, str | None]:
-            return self.view.standing(round_, did, since_ms)
+            return self.view.standing(round_, did, since_ms, step)
 
         def moved() -> bool:
             return self.run != run or standing()[0] is not Standing.UNKNOWN
@@ -375,14 +517,14 @@ class Peer:
             if where is Standing.VERIFIED:
                 return True
             if where in (Standing.REFUSED, Standing.FAILED):
-                raise _refusal(where, reason, self.config.job, round_, did)
+                raise _refusal(where, reason, self.config.job, round_, did, step)
             if where is Standing.UNKNOWN:
                 return False
             until = deadline
             if where is Standing.OVER:
                 over_until = over_until or time.monotonic() + _OVER_GRACE_S
                 if time.monotonic() >= over_until:
-                    raise _refusal(where, reason, self.config.job, round_, did)
+                    raise _refusal(where, reason, self.config.job, round_, did, step)
                 until = over_until if deadline is None else min(deadline, over_until)
             before = (where, reason)
 
@@ -395,48 +537,111 @@ class Peer:
         return False
 
     # -- results -------------------------------------------------------------------------
-    async def await_result(self, round_: int, *, timeout: float | None = None) -> AggregateResult:
-        """Wait for the round's signed result, then fetch and verify the aggregate.
+    async def await_result(
+        self, round_: int, *, step: str | None = None, timeout: float | None = None
+    ) -> AggregateResult:
+        """Wait for the round's signed result (or, in a stepped job, its ``step``'s), then
+        fetch and verify the aggregate.
 
-        Raises ``RoundFailedError`` as soon as the coordinator's status says the round
-        failed, and ``CoordinatorError`` when the coordinator is silent for
-        ``coordinator_timeout_s``.
+        Without ``step``, a stepped round's result is the model-level output (every closed
+        step's tensors) and its round/5 record. Raises ``RoundFailedError`` as soon as the
+        coordinator's status says the round (or the step) failed, and ``CoordinatorError``
+        when the coordinator is silent for ``coordinator_timeout_s``.
         """
+        step = self.steps.known(step)
         deadline = None if timeout is None else time.monotonic() + timeout
         # a result stamped before we began to listen may be a replay from an earlier run;
         # the coordinator re-sends its last result with a fresh stamp, so wait for that one
         since_ms = self._listening_since_ms
 
         def known() -> bool:
-            result, failed = self.view.outcome(round_, since_ms)
-            return result is not None or failed is not None
+            return self.view.outcome(round_, since_ms, step).known
 
         if not await self._wait(known, None, deadline):
             raise TimeoutError(
-                f"no result for round {round_} of job {self.config.job} within {timeout}s"
+                f"no result for round {round_}{_of(step)} of job {self.config.job} "
+                f"within {timeout}s"
             )
-        result, failed = self.view.outcome(round_, since_ms)
-        if result is None:
-            raise RoundFailedError(self.config.job, round_, failed or "failed")
-        view = self.view.current
-        assert view is not None
-        peers = self.config.roster.members(view.rounds[round_].result_peers)
+        outcome = self.view.outcome(round_, since_ms, step)
+        if outcome.result is None:
+            raise RoundFailedError(self.config.job, round_, outcome.failed or "failed", step=step)
+        return await self._fetch(round_, step, outcome)
+
+    async def step_results(
+        self, round_: int, *, timeout: float | None = None
+    ) -> AsyncIterator[AggregateResult | StepFailed]:
+        """Each step's result of ``round_`` as the step ends, in the order they end: an
+        ``AggregateResult`` (with its aggregate fetched and verified) for a step that closed,
+        a ``StepFailed`` for one that failed, so one failed step hides no other. It yields
+        every step of the job, not only this peer's (applying the round needs every
+        step's aggregate), and stops once each has ended.
+
+        A job without steps yields its round's result (or failure, step None) once.
+        ``TimeoutError`` if no further step ends within ``timeout`` of the call;
+        ``CoordinatorError`` as ``await_result``.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        since_ms = self._listening_since_ms
+        if not self.config.stepped:
+            try:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                yield await self.await_result(round_, timeout=left)
+            except RoundFailedError as exc:
+                yield StepFailed(round_, None, exc.reason)
+            return
+        done: set[str] = set()
+
+        def ended() -> list[tuple[str, Outcome]]:
+            return [e for e in self.view.steps_ended(round_, since_ms) if e[0] not in done]
+
+        while len(done) < len(self.steps.names):
+            if not await self._wait(lambda: bool(ended()), None, deadline):
+                waiting = [s for s in self.steps.names if s not in done]
+                raise TimeoutError(
+                    f"round {round_} of job {self.config.job}: steps {waiting} did not end "
+                    f"within {timeout}s"
+                )
+            for step, outcome in ended():
+                done.add(step)
+                if outcome.result is None:
+                    yield StepFailed(round_, step, outcome.failed or "failed")
+                else:
+                    yield await self._fetch(round_, step, outcome)
+
+    async def _fetch(self, round_: int, step: str | None, outcome: Outcome) -> AggregateResult:
+        """The closed round's (or step's) result with its aggregate fetched from the node."""
+        result = outcome.result
+        assert result is not None
         gradient = await self.store.get(result.cid)
         return AggregateResult(
-            round_, CID.parse(result.cid), CID.parse(result.record), peers, gradient
+            round_,
+            CID.parse(result.cid),
+            CID.parse(result.record),
+            self.config.roster.members(outcome.peers),
+            gradient,
+            step,
         )
 
 
-def _refusal(where: Standing, reason: str | None, job: str, round_: int, peer: str) -> RefusedError:
+def _of(step: str | None) -> str:
+    """What a message about a step adds after its round (nothing without a step)."""
+    return "" if step is None else f", step {step!r},"
+
+
+def _refusal(
+    where: Standing, reason: str | None, job: str, round_: int, peer: str, step: str | None
+) -> RefusedError:
     """What a peer raises when its coordinator's statuses say its input will not be aggregated:
     the status's own refusal (its code read, ``UNKNOWN`` if this version does not know it),
-    or the peer's reading that the round failed or ended without it."""
+    or the peer's reading that the round (or its step) failed or ended without it."""
     if where is Standing.REFUSED:
-        return RefusedError.parse(reason or Reason.REFUSED, peer=peer, round_=round_, job=job)
+        return RefusedError.parse(
+            reason or Reason.REFUSED, peer=peer, round_=round_, job=job, step=step
+        )
     code = Reason.ROUND_FAILED if where is Standing.FAILED else Reason.ROUND_OVER
     text = reason or ("failed" if where is Standing.FAILED else "round over")
     detail = reason_detail(text) or text
-    return RefusedError(code, detail, reason=text, peer=peer, round_=round_, job=job)
+    return RefusedError(code, detail, reason=text, peer=peer, round_=round_, job=job, step=step)
 
 
 def apply(
