@@ -18,7 +18,11 @@ def add_compress_options(parser: argparse.ArgumentParser, *, peer: bool) -> None
     """
     group = parser.add_argument_group("compression")
     group.add_argument("--compress", metavar="SPEC", default=None, help=SPEC_HELP)
-    where = "default: KEY.residual-JOB next to the key" if peer else "default: none"
+    where = (
+        "default: KEY.residual-JOB next to the key, KEY.residual-JOB@STEP with --step"
+        if peer
+        else "default: none"
+    )
     group.add_argument(
         "--residual",
         metavar="PATH",

@@ -16,10 +16,16 @@ from ..errors import CompressionError
 from ..format import CompressedGradient, Gradient
 
 
-def residual_next_to_key(key: str | Path, job: str) -> Path:
-    """``KEY.residual-JOB`` in the key's folder (the job name made safe for a file name)."""
+def residual_next_to_key(key: str | Path, job: str, step: str | None = None) -> Path:
+    """``KEY.residual-JOB`` in the key's folder (the job name made safe for a file name), and
+    ``KEY.residual-JOB@STEP`` for one step of a stepped job (``@`` is in no job or step name)."""
     path = Path(key)
-    return path.with_name(f"{path.name}.residual-{re.sub(r'[^A-Za-z0-9._-]', '_', job)}")
+    name = f"{path.name}.residual-{_safe(job)}"
+    return path.with_name(name if step is None else f"{name}@{_safe(step)}")
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)
 
 
 def compressed_update(

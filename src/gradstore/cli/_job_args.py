@@ -39,6 +39,13 @@ def register(sub: Any) -> None:
     p.add_argument("--config", required=True, help="job file (TOML)")
     p.add_argument("--key", required=True, help="this peer's key file")
     p.add_argument("--round", type=int, required=True)
+    p.add_argument(
+        "--step",
+        metavar="NAME",
+        default=None,
+        help="a job with [[steps]]: publish only this step (the file's other steps' tensors are "
+        "left out); without it, every step of this peer is announced, one line STEP CID each",
+    )
     p.add_argument("--num-samples", type=int, default=1)
     p.add_argument("--no-wait", action="store_true", help="return after the first announcement")
     p.add_argument("--timeout", type=float, default=None, help="give up after S seconds")
@@ -49,6 +56,13 @@ def register(sub: Any) -> None:
     p = psub.add_parser("await", help="wait for a round's result, verify and save the aggregate")
     p.add_argument("--config", required=True, help="job file (TOML)")
     p.add_argument("--round", type=int, required=True)
+    p.add_argument(
+        "--step",
+        metavar="NAME",
+        default=None,
+        help="a job with [[steps]]: wait for this step's aggregate only (without it: the "
+        "round's model-level output, once every step has ended)",
+    )
     p.add_argument(
         "-o",
         "--output",

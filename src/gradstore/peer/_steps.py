@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from ..errors import StepError
+from ..errors import ConfigError, StepError
 from ..format import CompressedGradient, Gradient
 from ..job import JobConfig, StepConfig, StepsPlan
 
@@ -21,9 +21,12 @@ G = TypeVar("G", bound=Gradient | CompressedGradient)
 
 
 class PeerSteps:
-    """A job's steps as one peer sees them: the steps it may publish, and cutting."""
+    """A job's steps as one peer (``did``; None: a listener without a key) sees them: the
+    steps it may publish, and cutting. A did that is not the job's is a ``ConfigError``."""
 
     def __init__(self, config: JobConfig, did: str | None) -> None:
+        if did is not None and did not in config.roster:
+            raise ConfigError(f"{did} is not among the job's peers")
         self.config = config
         self.did = did
         self.plan: StepsPlan = config.plan
