@@ -16,8 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gradstore.compress import load_residual
 from gradstore.dag import CID
-from gradstore.format import Gradient
+from gradstore.format import CompressedGradient, Gradient
 from gradstore.job import JobConfig
 from gradstore.messages import SigningKey
 from gradstore.node import KuboDaemon
@@ -125,17 +126,19 @@ def test_peer_publish_and_await_steps_on_kubo(kubo_factory, tmp_path: Path) -> N
                 # peer 0, one step of its whole file
                 p = await _gradstore(tmp_path, "body", "peer", "publish", "--config", job,
                                      "--key", key_files[0], "--round", 0, "--step", "body",
-                                     grad, *api)  # fmt: skip
+                                     "--compress", "bf16", grad, *api)  # fmt: skip
                 procs.append(p)
                 heard = await c.announcement(lambda a: a.step == "body", timeout=60)
-                doc = await GradientStore(coord_node).get(CID.parse(heard.msg.cid))
+                doc = await GradientStore(coord_node).get_any(CID.parse(heard.msg.cid))
+                assert isinstance(doc, CompressedGradient)  # the step's tensors, compressed
                 assert sorted(doc.tensors) == sorted(STEP_TENSORS["body"])
                 assert doc.meta["step"] == "body"
                 await c.status(0, "body", verified=dids[:1])
                 assert await _finish(tmp_path, "body", p) == [heard.msg.cid]
                 # peer 1, without --step: each of its steps, in the job's order
                 p = await _gradstore(tmp_path, "mine", "peer", "publish", "--config", job,
-                                     "--key", key_files[1], "--round", 0, grad, *api)  # fmt: skip
+                                     "--key", key_files[1], "--round", 0, "--compress", "bf16",
+                                     grad, *api)  # fmt: skip
                 procs.append(p)
                 head = await c.announcement(lambda a: a.peer == dids[1] and a.step == "head")
                 embed = await c.announcement(lambda a: a.peer == dids[1] and a.step == "embed")
@@ -181,3 +184,9 @@ def test_peer_publish_and_await_steps_on_kubo(kubo_factory, tmp_path: Path) -> N
         np.testing.assert_array_equal(got["head.w"], whole.tensors["head.w"])
     with np.load(tmp_path / "round.npz") as got:
         assert sorted(got.files) == sorted(whole.tensors)
+    # error feedback: a residual per step with --step; without, one for all of the peer's steps
+    body = load_residual(tmp_path / "p0.key.residual-steps-job@body")
+    mine = load_residual(tmp_path / "p1.key.residual-steps-job")
+    assert body is not None and sorted(body) == sorted(STEP_TENSORS["body"])
+    assert mine is not None and sorted(mine) == sorted(STEP_TENSORS["head"] + STEP_TENSORS["embed"])
+    assert not (tmp_path / "p0.key.residual-steps-job").exists()
