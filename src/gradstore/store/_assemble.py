@@ -43,8 +43,9 @@ from ._store import GradientStore
 from ._stored import StoredDocument
 
 #: Tensor data is read in stretches ending on multiples of this in the model document, so
-#: the chunker cuts whole chunks out of them without copying.
-WINDOW: Final = 4 * CHUNK_SIZE
+#: the chunker cuts whole chunks out of them without copying; one chunk, so that the chunks
+#: the hashing threads hold keep no more than themselves alive.
+WINDOW: Final = CHUNK_SIZE
 #: The ``kind`` in the meta of a step's output (``messages.step_aggregate_meta``).
 STEP_KIND: Final = "aggregate"
 
@@ -71,6 +72,7 @@ async def open_output(node: Node, cid: CID | str, limits: Limits = DEFAULT_LIMIT
         window = np.empty(length, dtype=np.uint8)
         await document.read_into(start, window)
         walk.feed(window.data)
+    document.forget()
     return StepOutput(root, document, walk.header())
 
 
@@ -97,6 +99,12 @@ class ModelDocument(EncodedDocument):
         self._loop = loop
         self.outputs = tuple(outputs)
 
+    def __repr__(self) -> str:
+        return (
+            f"<ModelDocument size={self.size} tensors={len(self._sources)} "
+            f"from {len(self.outputs)} step outputs>"
+        )
+
     def __iter__(self) -> Iterator[memoryview]:
         try:
             running = asyncio.get_running_loop()
@@ -122,6 +130,7 @@ class ModelDocument(EncodedDocument):
                 asyncio.run_coroutine_threadsafe(read, self._loop).result()
                 yield window.data
                 at = end
+            document.forget()  # a leaf per step output would add up
             pos += info.nbytes
 
 
