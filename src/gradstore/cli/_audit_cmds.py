@@ -87,7 +87,7 @@ def _step_line(r: StepReport) -> str:
     return printable(
         f"ok step {rec.step} of round {rec.round} of job {rec.job}: step record {r.record_cid} "
         f"linked, {r.inputs} inputs re-fetched and verified ({r.input_bytes} tensor bytes), "
-        f"{len(r.tensors)} tensors as its selectors take, {rec.method} recomputed, weights and "
+        f"{len(r.tensors)} tensor(s) as its selectors take, {rec.method} recomputed, weights and "
         f"output {rec.output} match"
     )
 
