@@ -1,4 +1,5 @@
-"""Peer side of a job: publish a gradient for a round, await the round's aggregate.
+"""Peer side of a job: publish a gradient for a round (or each step of it), await the
+aggregate.
 
 Pubsub has no delivery guarantee, so a peer re-announces with backoff until the
 coordinator's signed status shows its input received, then waits until it is verified or
@@ -10,84 +11,32 @@ earlier run of the same job is trusted or answered.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
-import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, overload
-
-import numpy as np
 
 from ..dag import CID
 from ..errors import (
     ConfigError,
     CoordinatorError,
-    MessageError,
-    NodeError,
     Reason,
     RefusedError,
-    RoundFailedError,
     StepError,
     reason_detail,
 )
 from ..format import CompressedGradient, Gradient
 from ..job import DEFAULT_STEP, JobConfig
-from ..messages import (
-    Announce,
-    PeerLists,
-    Result,
-    SigningKey,
-    Status,
-    decode_lists,
-    encode_message,
-    inline_lists,
-    verify_message,
-)
-from ..messages.refusal_log import RefusalLog
-from ..node import Node, Retry, follow
-from ..store import GradientStore
+from ..messages import Announce, SigningKey, encode_message
+from ..node import Node, Retry
+from ._listen import DEFAULT_COORDINATOR_TIMEOUT_S
+from ._results import ResultListener, of_step
 from ._steps import G, PeerSteps
-from ._view import CoordinatorView, Outcome, Standing
-
-log = logging.getLogger("gradstore.peer")
-
-#: How long a peer waits for a word from its coordinator before saying it is not there.
-DEFAULT_COORDINATOR_TIMEOUT_S: Final = 15.0
+from ._view import Standing
 
 #: A round that is over without a word about our input: wait this long for its result.
 _OVER_GRACE_S: Final = 3.0
-
-#: Lists blocks a peer keeps (by CID), so a repeated status costs no fetch.
-_LISTS_CACHE: Final = 16
-
-
-@dataclass(frozen=True)
-class AggregateResult:
-    """A round's verified result: the coordinator's signed message and the fetched aggregate.
-
-    With ``step`` (a stepped job), one step's: ``cid`` its aggregate, ``record`` its step
-    record. A stepped round's own result (step None) has the model-level output as ``cid``
-    and its round/5 record as ``record``.
-    """
-
-    round: int
-    cid: CID
-    record: CID
-    peers: tuple[str, ...]
-    gradient: Gradient
-    step: str | None = None
-
-
-@dataclass(frozen=True)
-class StepFailed:
-    """A step of a round that ended without an aggregate, and why (``step_results`` yields
-    it; step None: the round of a job without steps)."""
-
-    round: int
-    step: str | None
-    reason: str
 
 
 @dataclass(frozen=True)
@@ -100,7 +49,7 @@ class _Input:
     step: str | None
 
 
-class Peer:
+class Peer(ResultListener):
     """One peer of a job, over one node. Use as ``async with Peer(...) as peer``.
 
     Without a key it can only await results (they are checked against the job's coordinator).
@@ -122,177 +71,19 @@ class Peer:
     ) -> None:
         if key is not None and key.did not in config.roster:
             raise ConfigError(f"{key.did} is not among the job's peers")
-        self.config = config
+        super().__init__(
+            config,
+            node,
+            coordinator_timeout_s=coordinator_timeout_s,
+            clock=clock,
+            listener=listener,
+        )
         self.key = key
-        self.node = node
-        self.store = GradientStore(node, limits=config.limits)
         self.first_backoff_s = first_backoff_s
         self.max_backoff_s = max_backoff_s
-        self.coordinator_timeout_s = coordinator_timeout_s
-        self.clock = clock
         self.announcements_sent = 0
         #: The job's steps as this peer publishes them (which are its own, cutting).
         self.steps = PeerSteps(config, None if key is None else key.did)
-        self.view = CoordinatorView(config.roster, self.steps.names if config.stepped else ())
-        self._heard_at: float | None = None  # monotonic time of the last fresh coordinator message
-        self._started_at = 0.0
-        self._listening_since_ms = 0
-        self._skew_warned = False
-        # junk on the results topic: a line per reason, then sums
-        self._ignored = RefusalLog(verb="ignored")
-        self._lists: dict[str, PeerLists] = {}
-        self._news = asyncio.Condition()
-        self._sub: object = None
-        self._reader: asyncio.Task[None] | None = None
-        self._listener = listener
-
-    async def __aenter__(self) -> Peer:
-        if self._listener is not None:
-            # Many peers in one process (simulations, benchmarks) hear the coordinator through
-            # one subscription: its messages are decoded and verified once, not once per peer.
-            hub = self._listener
-            if hub._reader is None:
-                raise CoordinatorError("enter the listener Peer before the peers that share it")
-            self.view, self._news, self._reader = hub.view, hub._news, hub._reader
-            self._started_at, self._listening_since_ms = hub._started_at, hub._listening_since_ms
-            return self
-        sub = self.node.subscribe(self.config.results_topic)
-        await sub.__aenter__()
-        self._sub = sub
-        self._started_at = time.monotonic()
-        self._listening_since_ms = int(self.clock() * 1000)
-        self._reader = asyncio.create_task(self._read(sub), name="peer-results-reader")
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._listener is not None:
-            return
-        if self._reader is not None:
-            self._reader.cancel()
-            await asyncio.gather(self._reader, return_exceptions=True)
-        if self._sub is not None:
-            await self._sub.__aexit__(None, None, None)  # type: ignore[attr-defined]
-
-    @property
-    def run(self) -> str | None:
-        """The coordinator's current run id, once heard."""
-        return None if self.view.current is None else self.view.current.run
-
-    # -- reading the coordinator ---------------------------------------------------------
-    async def _read(self, sub: object) -> None:
-        cfg = self.config
-        async for msg in follow(self.node, sub):  # type: ignore[arg-type]
-            summary = self._ignored.summary(time.monotonic())
-            if summary is not None:
-                log.warning("on %s: %s", cfg.results_topic, summary)
-            try:
-                parsed = verify_message(
-                    msg.data, job=cfg.job, coordinator=cfg.coordinator, peers=cfg.roster
-                )
-            except MessageError as exc:  # anyone can publish here: no sender to name
-                if self._ignored.refused(exc.reason, None, time.monotonic()):
-                    log.warning(
-                        "ignored a message on %s: %s (repeats are summed up every %.0f s)",
-                        cfg.results_topic,
-                        exc,
-                        self._ignored.every_s,
-                    )
-                continue
-            if not isinstance(parsed, Status | Result):
-                continue
-            if not self._fresh(parsed.sent_at):
-                continue
-            if not self.view.knows(parsed.step):  # signed, but about no step of this job
-                if self._ignored.refused("unknown-step", None, time.monotonic()):
-                    log.warning(
-                        "ignored a %s about step %r, which job %s does not have",
-                        parsed.kind.value,
-                        parsed.step,
-                        cfg.job,
-                    )
-                continue
-            try:
-                lists = await self._lists_of(parsed)
-            except (MessageError, NodeError, TimeoutError) as exc:
-                log.warning("ignored a %s whose lists cannot be read: %s", parsed.kind.value, exc)
-                continue
-            async with self._news:
-                if isinstance(parsed, Status):
-                    self.view.see_status(parsed, lists)
-                else:
-                    self.view.see_result(parsed, lists)
-                self._heard_at = time.monotonic()
-                self._news.notify_all()
-
-    def _fresh(self, sent_at: int) -> bool:
-        """Whether a message stamped ``sent_at`` (unix ms) is within the job's skew window."""
-        skew_ms = self.config.messages.max_clock_skew_s * 1000
-        off = sent_at - self.clock() * 1000
-        if abs(off) <= skew_ms:
-            return True
-        if not self._skew_warned:
-            self._skew_warned = True
-            log.warning(
-                "ignoring coordinator messages stamped %.0f s from this machine's clock "
-                "(the job allows %.0f s): replays of an earlier run, or a wrong clock here",
-                off / 1000,
-                skew_ms / 1000,
-            )
-        return False
-
-    async def _lists_of(self, msg: Status | Result) -> PeerLists:
-        """The message's peer lists: inline, or from the linked block (fetched and verified)."""
-        if msg.lists is None:
-            return inline_lists(msg)
-        cached = self._lists.get(msg.lists)
-        if cached is None:
-            data = await asyncio.wait_for(self.node.get_block(CID.parse(msg.lists)), 10.0)
-            cached = decode_lists(data, msg, self.config.roster)
-            if len(self._lists) >= _LISTS_CACHE:
-                self._lists.pop(next(iter(self._lists)))
-            self._lists[msg.lists] = cached
-        return cached
-
-    def _silent_for(self) -> float:
-        """Seconds since the coordinator was last heard (or since we started listening)."""
-        hub = self._listener or self
-        return time.monotonic() - (hub._heard_at or hub._started_at)
-
-    def _no_coordinator(self) -> CoordinatorError:
-        cfg = self.config
-        hub = self._listener or self
-        heard = "has not been heard" if hub._heard_at is None else "has been silent"
-        return CoordinatorError(
-            f"the coordinator of job {cfg.job} {heard} for {self._silent_for():.0f} s "
-            f"on {cfg.results_topic} (is `gradstore coordinator` running, and connected to "
-            "this node?)"
-        )
-
-    async def _wait(
-        self, ready: Callable[[], bool], step: float | None, deadline: float | None
-    ) -> bool:
-        """Wait until ``ready()``, ``step`` seconds from now, the deadline, or coordinator silence.
-
-        True when ready; raises the "no coordinator" error once the coordinator has been
-        silent for ``coordinator_timeout_s``. Messages that leave ``ready()`` false wake the
-        wait but do not restart ``step``: the coordinator repeats itself every few seconds.
-        """
-        until = deadline
-        if step is not None:
-            stop = time.monotonic() + step
-            until = stop if deadline is None else min(deadline, stop)
-        async with self._news:
-            while True:
-                if ready():
-                    return True
-                silent_left = self.coordinator_timeout_s - self._silent_for()
-                if silent_left <= 0:
-                    raise self._no_coordinator()
-                limit = silent_left if until is None else min(silent_left, until - time.monotonic())
-                if limit <= 0:
-                    return False
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._news.wait(), limit)
 
     # -- publishing ----------------------------------------------------------------------
     async def publish(
@@ -479,7 +270,7 @@ class Peer:
         while not await self._verdict(one.round, run, sent_at, delay, deadline, one.step):
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(
-                    f"round {one.round}{_of(one.step)}: the coordinator did not verify "
+                    f"round {one.round}{of_step(one.step)}: the coordinator did not verify "
                     f"{one.cid} in {timeout}s"
                 )
             delay = next(delays)
@@ -536,97 +327,6 @@ class Peer:
                 return False
         return False
 
-    # -- results -------------------------------------------------------------------------
-    async def await_result(
-        self, round_: int, *, step: str | None = None, timeout: float | None = None
-    ) -> AggregateResult:
-        """Wait for the round's signed result (or, in a stepped job, its ``step``'s), then
-        fetch and verify the aggregate.
-
-        Without ``step``, a stepped round's result is the model-level output (every closed
-        step's tensors) and its round/5 record. Raises ``RoundFailedError`` as soon as the
-        coordinator's status says the round (or the step) failed, and ``CoordinatorError``
-        when the coordinator is silent for ``coordinator_timeout_s``.
-        """
-        step = self.steps.known(step)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        # a result stamped before we began to listen may be a replay from an earlier run;
-        # the coordinator re-sends its last result with a fresh stamp, so wait for that one
-        since_ms = self._listening_since_ms
-
-        def known() -> bool:
-            return self.view.outcome(round_, since_ms, step).known
-
-        if not await self._wait(known, None, deadline):
-            raise TimeoutError(
-                f"no result for round {round_}{_of(step)} of job {self.config.job} "
-                f"within {timeout}s"
-            )
-        outcome = self.view.outcome(round_, since_ms, step)
-        if outcome.result is None:
-            raise RoundFailedError(self.config.job, round_, outcome.failed or "failed", step=step)
-        return await self._fetch(round_, step, outcome)
-
-    async def step_results(
-        self, round_: int, *, timeout: float | None = None
-    ) -> AsyncIterator[AggregateResult | StepFailed]:
-        """Each step's result of ``round_`` as the step ends, in the order they end: an
-        ``AggregateResult`` (with its aggregate fetched and verified) for a step that closed,
-        a ``StepFailed`` for one that failed, so one failed step hides no other. It yields
-        every step of the job, not only this peer's (applying the round needs every
-        step's aggregate), and stops once each has ended.
-
-        A job without steps yields its round's result (or failure, step None) once.
-        ``TimeoutError`` if no further step ends within ``timeout`` of the call;
-        ``CoordinatorError`` as ``await_result``.
-        """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        since_ms = self._listening_since_ms
-        if not self.config.stepped:
-            try:
-                left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                yield await self.await_result(round_, timeout=left)
-            except RoundFailedError as exc:
-                yield StepFailed(round_, None, exc.reason)
-            return
-        done: set[str] = set()
-
-        def ended() -> list[tuple[str, Outcome]]:
-            return [e for e in self.view.steps_ended(round_, since_ms) if e[0] not in done]
-
-        while len(done) < len(self.steps.names):
-            if not await self._wait(lambda: bool(ended()), None, deadline):
-                waiting = [s for s in self.steps.names if s not in done]
-                raise TimeoutError(
-                    f"round {round_} of job {self.config.job}: steps {waiting} did not end "
-                    f"within {timeout}s"
-                )
-            for step, outcome in ended():
-                done.add(step)
-                if outcome.result is None:
-                    yield StepFailed(round_, step, outcome.failed or "failed")
-                else:
-                    yield await self._fetch(round_, step, outcome)
-
-    async def _fetch(self, round_: int, step: str | None, outcome: Outcome) -> AggregateResult:
-        """The closed round's (or step's) result with its aggregate fetched from the node."""
-        result = outcome.result
-        assert result is not None
-        gradient = await self.store.get(result.cid)
-        return AggregateResult(
-            round_,
-            CID.parse(result.cid),
-            CID.parse(result.record),
-            self.config.roster.members(outcome.peers),
-            gradient,
-            step,
-        )
-
-
-def _of(step: str | None) -> str:
-    """What a message about a step adds after its round (nothing without a step)."""
-    return "" if step is None else f", step {step!r},"
-
 
 def _refusal(
     where: Standing, reason: str | None, job: str, round_: int, peer: str, step: str | None
@@ -642,22 +342,3 @@ def _refusal(
     text = reason or ("failed" if where is Standing.FAILED else "round over")
     detail = reason_detail(text) or text
     return RefusedError(code, detail, reason=text, peer=peer, round_=round_, job=job, step=step)
-
-
-def apply(
-    params: Mapping[str, np.ndarray], aggregate: Gradient, lr: float
-) -> dict[str, np.ndarray]:
-    """A plain SGD step: ``params - lr * aggregate`` for every tensor (names and shapes must match)."""
-    missing = set(params) ^ set(aggregate.tensors)
-    if missing:
-        raise ValueError(f"parameters and aggregate differ in tensors: {sorted(missing)}")
-    out: dict[str, np.ndarray] = {}
-    for name, value in params.items():
-        grad = aggregate.tensors[name]
-        if grad.shape != value.shape:
-            raise ValueError(
-                f"tensor {name!r}: parameter shape {value.shape} != aggregate shape {grad.shape}"
-            )
-        step = np.asarray(value, dtype=np.float64) - lr * np.asarray(grad, dtype=np.float64)
-        out[name] = step.astype(value.dtype)
-    return out

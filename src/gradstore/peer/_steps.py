@@ -47,7 +47,7 @@ class PeerSteps:
         mine = ", ".join(repr(s.name) for s in self.mine) or "none"
         if step is None:
             raise StepError(
-                f"job {job!r} is made of steps ({self._listed()}): name the step "
+                f"job {job!r} is made of steps ({_listed(self.config)}): name the step "
                 f"(this peer's: {mine}), or publish them all with publish_steps"
             )
         self.known(step)
@@ -61,14 +61,7 @@ class PeerSteps:
 
     def known(self, step: str | None) -> str | None:
         """``step`` if the job has it (None: the round itself), StepError otherwise."""
-        job = self.config.job
-        if step is None:
-            return None
-        if not self.config.stepped:
-            raise StepError(f"job {job!r} has no [[steps]], so no step {step!r}", step)
-        if step not in self.names:
-            raise StepError(f"job {job!r} has no step {step!r} (its steps: {self._listed()})", step)
-        return step
+        return known_step(self.config, step)
 
     def cut(self, gradient: G, step: str | None) -> G:
         """``gradient`` cut down to ``step``'s tensors (the same arrays); unchanged without
@@ -125,8 +118,21 @@ class PeerSteps:
                     name,
                 )
 
-    def _listed(self) -> str:
-        return ", ".join(repr(n) for n in self.names)
+
+def known_step(config: JobConfig, step: str | None) -> str | None:
+    """``step`` if ``config``'s job has it (None: the round itself), StepError otherwise."""
+    job = config.job
+    if step is None:
+        return None
+    if not config.stepped:
+        raise StepError(f"job {job!r} has no [[steps]], so no step {step!r}", step)
+    if all(s.name != step for s in config.steps):
+        raise StepError(f"job {job!r} has no step {step!r} (its steps: {_listed(config)})", step)
+    return step
+
+
+def _listed(config: JobConfig) -> str:
+    return ", ".join(repr(s.name) for s in config.steps)
 
 
 def _with_tensors(gradient: G, tensors: dict[str, Any]) -> G:
