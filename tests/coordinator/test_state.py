@@ -21,6 +21,7 @@ from gradstore.coordinator.journal import InputRow, RoundRow, StepRow
 from gradstore.coordinator.rounds import PeerState, Schema
 from gradstore.coordinator.state import (
     PAST_ROUNDS,
+    STRAY_STEPS,
     Accept,
     CloseRound,
     CloseStep,
@@ -511,17 +512,33 @@ def test_a_stepped_jobs_announcement_must_name_one_of_its_steps() -> None:
     assert job.announce(0, step="tail") is Verdict.REFUSE
     assert "names step 'tail'" in _last_refusal(job)
     assert job.state.refusals["unknown-step"] == 2
-    assert job.state.due_statuses(0) == []  # a step the job does not have: not told
+    # told in the status of the step it named: a peer with another job file hears why
+    told = {s.step: s.reasons for s in job.state.due_statuses(0)}
+    assert set(told) == {None, "tail"} and told["tail"][0].startswith("unknown-step")
     assert job.announce(0, step="head") is Verdict.ACCEPT
+
+
+def test_only_a_few_step_names_the_job_does_not_have_are_told_a_round() -> None:
+    job = StepJob()
+    job.open(0)
+    job.state.due_statuses(0)
+    for n in range(3 * STRAY_STEPS):
+        assert job.announce(0, step=f"x{n}") is Verdict.REFUSE
+    assert len(job.state.due_statuses(0)) == STRAY_STEPS  # the others cost no publish
+    assert job.state.refusals["unknown-step"] == 3 * STRAY_STEPS
 
 
 def test_a_job_without_steps_refuses_an_announcement_naming_one() -> None:
     job = Job()
     job.open(0)
+    job.state.due_statuses(0)
     assert job.announce(0, step="head") is Verdict.REFUSE
     assert job.state.recent_refusals[-1][0] == "unknown-step"
     assert "the job has no steps" in _last_refusal(job)
+    (status,) = job.state.due_statuses(0)
+    assert status.step == "head" and status.reasons[0].startswith("unknown-step")
     assert job.announce(0) is Verdict.ACCEPT
+    assert job.state.books[0].refusals == {}  # the round's own book holds none of it
 
 
 def test_a_peer_not_among_a_steps_peers_is_refused_and_told_in_the_steps_status() -> None:

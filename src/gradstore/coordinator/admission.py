@@ -17,9 +17,10 @@ thousands of publishes.
 
 Steps (a stepped job, ``[[steps]]``): every announcement names one of the job's steps,
 and its peer must be one of that step's peers (``unknown-step``, ``not-in-step``); a job
-without steps refuses an announcement that names one. A step the job does not have has no
-status to tell it in (and naming thousands must not buy thousands of publishes): only
-``not-in-step`` is told, in the step's status. Duplicates are per (round, step, peer).
+without steps refuses an announcement that names one. Both are told in the status of the
+step the announcement named (a peer whose job file is not the coordinator's hears why);
+the state tells only a few step names the job does not have per round, so naming
+thousands does not buy thousands of publishes. Duplicates are per (round, step, peer).
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ def admit(ann: Announce, state: AdmissionState, now_ms: int) -> Admission:
         )
     r, open_ = ann.round, state.open_round
     refused = _step_refusal(ann, state.steps)
-    if refused is not None:  # told (not-in-step) only for a round whose refusals are told
+    if refused is not None:  # told only for a round whose refusals are told
         near = open_ - TELL_WINDOW <= r <= open_ + state.max_ahead + TELL_WINDOW
         return Admission(refused.verdict, refused.reason, refused.detail, refused.tell and near)
     if r < open_:
@@ -126,12 +127,17 @@ def _step_refusal(ann: Announce, steps: Mapping[str, frozenset[str]] | None) -> 
         if ann.step is None:
             return None
         return Admission(
-            Verdict.REFUSE, "unknown-step", f"names step {ann.step!r}; the job has no steps"
+            Verdict.REFUSE,
+            "unknown-step",
+            f"names step {ann.step!r}; the job has no steps",
+            tell=True,
         )
     if ann.step is None or ann.step not in steps:
         named = "names no step" if ann.step is None else f"names step {ann.step!r}"
         listed = ", ".join(list(steps)[:8]) + (", ..." if len(steps) > 8 else "")
-        return Admission(Verdict.REFUSE, "unknown-step", f"{named}; the job's steps: {listed}")
+        return Admission(
+            Verdict.REFUSE, "unknown-step", f"{named}; the job's steps: {listed}", tell=True
+        )
     if ann.peer not in steps[ann.step]:
         return Admission(
             Verdict.REFUSE,

@@ -88,6 +88,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PAST_ROUNDS",
+    "STRAY_STEPS",
     "Accept",
     "CloseRound",
     "CloseStep",
@@ -118,6 +119,9 @@ RECENT_REFUSALS: Final = 256
 #: rounds up to ``TELL_WINDOW`` behind and ahead of the open one, so every round a peer
 #: can still hear of fits, with room for the last closed ones.
 PAST_ROUNDS: Final = 4 * TELL_WINDOW
+
+#: Step names the job does not have whose refusals (unknown-step) are told, per round.
+STRAY_STEPS: Final = 4
 
 
 @dataclass(frozen=True)
@@ -198,8 +202,10 @@ class CoordinatorState:
 
     def book(self, round_: int, step: StepName = None) -> RoundBook | None:
         """The book of ``step`` of ``round_``: open or buffered, else one of the past ones kept."""
-        books = self.rounds.get(round_) or self.past_rounds.get(round_) or {}
-        return books.get(step)
+        for books in (self.rounds.get(round_), self.past_rounds.get(round_)):
+            if books is not None and step in books:
+                return books[step]
+        return None
 
     def _round_books(self, round_: int, now: float) -> RoundBooks:
         """The books of every step of ``round_``, made when it is first needed."""
@@ -306,12 +312,13 @@ class CoordinatorState:
             return Verdict.DUPLICATE, Effects()
         if decision.verdict is Verdict.REFUSE:
             effects = Effects()
-            if decision.tell:
-                book = self.book(ann.round, ann.step)
-                if book is None:  # a round long over, or far ahead: a small book to say so
-                    book = self._keep_past_book(RoundBook(ann.round, (), now, step=ann.step))
-                if book.refuse(ann.peer, decision.text):
-                    effects.statuses = self._mark(ann.round, ann.step)
+            book = self.book(ann.round, ann.step) if decision.tell else None
+            if decision.tell and book is None and self._may_tell(ann.round, ann.step):
+                # a round long over, or far ahead, or a step the job does not have: a small
+                # book to say so
+                book = self._keep_past_book(RoundBook(ann.round, (), now, step=ann.step))
+            if book is not None and book.refuse(ann.peer, decision.text):
+                effects.statuses = self._mark(ann.round, ann.step)
             detail = f"{ann.peer}: {decision.text}"
             return self._refused(decision.reason, detail, ann.peer, now), effects
         self.announced[input_key(ann.round, ann.peer, ann.step)] = ann.cid
@@ -319,6 +326,14 @@ class CoordinatorState:
         return Verdict.ACCEPT, Effects(
             writes=[Accept(ann.round, ann.peer, ann.cid, ann.num_samples, data, ann.step)]
         )
+
+    def _may_tell(self, round_: int, step: StepName) -> bool:
+        """Whether a refusal for ``step`` of ``round_`` may get a small book of its own: a
+        step the job does not have gets one for at most ``STRAY_STEPS`` names a round."""
+        if step in self.steps.configs:
+            return True
+        strays = [s for s in self.past_rounds.get(round_, {}) if s not in self.steps.configs]
+        return len(strays) < STRAY_STEPS
 
     def _closed_step(self, ann: Announce) -> bool:
         """Whether ``ann`` is for a step of a stepped job that closed while its round is open."""
