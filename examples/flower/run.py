@@ -2,7 +2,8 @@
 """Run the Flower example end to end on loopback, with Flower's own processes.
 
 Starts a Flower SuperLink and two SuperNodes (``flower-superlink``, ``flower-supernode``),
-uses the Kubo at $GRADSTORE_API when one answers there (else starts one from
+uses the Kubo ``gradstore.node.connect`` finds (``--api``, else $GRADSTORE_API, else
+$IPFS_PATH/api, else 127.0.0.1:5001) when one answers there (else starts one from
 ``scripts/install-kubo.sh``'s build, with its own temporary repo), submits this directory's
 Flower App with ``flwr run``, and prints one line per round ending with that round's
 record CID (``scripts/verify_round.py CID`` re-derives it). Flower's own logs go to files
@@ -28,13 +29,12 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from gradstore.errors import NodeError
+from gradstore.errors import NodeError, NodeUnreachableError
 from gradstore.messages import SigningKey
-from gradstore.node import KuboDaemon, KuboNode, Retry, Timeouts, find_kubo_binary
+from gradstore.node import KuboDaemon, Retry, Timeouts, connect, find_kubo_binary
 
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent  # flower-superlink, flower-supernode and flwr live here
-DEFAULT_API = "http://127.0.0.1:5001"
 ROUND_MARK = "gradstore round "
 DONE_MARK = "gradstore run "
 OTHER_MARKS = ("gradstore refused", DONE_MARK)
@@ -57,35 +57,43 @@ def wait_for_port(port: int, proc: subprocess.Popen[bytes], what: str, timeout: 
     raise RuntimeError(f"{what} did not listen on 127.0.0.1:{port} within {timeout:.0f} s")
 
 
-async def _kubo_version(api: str) -> str | None:
-    probe = KuboNode(
+async def _kubo_version(api: str | None) -> tuple[str, str | None]:
+    """(RPC URL, Kubo's version or None if nothing answers) of the Kubo ``connect`` finds."""
+    probe = connect(
         api, timeouts=Timeouts(connect=2.0, read=5.0, write=5.0, pool=2.0), retry=Retry(retries=0)
     )
     try:
-        return await probe.version()
+        return probe.api, await probe.version()
     except NodeError:
-        return None
+        return probe.api, None
     finally:
         await probe.aclose()
 
 
 @contextlib.contextmanager
 def kubo(api: str | None) -> Iterator[tuple[str, str]]:
-    """(RPC URL, description): the Kubo at ``api``/$GRADSTORE_API if it answers, else our own."""
-    url = api or os.environ.get("GRADSTORE_API") or DEFAULT_API
-    version = asyncio.run(_kubo_version(url))
-    if version is not None:
-        yield url, f"kubo {version} at {url}"
-        return
+    """(RPC URL, description): the Kubo ``connect`` finds for ``api`` if it answers, else one
+    started here."""
+    try:
+        url, version = asyncio.run(_kubo_version(api))
+    except ValueError as exc:  # --api names no URL or multiaddr
+        raise SystemExit(f"error: --api: {exc}") from None
+    except NodeUnreachableError as exc:  # $IPFS_PATH names no running daemon, say
+        why = str(exc)
+    else:
+        if version is not None:
+            yield url, f"kubo {version} at {url}"
+            return
+        why = f"nothing answered at {url}"
     binary = find_kubo_binary()
     if binary is None:
         raise SystemExit(
-            f"error: no Kubo answers at {url} and none is installed "
+            f"error: {why} and no Kubo is installed "
             "(run scripts/install-kubo.sh, or set GRADSTORE_API)"
         )
     daemon = KuboDaemon(binary).start()
     try:
-        yield daemon.api_url, f"kubo at {daemon.api_url} (started here; nothing answered at {url})"
+        yield daemon.api_url, f"kubo at {daemon.api_url} (started here; {why})"
     finally:
         daemon.stop()
 
@@ -256,7 +264,10 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="add a SuperNode whose client signs one CID and sends other arrays (it is refused)",
     )
-    parser.add_argument("--api", help=f"Kubo RPC URL (default $GRADSTORE_API or {DEFAULT_API})")
+    parser.add_argument(
+        "--api",
+        help="Kubo RPC URL (default: $GRADSTORE_API, else $IPFS_PATH/api, else 127.0.0.1:5001)",
+    )
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds for the whole run")
     args = parser.parse_args(argv)
 

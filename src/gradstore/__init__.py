@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         AggregationError,
         CIDError,
         CompressionError,
+        ConfigError,
         CoordinatorError,
         DAGError,
         FormatError,
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
         MessageError,
         MissingExtraError,
         NodeError,
+        Reason,
+        RefusedError,
     )
     from .format import CompressedGradient, Gradient, Limits, decode, decode_any, encode
     from .node import KuboNode, LocalNode, Node
@@ -42,6 +45,7 @@ _ERRORS = (
     "AggregationError",
     "CIDError",
     "CompressionError",
+    "ConfigError",
     "CoordinatorError",
     "DAGError",
     "FormatError",
@@ -51,6 +55,8 @@ _ERRORS = (
     "MessageError",
     "MissingExtraError",
     "NodeError",
+    "Reason",
+    "RefusedError",
 )
 _HOMES: dict[str, str] = {
     "CID": "dag",
@@ -81,6 +87,7 @@ __all__ = [
     "CIDError",
     "CompressedGradient",
     "CompressionError",
+    "ConfigError",
     "CoordinatorError",
     "DAGError",
     "ErrorFeedback",
@@ -97,6 +104,8 @@ __all__ = [
     "MissingExtraError",
     "Node",
     "NodeError",
+    "Reason",
+    "RefusedError",
     "SyncGradientStore",
     "__version__",
     "decode",

@@ -14,18 +14,97 @@ GradstoreError
 │   ├── NodeTimeoutError              the node did not answer in time
 │   ├── BlockNotFoundError            the node does not have / cannot find a block
 │   └── KuboCommandError              Kubo answered with an error body
-├── MessageError (ValueError)         a signed message was refused; carries ``reason``
+├── MessageError (ValueError)         a signed message was refused; carries ``code``, ``detail``
 ├── KeyFileError (ValueError)         a key file is missing, too open or not Ed25519
 ├── AggregationError (ValueError)     inputs an aggregator cannot honestly combine
 │   └── TooManyInputsError            more inputs than a method takes in bounded memory
 ├── CoordinatorError                  a job or round cannot proceed
+│   ├── ConfigError (ValueError)      bad configuration: a job file, a key, a strategy's options
+│   ├── RefusedError                  an input refused; carries ``code``, ``detail``, ``reason``
 │   ├── RoundFailedError              the coordinator says a round ended without an aggregate
 │   └── UncoveredTensorError          a tensor name no step of the job covers; names the ``tensor``
 ├── AuditError                        an independent re-check failed; carries the ``check`` name
 └── MissingExtraError (ImportError)   an optional extra is needed and not installed; names it
+
+Refusals carry their reason as fields: ``code``, a ``Reason`` (what code matches on), and
+``detail``, a line for people. The text that logs, statuses and records carry is
+``"code: detail"``, as it always was.
 """
 
 from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Reason(StrEnum):
+    """Why an input, an announcement or a message was refused: the code its reason text starts
+    with (``"too-large: ..."``). Read one from a text with ``Reason.of``."""
+
+    # the input's document (the round kernel; Flower's arrays)
+    TOO_LARGE = "too-large"
+    MALFORMED = "malformed"
+    INTEGRITY = "integrity"
+    SCHEMA_MISMATCH = "schema-mismatch"
+    NON_FINITE = "non-finite"
+    OUT_OF_RANGE = "out-of-range"
+    # the document is not the announced one (binding)
+    WRONG_KIND = "wrong-kind"
+    WRONG_JOB = "wrong-job"
+    WRONG_RUN = "wrong-run"
+    WRONG_ROUND = "wrong-round"
+    WRONG_PEER = "wrong-peer"
+    SAMPLES_MISMATCH = "samples-mismatch"
+    UNBOUND = "unbound"
+    DUPLICATE_CID = "duplicate-cid"
+    # the announcement (admission)
+    CLOCK_SKEW = "clock-skew"
+    STALE_ROUND = "stale-round"
+    FUTURE_ROUND = "future-round"
+    CONFLICTING_CID = "conflicting-cid"
+    UNKNOWN_STEP = "unknown-step"  # the job has no such step (or has steps, and none named)
+    NOT_IN_STEP = "not-in-step"  # the peer is not one of the step's peers
+    DUPLICATE = "duplicate"  # not a refusal: an announcement already had, counted
+    # the signed message (MessageError)
+    BAD_SIGNATURE = "bad-signature"
+    UNKNOWN_PEER = "unknown-peer"
+    UNKNOWN_TYPE = "unknown-type"
+    UNEXPECTED_TYPE = "unexpected-type"
+    NOT_COORDINATOR = "not-coordinator"
+    # the round
+    ABSENT = "absent"  # never announced
+    UNAVAILABLE = "unavailable"  # announced, not fetched (in time)
+    INTERNAL = "internal"  # verifying it crashed (the text reads "internal error: ...")
+    # Flower's replies
+    CLIENT_ERROR = "client-error"
+    IDENTITY = "identity"
+    UNSIGNED = "unsigned"
+    # a peer's own reading of its coordinator's statuses (never in a status)
+    ROUND_FAILED = "round-failed"
+    ROUND_OVER = "round-over"
+    # no code at all (a status without reasons, a reason cut to nothing)
+    REFUSED = "refused"
+    # a code this version does not know: a newer coordinator's, or a hostile one's
+    UNKNOWN = "unknown"
+
+    @classmethod
+    def of(cls, text: str) -> Reason:
+        """The code ``text`` starts with (its first word before ``:``); ``REFUSED`` for none,
+        ``UNKNOWN`` for a word that is no code. Never raises: the text may be anyone's."""
+        word = (text.split(":", 1)[0].split() or [cls.REFUSED.value])[0]
+        try:
+            return cls(word)
+        except ValueError:
+            return cls.UNKNOWN
+
+
+def reason_text(code: Reason, detail: str) -> str:
+    """The text a refusal is carried as: ``"code: detail"`` (the code alone without detail)."""
+    return f"{code}: {detail}" if detail else code.value
+
+
+def reason_detail(text: str) -> str:
+    """What follows the code in a reason text (``"too-large: 9 MB"`` -> ``"9 MB"``)."""
+    return text.partition(":")[2].strip()
 
 
 class GradstoreError(Exception):
@@ -122,11 +201,14 @@ class KuboCommandError(NodeError):
 
 
 class MessageError(GradstoreError, ValueError):
-    """A signed message was refused; ``reason`` is a short machine-readable word."""
+    """A signed message was refused: ``code`` says why in a word (``reason`` is its former
+    name), ``detail`` in a line."""
 
-    def __init__(self, reason: str, message: str) -> None:
-        self.reason = reason
-        super().__init__(f"{reason}: {message}")
+    def __init__(self, code: Reason, detail: str) -> None:
+        self.code = code
+        self.reason = code
+        self.detail = detail
+        super().__init__(reason_text(code, detail))
 
 
 class KeyFileError(GradstoreError, ValueError):
@@ -155,6 +237,11 @@ class CoordinatorError(GradstoreError):
     """A job or a round cannot proceed (bad config, failed round, ...)."""
 
 
+class ConfigError(CoordinatorError, ValueError):
+    """The configuration is wrong: a job file (the message names the file and key), a key
+    that is not the job's, a strategy's options. Nothing ran; fix it and start again."""
+
+
 class RoundFailedError(CoordinatorError):
     """The coordinator's signed status says round ``round`` failed, for ``reason``."""
 
@@ -165,13 +252,74 @@ class RoundFailedError(CoordinatorError):
 
 
 class RefusedError(CoordinatorError):
-    """The coordinator's signed status says it refused this peer's input for ``round``."""
+    """An input that cannot enter its round: ``code`` says why in a word, ``detail`` in a
+    line, and ``reason`` is the text logs, statuses and records carry (``"code: detail"``).
 
-    def __init__(self, job: str, round_: int, peer: str, reason: str) -> None:
-        self.round = round_
+    Raised where an input is verified (the round kernel, Flower's strategy), and by a peer
+    whose coordinator's signed status refused it: then ``job`` and ``round`` say which, and
+    the message says it was the coordinator. ``peer``, ``cid`` and ``node_id`` (a Flower
+    node) are given where they are known.
+    """
+
+    def __init__(
+        self,
+        code: Reason,
+        detail: str = "",
+        *,
+        reason: str | None = None,
+        peer: str | None = None,
+        round_: int | None = None,
+        job: str | None = None,
+        cid: object = None,
+        node_id: int | None = None,
+    ) -> None:
+        self.code = code
+        self.detail = detail
+        self.reason = reason_text(code, detail) if reason is None else reason
         self.peer = peer
-        self.reason = reason
-        super().__init__(f"round {round_} of job {job}: the coordinator refused: {reason}")
+        self.round = round_
+        self.job = job
+        self.cid = None if cid is None else str(cid)
+        self.node_id = node_id
+        if job is not None and round_ is not None:
+            super().__init__(f"round {round_} of job {job}: the coordinator refused: {self.reason}")
+        else:
+            super().__init__(self.reason)
+
+    @classmethod
+    def parse(
+        cls,
+        reason: str,
+        *,
+        peer: str | None = None,
+        round_: int | None = None,
+        job: str | None = None,
+    ) -> RefusedError:
+        """The refusal a coordinator's status gives as ``reason``: its code read with
+        ``Reason.of`` (``UNKNOWN`` for a code this version does not know), the text kept."""
+        return cls(
+            Reason.of(reason),
+            reason_detail(reason),
+            reason=reason,
+            peer=peer,
+            round_=round_,
+            job=job,
+        )
+
+    def about(
+        self, *, peer: str | None = None, cid: object = None, node_id: int | None = None
+    ) -> RefusedError:
+        """The same refusal, with what the caller knows of whose input it was."""
+        return RefusedError(
+            self.code,
+            self.detail,
+            reason=self.reason,
+            peer=peer if peer is not None else self.peer,
+            round_=self.round,
+            job=self.job,
+            cid=cid if cid is not None else self.cid,
+            node_id=node_id if node_id is not None else self.node_id,
+        )
 
 
 class UncoveredTensorError(CoordinatorError):

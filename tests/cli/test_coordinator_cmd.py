@@ -5,8 +5,8 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from gradstore.cli._coordinator_cmd import ProgressLines, finished_job
-from gradstore.coordinator import Journal, Progress
+from gradstore.cli._coordinator_cmd import RoundProgressLines, finished_job
+from gradstore.coordinator import Journal, RoundProgress
 from gradstore.job import load_job
 
 from .conftest import Cli
@@ -24,8 +24,10 @@ class Clock:
         return self.now
 
 
-def _progress(verified: int = 0, received: int = 0, deadline_in: float | None = None) -> Progress:
-    return Progress(
+def _progress(
+    verified: int = 0, received: int = 0, deadline_in: float | None = None
+) -> RoundProgress:
+    return RoundProgress(
         round=0,
         expected=3,
         received=received,
@@ -38,7 +40,7 @@ def _progress(verified: int = 0, received: int = 0, deadline_in: float | None = 
 
 def test_progress_lines_at_open_on_change_and_every_ten_seconds() -> None:
     out, clock = io.StringIO(), Clock()
-    lines = ProgressLines(out, clock=clock)
+    lines = RoundProgressLines(out, clock=clock)
     lines.tick(None)  # no round open: nothing
     assert out.getvalue() == ""
     lines.tick(_progress())  # the round opens

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from gradstore.cli import main
-from gradstore.cli._progress import ProgressBar
+from gradstore.cli._progress import ByteProgressBar
 
 from .conftest import Cli
 from .helpers import SEED, write_npz
@@ -25,7 +25,7 @@ class FakeTTY(io.StringIO):
 
 def test_bar_draws_on_a_tty_for_big_transfers() -> None:
     stream = FakeTTY()
-    bar = ProgressBar("put", stream)
+    bar = ByteProgressBar("put", stream)
     bar(0, 64 * MB)
     bar(64 * MB, 64 * MB)  # the final update is always drawn
     bar.close()
@@ -37,7 +37,7 @@ def test_bar_draws_on_a_tty_for_big_transfers() -> None:
 
 def test_bar_is_silent_when_not_a_tty() -> None:
     stream = io.StringIO()
-    bar = ProgressBar("get", stream)
+    bar = ByteProgressBar("get", stream)
     bar(64 * MB, 64 * MB)
     bar.close()
     assert stream.getvalue() == ""
@@ -45,7 +45,7 @@ def test_bar_is_silent_when_not_a_tty() -> None:
 
 def test_bar_is_silent_for_small_transfers() -> None:
     stream = FakeTTY()
-    bar = ProgressBar("get", stream)
+    bar = ByteProgressBar("get", stream)
     bar(1 * MB, 1 * MB)
     bar.close()
     assert stream.getvalue() == ""  # no bar and no stray newline
@@ -53,14 +53,14 @@ def test_bar_is_silent_for_small_transfers() -> None:
 
 def test_force_draws_without_a_tty() -> None:
     stream = io.StringIO()
-    bar = ProgressBar("put", stream, force=True)
+    bar = ByteProgressBar("put", stream, force=True)
     bar(32 * MB, 64 * MB)
     assert "[" + "#" * 15 + " " * 15 + "]" in stream.getvalue()
 
 
 def test_a_shorter_line_overwrites_a_longer_one() -> None:
     stream = FakeTTY()
-    bar = ProgressBar("get", stream)
+    bar = ByteProgressBar("get", stream)
     bar(64 * MB, 64 * MB)
     first = stream.getvalue()
     bar._last = 0.0  # let the next update through the 10-per-second throttle
@@ -71,7 +71,7 @@ def test_a_shorter_line_overwrites_a_longer_one() -> None:
 
 def test_unknown_total_shows_bytes_only() -> None:
     stream = FakeTTY()
-    bar = ProgressBar("get", stream)
+    bar = ByteProgressBar("get", stream)
     bar(16 * MB, 0)
     assert "\rget 16.8 MB " in stream.getvalue() and "[" not in stream.getvalue()
 

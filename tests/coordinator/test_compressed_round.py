@@ -20,7 +20,8 @@ import gradstore.format._payload as _payload
 from gradstore.aggregate import first_beyond_dtype
 from gradstore.audit import verify_cid, verify_round
 from gradstore.compress import compress
-from gradstore.coordinator.inputs import SCRATCH_BYTES, ByteBudget, _check, verify_input
+from gradstore.coordinator import ByteBudget, check_gradient, verify_input
+from gradstore.coordinator.inputs import SCRATCH_BYTES
 from gradstore.dag import DAG_CBOR
 from gradstore.errors import AuditError
 from gradstore.format import (
@@ -121,17 +122,17 @@ def _other_param(codec: Codec) -> dict[str, Any]:
 
 def test_compressed_inputs_are_checked_after_decompression() -> None:
     g = compress(Gradient({"w": np.ones((2, 3), np.float32)}), "bf16")
-    schema, problem, norm = _check(g, None, clip=True)
+    schema, problem, norm = check_gradient(g, None, clip=True)
     assert schema == (("w", "<f4", (2, 3)),) and problem is None and norm == np.sqrt(6.0)
     # a bfloat16 NaN in a payload (the decoder takes any 16-bit pattern as a value)
     payload = np.array([0x3F80, 0x7FC0, 0, 0, 0, 0], "<u2").view(np.uint8)
     bad = CompressedGradient(g.codec, {"w": CompressedTensor(g.codec, "<f4", (2, 3), payload)})
-    assert _check(bad, None, clip=False)[1] == "non-finite: tensor 'w' holds NaN or Inf"
+    assert check_gradient(bad, None, clip=False)[1] == "non-finite: tensor 'w' holds NaN or Inf"
     topk = Codec("topk", chunk=4, k=1, index=12, values="bf16")
     payload = np.array([0x80, 0x7F, 0x00, 0x00], np.uint8)  # bf16 +inf at position 0
     inf = CompressedGradient(topk, {"w": CompressedTensor(topk, "<f4", (4,), payload)})
-    assert _check(inf, None, clip=False)[1] == "non-finite: tensor 'w' holds NaN or Inf"
-    _, problem, _ = _check(g, (("w", "<f4", (3, 2)),), clip=False)
+    assert check_gradient(inf, None, clip=False)[1] == "non-finite: tensor 'w' holds NaN or Inf"
+    _, problem, _ = check_gradient(g, (("w", "<f4", (3, 2)),), clip=False)
     assert problem is not None and problem.startswith("schema-mismatch")
 
 
@@ -177,10 +178,10 @@ def test_values_beyond_their_dtype_are_refused_by_name(spec: str, code: str) -> 
     """The coordinator's check (Flower's too: it verifies CIDs with verify_input) refuses
     what `get` refuses, with the same element check: the decoder accepts the document."""
     ok = compress(_honest(1, code)[0], spec)
-    assert _check(ok, None, clip=True)[1] is None
+    assert check_gradient(ok, None, clip=True)[1] is None
     bad = decode_any(encode(_beyond(ok)).tobytes())
     assert isinstance(bad, CompressedGradient)
-    _, problem, norm = _check(bad, None, clip=True)
+    _, problem, norm = check_gradient(bad, None, clip=True)
     assert problem is not None and problem.startswith("out-of-range: tensor 'w': element ")
     assert f"beyond the range of its dtype {code}" in problem and norm is None
     at = int(problem.split("element ")[1].split(" ")[0])
@@ -241,7 +242,7 @@ def test_verifying_a_large_compressed_input_holds_at_most_its_scratch() -> None:
         gradient, _ = decode_with_header(doc)
         decoding = tracemalloc.get_traced_memory()[1]
         tracemalloc.reset_peak()
-        _, problem, norm = _check(gradient, None, clip=True)
+        _, problem, norm = check_gradient(gradient, None, clip=True)
         checking = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

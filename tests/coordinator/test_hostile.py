@@ -20,10 +20,10 @@ import pytest
 from gradstore.coordinator import Coordinator
 from gradstore.dag import CID, build_file
 from gradstore.dag.cid import RAW
-from gradstore.errors import RefusedError
+from gradstore.errors import Reason, RefusedError
 from gradstore.format import Gradient, encode
 from gradstore.job import parse_job
-from gradstore.messages import Announce, SigningKey, decode_record, encode_message
+from gradstore.messages import Announce, SigningKey, Status, decode_record, encode_message
 from gradstore.node import KuboNode
 from gradstore.peer import Peer
 from gradstore.store import GradientStore
@@ -371,6 +371,44 @@ def test_an_earlier_runs_messages_are_not_trusted(kubo_factory, tmp_path: Path) 
             assert new.output != old.output
             assert result.cid == new.output and result.record == new.record
             assert second.run_id != earlier.run_id
+
+    asyncio.run(go())
+
+
+def test_a_refusal_with_a_code_the_peer_does_not_know_is_read_as_unknown(kubo_factory) -> None:  # type: ignore[no-untyped-def]
+    # A newer or hostile coordinator signs a status refusing the peer with a code this
+    # version has no name for: the peer raises a typed RefusedError (code UNKNOWN, the text
+    # kept) instead of crashing or waiting out its timeout.
+    daemons = kubo_factory(2, connect=True)
+    config, coord, peers = make_job(1, method="sum", quorum=1, deadline_s=30)
+    told = "evil-code: the coordinator says so"
+
+    async def go() -> None:
+        async with world(daemons, config, coord, peers) as w:
+            me, nobody = config.roster.bitmap([peers[0].did]), config.roster.bitmap(())
+
+            async def hostile_statuses() -> None:
+                while True:
+                    status = Status(
+                        config.job, "h" * 26, 0, me, nobody, me, (told,), int(time.time() * 1000)
+                    )
+                    await w.coord_node.publish(config.results_topic, encode_message(status, coord))
+                    await asyncio.sleep(0.2)
+
+            statuses = asyncio.create_task(hostile_statuses())
+            try:
+                async with Peer(config, w.peer_nodes[0], peers[0], first_backoff_s=0.3) as peer:
+                    with pytest.raises(RefusedError) as info:
+                        await peer.publish(gradients(1, 0)[0], 0, 1, timeout=20)
+            finally:
+                statuses.cancel()
+            assert info.value.code is Reason.UNKNOWN and info.value.reason == told
+            assert info.value.detail == "the coordinator says so"
+            assert (info.value.round, info.value.job, info.value.peer) == (
+                0,
+                config.job,
+                peers[0].did,
+            )
 
     asyncio.run(go())
 

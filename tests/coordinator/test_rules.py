@@ -233,14 +233,14 @@ def test_each_input_has_a_bounded_budget() -> None:
 
 
 def test_progress_lines_say_what_the_round_waits_for() -> None:
-    from gradstore.coordinator import Progress
+    from gradstore.coordinator import RoundProgress
 
-    waiting = Progress(0, 3, 0, 0, 0, 2, None)
+    waiting = RoundProgress(0, 3, 0, 0, 0, 2, None)
     assert waiting.line() == (
         "round 0: waiting for peers (0/3 verified, 0 received, quorum 2, "
         "the deadline starts at the first announcement)"
     )
-    assert Progress(1, 3, 2, 1, 1, 2, 41.4).line() == (
+    assert RoundProgress(1, 3, 2, 1, 1, 2, 41.4).line() == (
         "round 1: waiting for peers (1/3 verified, 2 received, 1 refused, quorum 2, "
         "deadline in 41 s)"
     )

@@ -24,7 +24,7 @@ from gradstore.aggregate import (
 )
 from gradstore.aggregate._checks import check_inputs
 from gradstore.compress import compress
-from gradstore.coordinator.inputs import _check
+from gradstore.coordinator import check_gradient
 from gradstore.errors import AggregationError, CompressionError
 from gradstore.format import (
     Codec,
@@ -90,8 +90,8 @@ def _refusals(run: Callable[[AggregationParams, dict[str, Any]], Any], method: s
 def test_a_dense_signalling_nan_is_decoded_and_refused_quietly(code: str) -> None:
     with quietly():
         gradient = decode(_dense_document(code))
-        assert _check(gradient, None, clip=True)[1] == REFUSED
-        assert _check(gradient, None, clip=False)[1] == REFUSED
+        assert check_gradient(gradient, None, clip=True)[1] == REFUSED
+        assert check_gradient(gradient, None, clip=False)[1] == REFUSED
         for spec in ("bf16", "fp16", "int8", "topk:0.5"):  # a peer re-compressing it
             with pytest.raises(CompressionError, match="'w' holds NaN or infinity"):
                 compress(gradient, spec)
@@ -143,7 +143,7 @@ def test_a_compressed_signalling_nan_is_decoded_and_refused_quietly(name: str) -
     with quietly():
         gradient = decode_any(encode(_compressed(codec, bits)).tobytes())
         assert isinstance(gradient, CompressedGradient)
-        assert _check(gradient, None, clip=True)[1] == REFUSED
+        assert check_gradient(gradient, None, clip=True)[1] == REFUSED
         tensor = gradient.tensors["w"]
         assert not tensor.is_finite()
         assert np.isnan(tensor.decompress()).sum() == (16 if name == "topk" else 1)

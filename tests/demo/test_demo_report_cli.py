@@ -13,14 +13,17 @@ from gradstore.cli import _demo_cmd
 from gradstore.dag import CID, DAG_CBOR, RAW
 from gradstore.demo import (
     DemoConfig,
+    DemoProgressBar,
     DemoResult,
-    Progress,
     RoundRow,
     format_row,
     open_demo_node,
     summary,
+    table_header,
+    write_plot,
+    write_summary,
 )
-from gradstore.demo._report import format_bytes, table_header, write_plot, write_summary
+from gradstore.demo._report import format_bytes
 
 AGG = CID.hash(RAW, b"aggregate")
 REC = CID.hash(DAG_CBOR, b"record")
@@ -83,16 +86,16 @@ class _Tty(io.StringIO):
 
 def test_progress_draws_only_on_a_terminal():
     quiet = io.StringIO()
-    Progress(4, quiet).show(1, "training")
+    DemoProgressBar(4, quiet).show(1, "training")
     assert quiet.getvalue() == ""
     tty = _Tty()
-    progress = Progress(4, tty)
+    progress = DemoProgressBar(4, tty)
     progress.show(2, "training")
     assert "round 2 (3/4): training" in tty.getvalue() and tty.getvalue().startswith("\r")
     progress.clear()
     assert tty.getvalue().endswith("\r")
     muted = _Tty()
-    Progress(4, muted, enabled=False).show(0, "x")
+    DemoProgressBar(4, muted, enabled=False).show(0, "x")
     assert muted.getvalue() == ""
 
 

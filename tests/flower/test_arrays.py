@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord
 
+from gradstore.coordinator import tensor_infos
 from gradstore.dag import CID
-from gradstore.errors import CIDError
+from gradstore.errors import CIDError, Reason, RefusedError
 from gradstore.flower import (
     RECORD_METRIC,
     ArraysRefused,
@@ -19,7 +20,6 @@ from gradstore.flower import (
     tensors_to_arrays,
 )
 from gradstore.flower._protocol import cid_metric
-from gradstore.flower._strategy import tensor_infos
 from gradstore.format import DEFAULT_LIMITS, Gradient, Limits, encode, read_header
 
 
@@ -67,6 +67,10 @@ def test_hostile_arrays_are_refused_with_a_reason(array: Array, code: str) -> No
     with pytest.raises(ArraysRefused) as info:
         arrays_to_tensors(ArrayRecord({"w": array}), Limits(max_bytes=100_000))
     assert info.value.reason.startswith(code + ": "), info.value.reason
+    # one refusal family: the code as a field, and still the ValueError it always was
+    assert isinstance(info.value, RefusedError) and isinstance(info.value, ValueError)
+    assert info.value.code is Reason(code)
+    assert info.value.reason == f"{code}: {info.value.detail}"
 
 
 def _header_only(shape: tuple[int, ...], payload: bytes) -> bytes:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gradstore.errors import CoordinatorError
+from gradstore.errors import ConfigError, CoordinatorError
 from gradstore.format import Limits
 from gradstore.job import (
     InputsConfig,
@@ -182,6 +182,21 @@ def test_refusals_name_the_key(raw: dict[str, Any], message: str) -> None:
     with pytest.raises(CoordinatorError, match=re.escape(message)) as info:
         parse_job(raw, source="job.toml")
     assert str(info.value).startswith("job.toml: ")
+
+
+def test_a_bad_job_file_is_a_config_error(tmp_path: Path) -> None:
+    # its own type (still a CoordinatorError, and a ValueError): code can tell bad
+    # configuration from a round that cannot proceed without reading the message
+    path = tmp_path / "job.toml"
+    path.write_text(f'job = "j"\ncoordinator = "{COORD}"\npeers = []\n')
+    with pytest.raises(ConfigError, match=re.escape("`peers` lists no peer")) as info:
+        load_job(path)
+    assert isinstance(info.value, CoordinatorError) and isinstance(info.value, ValueError)
+    path.write_text('job = "j"\npeers = [\n')
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_job(path)
+    with pytest.raises(ConfigError, match="cannot work with quorum 1"):
+        parse_job(_job(aggregation={"method": "median"}, rounds={"quorum": 1}))
 
 
 def test_not_toml_is_refused_naming_the_file(tmp_path: Path) -> None:

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeAlias
 
 from ..dag import CID, EMPTY_FILE, build_file
 from ..errors import (
@@ -28,10 +26,7 @@ from ..format import (
     decode_with_header,
     encode,
 )
-from ..store import GradientStore
-
-Progress: TypeAlias = Callable[[int, int], None]
-"""``progress(done, total)``: bytes have arrived (what a caller's patience counts from)."""
+from ..store import ByteProgress, GradientStore
 
 
 @dataclass(frozen=True)
@@ -56,7 +51,11 @@ def parse_cid(text: str | CID, check: str = "cid") -> CID:
 
 
 async def fetch_gradient(
-    store: GradientStore, cid: CID, what: str, prefix: str = "", progress: Progress | None = None
+    store: GradientStore,
+    cid: CID,
+    what: str,
+    prefix: str = "",
+    progress: ByteProgress | None = None,
 ) -> Gradient | CompressedGradient:
     """Fetch (every block hash-checked) and strictly decode ``cid`` (dense or compressed);
     failures name the check."""
@@ -64,7 +63,11 @@ async def fetch_gradient(
 
 
 async def fetch_with_header(
-    store: GradientStore, cid: CID, what: str, prefix: str = "", progress: Progress | None = None
+    store: GradientStore,
+    cid: CID,
+    what: str,
+    prefix: str = "",
+    progress: ByteProgress | None = None,
 ) -> tuple[Gradient | CompressedGradient, DocumentHeader]:
     """:func:`fetch_gradient`, and where each tensor lives in the document.
 
@@ -91,7 +94,7 @@ async def fetch_with_header(
 
 
 async def verify_cid(
-    store: GradientStore, cid: CID | str, *, progress: Progress | None = None
+    store: GradientStore, cid: CID | str, *, progress: ByteProgress | None = None
 ) -> CidReport:
     """Fetch ``cid`` with every block checked, decode strictly, and re-derive the same CID.
 

@@ -7,8 +7,7 @@ from collections.abc import Callable
 from ..dag import CID
 from ..errors import AuditError
 from ..node import Node
-from ..store import GradientStore
-from ._cid import Progress
+from ..store import ByteProgress, GradientStore
 from ._round import RoundReport, check_expected, fetch_record, verify_record
 
 
@@ -21,7 +20,7 @@ async def verify_history(
     on_round: Callable[[RoundReport], None] | None = None,
     coordinator: str | None = None,
     job: str | None = None,
-    progress: Progress | None = None,
+    progress: ByteProgress | None = None,
 ) -> list[RoundReport]:
     """Verify ``head`` and every record reachable through ``prev``, newest first.
 

@@ -35,6 +35,7 @@ from ..errors import (
     IntegrityError,
     MessageError,
     NodeError,
+    Reason,
     TooManyInputsError,
 )
 from ..format import CompressedGradient, Gradient, encode
@@ -48,8 +49,8 @@ from ..messages import (
 )
 from ..messages import aggregate_meta as _aggregate_meta
 from ..node import Node
-from ..store import GradientStore, StoredCompressed, StoredGradient
-from ._cid import Progress, fetch_with_header, parse_cid
+from ..store import ByteProgress, GradientStore, StoredCompressed, StoredGradient
+from ._cid import fetch_with_header, parse_cid
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,7 @@ async def fetch_record(node: Node, cid: CID | str) -> tuple[CID, RoundRecord]:
     except CIDError as exc:
         raise AuditError("record-cid", f"round record {rcid}: {exc}") from exc
     except MessageError as exc:
-        check = "record-signature" if exc.reason == "bad-signature" else "record-format"
+        check = "record-signature" if exc.code is Reason.BAD_SIGNATURE else "record-format"
         raise AuditError(check, f"round record {rcid}: {exc}") from exc
 
 
@@ -249,7 +250,7 @@ def recompute_output(record: RoundRecord, inputs: list[Gradient]) -> CID:
 
 
 async def verify_record(
-    store: GradientStore, rcid: CID, record: RoundRecord, *, progress: Progress | None = None
+    store: GradientStore, rcid: CID, record: RoundRecord, *, progress: ByteProgress | None = None
 ) -> RoundReport:
     """Re-fetch every input of an already checked record, recompute, compare the output CID.
 
@@ -356,7 +357,7 @@ async def verify_round(
     *,
     coordinator: str | None = None,
     job: str | None = None,
-    progress: Progress | None = None,
+    progress: ByteProgress | None = None,
 ) -> RoundReport:
     """Verify one round from its record CID (see the module docstring); ``AuditError`` names
     the check. ``coordinator``/``job`` pin whose record it must be (``check_expected``)."""

@@ -30,7 +30,7 @@ from ._nodes import node_from_args
 PROGRESS_TICK_S = 1.0
 
 
-class ProgressLines:
+class RoundProgressLines:
     """Decides when the open round's "waiting for peers" line is printed.
 
     A line when the round opens, when its counts change (at most every ``min_gap_s``, so
@@ -148,7 +148,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
                 flush=True,
             )
             coordinator = Coordinator(config, key, node, state, on_round=report)
-            lines = ProgressLines(sys.stderr)
+            lines = RoundProgressLines(sys.stderr)
 
             async def show_progress() -> None:
                 while True:

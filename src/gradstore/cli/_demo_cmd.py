@@ -143,7 +143,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 async def _demo(args: argparse.Namespace, config: Any) -> int:
     from ..demo import (
-        Progress,
+        DemoProgressBar,
         RoundRow,
         digits_split,
         format_row,
@@ -170,7 +170,7 @@ async def _demo(args: argparse.Namespace, config: Any) -> int:
             + (f", compressed with {config.compress}" if config.compress else ""),
             flush=True,
         )
-        progress = Progress(config.rounds, enabled=not quiet)
+        progress = DemoProgressBar(config.rounds, enabled=not quiet)
         if not quiet:
             print(table_header(), flush=True)
 

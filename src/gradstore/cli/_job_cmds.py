@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from ..aggregate import AggregationParams, aggregate
 from ..coordinator import Journal
 from ..dag import CID
-from ..errors import CoordinatorError
+from ..errors import CoordinatorError, Reason
 from ..files import load_gradient
 from ..format import Gradient
 from ..job import load_job
@@ -158,6 +158,7 @@ def cmd_round_show(args: argparse.Namespace) -> int:
             await node.aclose()
 
     record = decode_record(asyncio.run(run()), cid=cid)
+    absent = sum(Reason.of(e.reason) is Reason.ABSENT for e in record.excluded)
     doc = {
         "record": str(cid),
         "type": record.type,
@@ -193,8 +194,8 @@ def cmd_round_show(args: argparse.Namespace) -> int:
         "counts": {
             "expected": len(record.inputs) + len(record.excluded),
             "aggregated": len(record.inputs),
-            "absent": sum(e.reason.startswith("absent") for e in record.excluded),
-            "failed": sum(not e.reason.startswith("absent") for e in record.excluded),
+            "absent": absent,
+            "failed": len(record.excluded) - absent,
         },
     }
     if args.state:

@@ -9,7 +9,7 @@ from typing import TextIO
 _MIN_BYTES = 8 << 20  # below this a bar is noise
 
 
-class ProgressBar:
+class ByteProgressBar:
     """Callable (done, total) -> None that draws ``label [####    ] 12.0/256.0 MB 410 MB/s``."""
 
     def __init__(self, label: str, stream: TextIO | None = None, *, force: bool = False) -> None:

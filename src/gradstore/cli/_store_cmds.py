@@ -27,7 +27,7 @@ from ._documents import DocumentOptions
 from ._nodes import node_from_args
 from ._output import announce_written, check_target, open_output
 from ._patience import Patience
-from ._progress import ProgressBar
+from ._progress import ByteProgressBar
 from ._text import printable
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ class _Session:
         self,
         subject: str,
         work: Callable[[GradientStore, Callable[[int, int], None]], Awaitable[T]],
-        bar: ProgressBar | None = None,
+        bar: ByteProgressBar | None = None,
         *,
         waiting: Callable[[str], str] | None = None,
     ) -> T:
@@ -123,7 +123,7 @@ def _store(
     """``check(doc.size, limits)`` the document against --max-bytes (``check_fits`` of its
     gradient), then store it with a progress bar."""
     session.documents.check(f"put {path}", check, doc.size)
-    bar = ProgressBar("put")
+    bar = ByteProgressBar("put")
     try:
         return session.run(
             path,
@@ -160,7 +160,7 @@ def cmd_get(args: argparse.Namespace) -> int:
     session = _Session.parse(args)
     cid = CID.parse(args.cid)
     check_target(args.output)  # before fetching: a directory or a terminal cannot take it
-    bar = ProgressBar("get")
+    bar = ByteProgressBar("get")
     try:
         buf = session.run(str(cid), lambda s, progress: s.fetch_view(cid, progress=progress), bar)
     finally:

@@ -37,7 +37,8 @@ from .rounds import PeerState, RoundBook, Slot
 from .service import Coordinator
 from .state import CoordinatorState, Effects
 
-#: The earlier name of ``RoundProgress`` (``Progress`` is a byte-count callback elsewhere).
+#: The earlier public name of ``RoundProgress``: each meaning of progress has a name of its own
+#: (``gradstore.store.ByteProgress``, ``gradstore.demo.DemoProgressBar``).
 Progress = RoundProgress
 
 __all__ = [

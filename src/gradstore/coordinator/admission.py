@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Final
 
+from ..errors import Reason, reason_text
 from ..messages import Announce
 
 
@@ -44,14 +45,14 @@ class Admission:
     """What to do with one announcement, and why."""
 
     verdict: Verdict
-    reason: str = ""  # a reason code: stale-round, conflicting-cid, ...
+    reason: Reason | None = None  # its code: stale-round, conflicting-cid, ... (None: accepted)
     detail: str = ""  # one line for logs and for the peer
     tell: bool = False  # whether the peer hears of the refusal (in its round's status)
 
     @property
     def text(self) -> str:
         """``"reason: detail"``, what logs and statuses carry."""
-        return f"{self.reason}: {self.detail}" if self.detail else self.reason
+        return "" if self.reason is None else reason_text(self.reason, self.detail)
 
 
 ACCEPT = Admission(Verdict.ACCEPT)
@@ -78,13 +79,15 @@ def admit(ann: Announce, state: AdmissionState, now_ms: int) -> Admission:
     """Accept, ignore as a duplicate, or refuse (with a reason) one verified announcement."""
     if ann.run != state.run:
         return Admission(
-            Verdict.REFUSE, "wrong-run", f"announcement is for run {ann.run}, this is {state.run}"
+            Verdict.REFUSE,
+            Reason.WRONG_RUN,
+            f"announcement is for run {ann.run}, this is {state.run}",
         )
     skew = ann.sent_at - now_ms
     if abs(skew) > state.max_skew_ms:
         return Admission(
             Verdict.REFUSE,
-            "clock-skew",
+            Reason.CLOCK_SKEW,
             f"stamped {skew / 1000:+.1f} s from the coordinator's clock "
             f"(the job allows {state.max_skew_ms / 1000:.0f} s)",
         )
@@ -96,24 +99,24 @@ def admit(ann: Announce, state: AdmissionState, now_ms: int) -> Admission:
     if r < open_:
         return Admission(
             Verdict.REFUSE,
-            "stale-round",
+            Reason.STALE_ROUND,
             f"round {r} is over (round {open_} is open)",
             tell=r >= open_ - TELL_WINDOW,
         )
     if r > open_ + state.max_ahead:
         return Admission(
             Verdict.REFUSE,
-            "future-round",
+            Reason.FUTURE_ROUND,
             f"round {r} is too far ahead (round {open_} is open, {state.max_ahead} ahead allowed)",
             tell=r <= open_ + state.max_ahead + TELL_WINDOW,
         )
     known = state.announced.get((r, ann.peer) if ann.step is None else (r, ann.peer, ann.step))
     if known is not None:
         if known == ann.cid:
-            return Admission(Verdict.DUPLICATE, "duplicate")
+            return Admission(Verdict.DUPLICATE, Reason.DUPLICATE)
         return Admission(
             Verdict.REFUSE,
-            "conflicting-cid",
+            Reason.CONFLICTING_CID,
             f"round {r}: already announced {known}, the first announcement counts",
             tell=True,
         )
@@ -128,7 +131,7 @@ def _step_refusal(ann: Announce, steps: Mapping[str, frozenset[str]] | None) -> 
             return None
         return Admission(
             Verdict.REFUSE,
-            "unknown-step",
+            Reason.UNKNOWN_STEP,
             f"names step {ann.step!r}; the job has no steps",
             tell=True,
         )
@@ -136,12 +139,12 @@ def _step_refusal(ann: Announce, steps: Mapping[str, frozenset[str]] | None) -> 
         named = "names no step" if ann.step is None else f"names step {ann.step!r}"
         listed = ", ".join(list(steps)[:8]) + (", ..." if len(steps) > 8 else "")
         return Admission(
-            Verdict.REFUSE, "unknown-step", f"{named}; the job's steps: {listed}", tell=True
+            Verdict.REFUSE, Reason.UNKNOWN_STEP, f"{named}; the job's steps: {listed}", tell=True
         )
     if ann.peer not in steps[ann.step]:
         return Admission(
             Verdict.REFUSE,
-            "not-in-step",
+            Reason.NOT_IN_STEP,
             f"{ann.peer} is not one of step {ann.step!r}'s peers",
             tell=True,
         )

@@ -10,8 +10,9 @@ the announcement claims; a key the meta lacks is not checked, unless the job req
 bound meta. ``duplicates`` finds the announcements that repeat a CID already announced in
 the round: the first one keeps it.
 
-Every reason starts with its code: ``wrong-peer``, ``wrong-round``, ``wrong-job``,
-``wrong-run``, ``wrong-kind``, ``samples-mismatch``, ``unbound``, ``duplicate-cid``.
+Every reason starts with its code (an ``errors.Reason``): ``wrong-peer``, ``wrong-round``,
+``wrong-job``, ``wrong-run``, ``wrong-kind``, ``samples-mismatch``, ``unbound``,
+``duplicate-cid``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ..dag import CID
-from ..errors import CIDError
+from ..errors import CIDError, Reason, reason_text
 
 #: Meta keys a bound document must have (``require_meta``): whose, which round, which job.
 BOUND_KEYS: Final = ("peer", "round", "job")
@@ -51,31 +52,40 @@ def check_binding(meta: Mapping[str, Any], claim: Claim) -> str | None:
     """
     kind = meta.get("kind")
     if isinstance(kind, str) and kind in NOT_AN_UPDATE:
-        return f"wrong-kind: the document is of kind {kind!r}, not a peer's update"
+        return reason_text(
+            Reason.WRONG_KIND, f"the document is of kind {kind!r}, not a peer's update"
+        )
     if "job" in meta and meta["job"] != claim.job:
-        return f"wrong-job: the document names job {_text(meta['job'])}, this is {claim.job!r}"
+        return reason_text(
+            Reason.WRONG_JOB, f"the document names job {_text(meta['job'])}, this is {claim.job!r}"
+        )
     if claim.run is not None and "run" in meta and meta["run"] != claim.run:
-        return f"wrong-run: the document names run {_text(meta['run'])}, this is {claim.run!r}"
+        return reason_text(
+            Reason.WRONG_RUN, f"the document names run {_text(meta['run'])}, this is {claim.run!r}"
+        )
     if "round" in meta and not _same_int(meta["round"], claim.round):
-        return (
-            f"wrong-round: the document names round {_text(meta['round'])}, "
-            f"announced for round {claim.round}"
+        return reason_text(
+            Reason.WRONG_ROUND,
+            f"the document names round {_text(meta['round'])}, announced for round {claim.round}",
         )
     if "peer" in meta and meta["peer"] != claim.peer:
-        return (
-            f"wrong-peer: the document names peer {_text(meta['peer'])}, announced by {claim.peer}"
+        return reason_text(
+            Reason.WRONG_PEER,
+            f"the document names peer {_text(meta['peer'])}, announced by {claim.peer}",
         )
     if "num_samples" in meta and not _same_int(meta["num_samples"], claim.num_samples):
-        return (
-            f"samples-mismatch: the document names {_text(meta['num_samples'])} samples, "
-            f"the announcement {claim.num_samples}"
+        return reason_text(
+            Reason.SAMPLES_MISMATCH,
+            f"the document names {_text(meta['num_samples'])} samples, "
+            f"the announcement {claim.num_samples}",
         )
     if claim.require_meta:
         missing = [k for k in BOUND_KEYS if k not in meta]
         if missing:
-            return (
-                f"unbound: the job requires documents whose meta names their peer, round "
-                f"and job; this one lacks {', '.join(missing)}"
+            return reason_text(
+                Reason.UNBOUND,
+                "the job requires documents whose meta names their peer, round "
+                f"and job; this one lacks {', '.join(missing)}",
             )
     return None
 
@@ -92,7 +102,7 @@ def duplicates(announced: Iterable[tuple[str, str]]) -> dict[str, str]:
         key = _cid_key(cid)
         owner = first.setdefault(key, peer)
         if owner != peer:
-            out[peer] = f"duplicate-cid: {cid} was announced first by {owner}"
+            out[peer] = reason_text(Reason.DUPLICATE_CID, f"{cid} was announced first by {owner}")
     return out
 
 

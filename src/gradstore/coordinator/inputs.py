@@ -13,8 +13,8 @@ loop, window by window, and the budget counts their scratch beside the document.
 ``verify_gradient`` takes an input that came as arrays instead (Flower's replies): the same
 binding and checks, then it is encoded, compared with the CID its peer signed, and stored.
 
-``InputRefused`` is final for the round; a ``NodeError`` or ``TimeoutError`` is passing
-and the fetch plan may try again.
+A ``RefusedError`` (``InputRefused`` is its former name here) is final for the round; a
+``NodeError`` or ``TimeoutError`` is passing and the fetch plan may try again.
 """
 
 from __future__ import annotations
@@ -41,6 +41,9 @@ from ..errors import (
     IntegrityError,
     LimitExceededError,
     NodeError,
+    Reason,
+    RefusedError,
+    reason_text,
 )
 from ..format import (
     CHECK_SCRATCH_BYTES,
@@ -70,12 +73,9 @@ MIN_RATE_BYTES_S: Final = 4 * 1024 * 1024
 SCRATCH_BYTES: Final = max(CHECK_SCRATCH_BYTES, WINDOW_SCRATCH_BYTES)
 
 
-class InputRefused(Exception):
-    """The input cannot enter the round; ``reason`` says why (``"too-large: ..."``)."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
+#: The former name of ``RefusedError`` for an input the round kernel refuses (``code``,
+#: ``detail``; ``reason`` is the text, ``"too-large: ..."``).
+InputRefused = RefusedError
 
 
 @dataclass
@@ -132,16 +132,16 @@ async def root_block(node: Node, cid: CID, limits: Limits, timeout: float) -> tu
     try:
         data = await asyncio.wait_for(node.get_block(cid), timeout)
     except IntegrityError as exc:  # the node served bytes that do not hash to the CID
-        raise InputRefused(f"integrity: {exc}") from None
+        raise RefusedError(Reason.INTEGRITY, str(exc)) from None
     assembler = FileAssembler(cid, limits.max_bytes)
     try:
         assembler.add(Block(cid, data))  # allocates lazily; refuses a size over the limit
     except LimitExceededError as exc:
-        raise InputRefused(f"too-large: {exc}") from None
+        raise RefusedError(Reason.TOO_LARGE, str(exc)) from None
     except IntegrityError as exc:
-        raise InputRefused(f"integrity: {exc}") from None
+        raise RefusedError(Reason.INTEGRITY, str(exc)) from None
     except DAGError as exc:
-        raise InputRefused(f"malformed: {exc}") from None
+        raise RefusedError(Reason.MALFORMED, str(exc)) from None
     buffer = assembler.buffer
     assert buffer is not None
     return buffer.nbytes, data
@@ -166,7 +166,7 @@ async def verify_input(
 
     ``claim``: what the announcement says of the document (None: not checked); ``step``:
     the step whose tensors the document must hold (None: any). Whatever the document does
-    wrong is an ``InputRefused``; only the node's failures pass through."""
+    wrong is a ``RefusedError``; only the node's failures pass through."""
     with _as_refusal():
         start = time.perf_counter()
         size, root = await root_block(node, cid, store.limits, resolve_timeout_s)
@@ -184,13 +184,13 @@ async def verify_input(
                 # off the loop: a compressed payload's checks take time in proportion to it
                 gradient, header = await asyncio.to_thread(decode_with_header, buf, limits)
             except LimitExceededError as exc:  # the rest: see _as_refusal
-                raise InputRefused(f"too-large: {exc}") from None
+                raise RefusedError(Reason.TOO_LARGE, str(exc)) from None
             _check_claim(gradient, claim)
             schema, problem, norm = await asyncio.to_thread(
                 check_gradient, gradient, expected, clip, step
             )
             if problem is not None:
-                raise InputRefused(problem)
+                raise RefusedError.parse(problem)
             await asyncio.wait_for(node.pin(cid), timeout)
             kept = keep.try_take(size)
             return VerifiedInput(
@@ -228,12 +228,13 @@ async def verify_gradient(
         _check_claim(gradient, claim)
         schema, problem, norm = await asyncio.to_thread(check_gradient, gradient, expected, clip)
         if problem is not None:
-            raise InputRefused(problem)
+            raise RefusedError.parse(problem)
         document = encode(gradient)
         cid = await asyncio.to_thread(file_cid, document)
         if announced is not None and cid != announced.to_v1():
-            raise InputRefused(
-                f"integrity: the arrays make document {cid}, the signed reply names {announced}"
+            raise RefusedError(
+                Reason.INTEGRITY,
+                f"the arrays make document {cid}, the signed reply names {announced}",
             )
         stored = await store.put_document(document)
         return VerifiedInput(
@@ -275,25 +276,25 @@ def tensor_infos(gradient: Gradient, document: EncodedDocument) -> dict[str, Ten
 
 @contextlib.contextmanager
 def _as_refusal() -> Iterator[None]:
-    """Whatever a document does wrong, as an ``InputRefused``; the node's failures pass."""
+    """Whatever a document does wrong, as a ``RefusedError``; the node's failures pass."""
     try:
         yield
-    except (InputRefused, NodeError):
+    except (RefusedError, NodeError):
         raise
     except IntegrityError as exc:  # a block that is not its CID's, wherever it came up
-        raise InputRefused(f"integrity: {exc}") from None
+        raise RefusedError(Reason.INTEGRITY, str(exc)) from None
     except (
         GradstoreError
     ) as exc:  # a document that breaks the format, a DAG that is not a file, ...
-        raise InputRefused(f"malformed: {exc}") from None
+        raise RefusedError(Reason.MALFORMED, str(exc)) from None
 
 
 def _check_claim(gradient: Gradient | CompressedGradient, claim: Claim | None) -> None:
-    """``InputRefused`` unless the document may be the one ``claim`` announced."""
+    """``RefusedError`` unless the document may be the one ``claim`` announced."""
     if claim is not None:
         unbound = check_binding(gradient.meta, claim)
         if unbound is not None:
-            raise InputRefused(unbound)
+            raise RefusedError.parse(unbound)
 
 
 def check_gradient(
@@ -316,26 +317,32 @@ def check_gradient(
     if expected is not None and schema != expected:
         return (
             schema,
-            f"schema-mismatch: expected {schema_text(expected)}, got {schema_text(schema)}",
+            reason_text(
+                Reason.SCHEMA_MISMATCH,
+                f"expected {schema_text(expected)}, got {schema_text(schema)}",
+            ),
             None,
         )
     if isinstance(gradient, CompressedGradient):
         for name, t in gradient.tensors.items():
             if not t.is_finite():
-                return schema, f"non-finite: tensor {name!r} holds NaN or Inf", None
+                return schema, _non_finite(name), None
             at = first_beyond_dtype(t)
             if at is not None:
                 value = float(t.read(at, at + 1)[0])
                 return (
                     schema,
-                    f"out-of-range: tensor {name!r}: element {at} decompresses to {value:g}, "
-                    f"beyond the range of its dtype {t.dtype_code}",
+                    reason_text(
+                        Reason.OUT_OF_RANGE,
+                        f"tensor {name!r}: element {at} decompresses to {value:g}, "
+                        f"beyond the range of its dtype {t.dtype_code}",
+                    ),
                     None,
                 )
         return schema, None, compressed_norm(gradient) if clip else None
     for name, arr in gradient.tensors.items():
         if not all_finite(arr):  # by blocks: no bool array of the tensor's size
-            return schema, f"non-finite: tensor {name!r} holds NaN or Inf", None
+            return schema, _non_finite(name), None
     return schema, None, global_norm(gradient.tensors) if clip else None
 
 
@@ -347,14 +354,18 @@ def step_mismatch(schema: Schema, step: StepConfig) -> str | None:
         return None
     selectors = ", ".join(str(s) for s in step.tensors)
     if not schema:
-        return f"schema-mismatch: the document holds no tensor of step {step.name!r} ({selectors})"
+        return reason_text(
+            Reason.SCHEMA_MISMATCH,
+            f"the document holds no tensor of step {step.name!r} ({selectors})",
+        )
     for name, _, _ in schema:
         if not step.covers(name):
-            return (
-                f"schema-mismatch: tensor {name[:80]!r} is not one of step {step.name!r}'s "
-                f"({selectors[:120]})"
+            return reason_text(
+                Reason.SCHEMA_MISMATCH,
+                f"tensor {name[:80]!r} is not one of step {step.name!r}'s ({selectors[:120]})",
             )
     return None
 
 
-_check = check_gradient  # its former name
+def _non_finite(name: str) -> str:
+    return reason_text(Reason.NON_FINITE, f"tensor {name!r} holds NaN or Inf")

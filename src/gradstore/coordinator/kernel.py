@@ -4,7 +4,8 @@
 - verify an input: ``verify_input`` fetches one by CID (one bounded attempt),
   ``verify_gradient`` takes one that came as arrays; both bind the document to its
   announcement (``Claim``), check it against the round's schema (``check_gradient``) and
-  give a ``VerifiedInput``, or raise ``InputRefused`` with the reason;
+  give a ``VerifiedInput``, or raise ``errors.RefusedError`` with the reason (its code and
+  detail; ``InputRefused`` is its former name, kept);
 - ``duplicates``: the announcements that repeat a CID another announced first;
 - ``close_round``: aggregate the verified inputs, store the aggregate and the signed record;
 - ``ByteBudget``: how many bytes of documents are held at once; ``FETCH_RETRY``: the waits

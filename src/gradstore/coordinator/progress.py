@@ -1,7 +1,7 @@
 """Where the open round stands, for the coordinator's "waiting for peers" lines.
 
-Named ``RoundProgress`` because ``Progress`` already means a byte-count callback in
-``gradstore.store`` and the audit; ``gradstore.coordinator.Progress`` stays as an alias.
+Named ``RoundProgress``, one name per meaning: bytes moved are ``gradstore.store.ByteProgress``;
+``gradstore.coordinator.Progress`` stays as an alias.
 """
 
 from __future__ import annotations

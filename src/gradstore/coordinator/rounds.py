@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from ..errors import Reason, reason_text
 from ..format import CompressedGradient, CompressedTensor, Gradient, dtype_code
 from .binding import duplicates
 
@@ -33,7 +34,7 @@ class PeerState(StrEnum):
     FAILED = "failed"
 
 
-ABSENT = "absent: never announced"
+ABSENT = reason_text(Reason.ABSENT, "never announced")
 
 
 @dataclass
@@ -171,7 +172,7 @@ def cut_off(book: RoundBook) -> list[str]:
     """At close, inputs still in flight fail: they were not verified by the deadline."""
     late = book.in_state(PeerState.RECEIVED)
     for peer in late:
-        book.fail(peer, "unavailable: not verified by the deadline")
+        book.fail(peer, reason_text(Reason.UNAVAILABLE, "not verified by the deadline"))
     return late
 
 
@@ -207,7 +208,10 @@ def keep_majority_schema(book: RoundBook) -> list[str]:
         if schema != keep:
             for peer in peers:
                 book.fail(
-                    peer, f"schema-mismatch: disagrees with the majority ({schema_text(keep)})"
+                    peer,
+                    reason_text(
+                        Reason.SCHEMA_MISMATCH, f"disagrees with the majority ({schema_text(keep)})"
+                    ),
                 )
                 dropped.append(peer)
     return dropped

@@ -24,7 +24,7 @@ from typing import Any, Final
 
 from ..aggregate import prepare
 from ..dag import CID
-from ..errors import CoordinatorError, NodeError
+from ..errors import ConfigError, CoordinatorError, NodeError, Reason, RefusedError
 from ..format import Gradient
 from ..job import JobConfig
 from ..messages import SigningKey, encode_fitted
@@ -35,7 +35,7 @@ from .admission import Verdict
 from .closer import Closer
 from .closing import DEFAULT_CLOSE_RETRY_S
 from .fetch_plan import DEFAULT_ATTEMPTS
-from .inputs import ByteBudget, InputRefused, VerifiedInput, verify_input
+from .inputs import ByteBudget, VerifiedInput, verify_input
 from .journal import Journal
 from .outcome import RoundOutcome, format_outcome
 from .progress import RoundProgress
@@ -70,7 +70,7 @@ class Coordinator(Closer):
         clock: Callable[[], float] = time.time,
     ) -> None:
         if key.did != config.coordinator:
-            raise CoordinatorError(
+            raise ConfigError(
                 f"the key's id {key.did} is not the job's coordinator {config.coordinator}"
             )
         self.config = config
@@ -265,13 +265,13 @@ class Coordinator(Closer):
                     claim=order.claim,
                     step=order.step,
                 )
-        except InputRefused as exc:
+        except RefusedError as exc:
             got = FetchFailed(exc.reason)
         except (NodeError, TimeoutError) as exc:
             got = FetchFailed(str(exc) or f"no answer in {self.resolve_timeout_s:.0f} s", True)
         except Exception as exc:  # a bug must fail this input, not the round
             log.exception("round %d: verifying the input of %s crashed", key[0], key[1])
-            got = FetchFailed(f"internal error: {type(exc).__name__}: {exc}")
+            got = FetchFailed(f"{Reason.INTERNAL} error: {type(exc).__name__}: {exc}")
         finally:
             self._attempts.pop(key, None)
             self._apply(self.state.fetched(key, got, time.perf_counter() - start, self.clock()))

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from ..dag import CID
-from ..errors import MessageError
+from ..errors import MessageError, Reason, reason_text
 from ..format import Gradient
 from ..job import JobConfig
 from ..messages import (
@@ -277,7 +277,7 @@ class CoordinatorState:
         if len(data) <= MAX_MESSAGE_BYTES:
             digest = hashlib.blake2b(data, digest_size=16).digest()
             if digest in self._seen:  # an exact replay: not even its signature is checked
-                self.refusals["duplicate"] += 1
+                self.refusals[Reason.DUPLICATE] += 1
                 return Verdict.DUPLICATE, Effects()
             self._seen[digest] = None
             if len(self._seen) > SEEN_MESSAGES:
@@ -286,11 +286,10 @@ class CoordinatorState:
         try:
             ann = verify_message(data, job=cfg.job, coordinator=cfg.coordinator, peers=cfg.roster)
         except MessageError as exc:  # before its signature proved a sender: no sender
-            detail = str(exc).removeprefix(f"{exc.reason}: ")
-            return self._refused(exc.reason, detail, None, now), Effects()
+            return self._refused(exc.code, exc.detail, None, now), Effects()
         if not isinstance(ann, Announce):
             detail = f"{type(ann).__name__} on the gradients topic"
-            return self._refused("unexpected-type", detail, None, now), Effects()
+            return self._refused(Reason.UNEXPECTED_TYPE, detail, None, now), Effects()
         state = AdmissionState(
             run=self.run_id,
             open_round=self.round,
@@ -303,12 +302,12 @@ class CoordinatorState:
         if decision.verdict is Verdict.ACCEPT and self._closed_step(ann):
             decision = self._step_over(ann)
         if decision.verdict is Verdict.DUPLICATE:
-            self.refusals["duplicate"] += 1
+            self.refusals[Reason.DUPLICATE] += 1
             return decision.verdict, Effects()
         if decision.verdict is Verdict.REFUSE and self._had(ann):
             # its own input of a closed round, sent again because the word of it was lost:
             # the round's status already says what became of it, a refusal would contradict it
-            self.refusals["duplicate"] += 1
+            self.refusals[Reason.DUPLICATE] += 1
             return Verdict.DUPLICATE, Effects()
         if decision.verdict is Verdict.REFUSE:
             effects = Effects()
@@ -320,7 +319,7 @@ class CoordinatorState:
             if book is not None and book.refuse(ann.peer, decision.text):
                 effects.statuses = self._mark(ann.round, ann.step)
             detail = f"{ann.peer}: {decision.text}"
-            return self._refused(decision.reason, detail, ann.peer, now), effects
+            return self._refused(decision.reason or Reason.REFUSED, detail, ann.peer, now), effects
         self.announced[input_key(ann.round, ann.peer, ann.step)] = ann.cid
         self._accepted.append((ann, now))
         return Verdict.ACCEPT, Effects(
@@ -342,7 +341,7 @@ class CoordinatorState:
     def _step_over(self, ann: Announce) -> Admission:
         return Admission(
             Verdict.REFUSE,
-            "stale-round",
+            Reason.STALE_ROUND,
             f"round {ann.round}'s step {ann.step!r} is over",
             tell=True,
         )
@@ -361,7 +360,7 @@ class CoordinatorState:
             and slot.state in (PeerState.VERIFIED, PeerState.AGGREGATED)
         )
 
-    def _refused(self, reason: str, detail: str, sender: str | None, now: float) -> Verdict:
+    def _refused(self, reason: Reason, detail: str, sender: str | None, now: float) -> Verdict:
         """Count a refusal; log it in full only if ``refusal_log`` says so (``sender``: the
         peer its signature proved, None for unauthenticated junk)."""
         self.refusals[reason] += 1
@@ -559,8 +558,11 @@ class CoordinatorState:
                 )
                 return effects
             got = FetchFailed(
-                f"unavailable: {cid} could not be fetched in "
-                f"{self.plan.attempts} attempts (last: {got.reason})"
+                reason_text(
+                    Reason.UNAVAILABLE,
+                    f"{cid} could not be fetched in {self.plan.attempts} attempts "
+                    f"(last: {got.reason})",
+                )
             )
         else:
             self.plan.finished(key)

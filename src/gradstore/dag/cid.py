@@ -19,6 +19,11 @@ DAG_CBOR: Final = 0x71
 SHA2_256: Final = 0x12
 SHA2_256_LEN: Final = 32
 _CODECS: Final = {RAW: "raw", DAG_PB: "dag-pb", DAG_CBOR: "dag-cbor"}
+#: What ``multiformats`` raises for a string that is no CID: an unknown multibase, multicodec
+#: or multihash (KeyError), a bad digit, padding, varint, version or digest size (ValueError,
+#: UnicodeEncodeError among them), a multibase prefix alone (IndexError). Anything else is a bug
+#: and propagates.
+_NOT_A_CID: Final = (ValueError, KeyError, IndexError)
 # Inside class CID, the name ``bytes`` is the property below, so signatures use this alias.
 _BytesLike: TypeAlias = bytes | bytearray | memoryview
 
@@ -156,13 +161,15 @@ class CID:
             from multiformats import CID as _MFCID
 
             mf = _MFCID.decode(text)
-        except Exception as exc:  # multiformats raises several unrelated types
+            # read lazily: a sha2-256 digest longer than 32 bytes fails only here
+            version, codec, hashfun, digest = mf.version, mf.codec, mf.hashfun, mf.raw_digest
+        except _NOT_A_CID as exc:
             raise CIDError(f"not a valid CID: {value!r} ({exc})") from exc
-        if mf.hashfun.code != SHA2_256 or len(mf.raw_digest) != SHA2_256_LEN:
-            raise CIDError(f"unsupported multihash {mf.hashfun.name} in {value!r} (only sha2-256)")
-        if mf.codec.code not in _CODECS:
-            raise CIDError(f"unsupported codec {mf.codec.name} in {value!r}")
-        return cls(mf.codec.code, bytes(mf.raw_digest), mf.version)
+        if hashfun.code != SHA2_256 or len(digest) != SHA2_256_LEN:
+            raise CIDError(f"unsupported multihash {hashfun.name} in {value!r} (only sha2-256)")
+        if codec.code not in _CODECS:
+            raise CIDError(f"unsupported codec {codec.name} in {value!r}")
+        return cls(codec.code, bytes(digest), version)
 
     def to_v1(self) -> CID:
         return CID(self.codec, self.digest, 1)

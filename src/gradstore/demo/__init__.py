@@ -9,9 +9,12 @@ scikit-learn (the data) and matplotlib (``--plot``) are the ``demo`` extra.
 from ._data import DigitsSplit, Shard, digits_split, load_digits_data, split
 from ._models import MLP, MODELS, Model, Params, SoftmaxRegression, accuracy, make_model
 from ._node import DemoNode, open_demo_node
-from ._report import Progress, format_row, summary, table_header, write_plot, write_summary
+from ._report import DemoProgressBar, format_row, summary, table_header, write_plot, write_summary
 from ._run import DEFAULT_LR, MODES, DemoConfig, DemoResult, RoundRow, job_config, run_demo
 from ._train import full_batch_losses, local_sgd, sgd_step
+
+#: The earlier public name of ``DemoProgressBar`` (one name per meaning of progress).
+Progress = DemoProgressBar
 
 __all__ = [
     "DEFAULT_LR",
@@ -20,6 +23,7 @@ __all__ = [
     "MODES",
     "DemoConfig",
     "DemoNode",
+    "DemoProgressBar",
     "DemoResult",
     "DigitsSplit",
     "Model",

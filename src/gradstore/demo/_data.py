@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import GradstoreError
+from ..errors import MissingExtraError
 
 Array = np.ndarray[Any, Any]
 HELD_OUT_FRACTION = 0.2
@@ -57,7 +57,7 @@ def load_digits_data() -> tuple[Array, Array]:
     try:
         from sklearn.datasets import load_digits  # type: ignore[import-untyped,import-not-found,unused-ignore]
     except ImportError as exc:
-        raise GradstoreError("the demo needs scikit-learn: pip install 'gradstore[demo]'") from exc
+        raise MissingExtraError("demo", "the demo needs scikit-learn") from exc
     bunch = load_digits()
     return np.asarray(bunch.data, dtype=np.float64) / 16.0, np.asarray(bunch.target, dtype=np.int64)
 

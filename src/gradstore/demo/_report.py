@@ -38,7 +38,7 @@ def format_row(row: RoundRow) -> str:
     )
 
 
-class Progress:
+class DemoProgressBar:
     """``[####....] round 2 (3/20): training`` on stderr, redrawn in place; silent unless it is a terminal."""
 
     def __init__(
@@ -101,9 +101,9 @@ def write_plot(rows: Sequence[RoundRow], path: str | Path, title: str = "") -> N
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError as exc:
-        from ..errors import GradstoreError
+        from ..errors import MissingExtraError
 
-        raise GradstoreError("--plot needs matplotlib: pip install 'gradstore[demo]'") from exc
+        raise MissingExtraError("demo", "--plot needs matplotlib") from exc
     fig = Figure(figsize=(8, 3.5), layout="constrained")
     FigureCanvasAgg(fig)
     loss_ax, acc_ax = fig.subplots(1, 2)

@@ -15,8 +15,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
-import torch.nn.functional as F
+
+from ..errors import MissingExtraError
+
+try:
+    import torch
+    import torch.nn.functional as F
+except ImportError:
+    raise MissingExtraError("torch", "the demo's cnn model (PyTorch)") from None
 
 from ..torch import numpy_to_tensor, tensor_to_numpy
 

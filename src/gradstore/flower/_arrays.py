@@ -20,17 +20,15 @@ import numpy as np
 from flwr.app import Array, ArrayRecord
 from numpy.lib import format as npy_format
 
+from ..errors import Reason, RefusedError
 from ..format import Limits, dtype_code
 
 NUMPY_STYPE = "numpy.ndarray"
 
 
-class ArraysRefused(ValueError):
-    """The arrays cannot become a gradient; ``reason`` starts with a code (``too-large: ...``)."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
+class ArraysRefused(RefusedError, ValueError):
+    """The arrays cannot become a gradient: a ``RefusedError`` (``code``, ``detail``; ``reason``
+    reads ``too-large: ...``), and a ``ValueError`` as it always was."""
 
 
 def record_nbytes(record: ArrayRecord) -> int:
@@ -41,10 +39,14 @@ def record_nbytes(record: ArrayRecord) -> int:
 def arrays_to_tensors(record: ArrayRecord, limits: Limits) -> dict[str, np.ndarray[Any, Any]]:
     """The record's arrays by name, every one checked; ``ArraysRefused`` otherwise."""
     if len(record) > limits.max_tensors:
-        raise ArraysRefused(f"too-large: {len(record)} arrays, the limit is {limits.max_tensors}")
+        raise ArraysRefused(
+            Reason.TOO_LARGE, f"{len(record)} arrays, the limit is {limits.max_tensors}"
+        )
     total = record_nbytes(record)
     if total > limits.max_bytes:
-        raise ArraysRefused(f"too-large: {total} bytes of arrays, the limit is {limits.max_bytes}")
+        raise ArraysRefused(
+            Reason.TOO_LARGE, f"{total} bytes of arrays, the limit is {limits.max_bytes}"
+        )
     out: dict[str, np.ndarray[Any, Any]] = {}
     for name, array in record.items():
         out[name] = _one(name, array, limits)
@@ -53,28 +55,31 @@ def arrays_to_tensors(record: ArrayRecord, limits: Limits) -> dict[str, np.ndarr
 
 def _one(name: str, array: Array, limits: Limits) -> np.ndarray[Any, Any]:
     if not name or len(name.encode("utf-8", "surrogatepass")) > limits.max_name_bytes:
-        raise ArraysRefused(f"malformed: array name {name!r:.60} is empty or too long")
+        raise ArraysRefused(Reason.MALFORMED, f"array name {name!r:.60} is empty or too long")
     if array.stype != NUMPY_STYPE:
         raise ArraysRefused(
-            f"malformed: array {name!r} is serialized as {array.stype!r:.40}, not {NUMPY_STYPE}"
+            Reason.MALFORMED,
+            f"array {name!r} is serialized as {array.stype!r:.40}, not {NUMPY_STYPE}",
         )
     dtype, shape, fortran, offset = _npy_header(name, array.data)
     if dtype_code(dtype) is None:
         raise ArraysRefused(
-            f"malformed: array {name!r} has dtype {dtype}, which gradstore/1 cannot hold"
+            Reason.MALFORMED, f"array {name!r} has dtype {dtype}, which gradstore/1 cannot hold"
         )
     count = math.prod(shape)
     if len(shape) > limits.max_rank or count > limits.max_elements:
-        raise ArraysRefused(f"too-large: array {name!r} declares shape {list(shape)}")
+        raise ArraysRefused(Reason.TOO_LARGE, f"array {name!r} declares shape {list(shape)}")
     if len(array.data) - offset != count * dtype.itemsize:
         raise ArraysRefused(
-            f"malformed: array {name!r} declares {dtype}{list(shape)} "
-            f"({count * dtype.itemsize} bytes) but carries {len(array.data) - offset}"
+            Reason.MALFORMED,
+            f"array {name!r} declares {dtype}{list(shape)} "
+            f"({count * dtype.itemsize} bytes) but carries {len(array.data) - offset}",
         )
     if shape != tuple(array.shape) or str(dtype) != array.dtype:
         raise ArraysRefused(
-            f"malformed: array {name!r} holds {dtype}{list(shape)} but says "
-            f"{array.dtype!r:.40}{list(array.shape)}"
+            Reason.MALFORMED,
+            f"array {name!r} holds {dtype}{list(shape)} but says "
+            f"{array.dtype!r:.40}{list(array.shape)}",
         )
     # a view of the bytes Flower received (no np.load: nothing is allocated from the header)
     value = np.frombuffer(array.data, dtype, count, offset).reshape(
@@ -95,9 +100,11 @@ def _npy_header(name: str, data: bytes) -> tuple[np.dtype[Any], tuple[int, ...],
         else:
             raise ValueError(f"unsupported .npy version {version}")
     except Exception as exc:  # ValueError, EOFError, SyntaxError: whatever a bad header makes
-        raise ArraysRefused(f"malformed: array {name!r} is not a .npy array: {exc}") from None
+        raise ArraysRefused(
+            Reason.MALFORMED, f"array {name!r} is not a .npy array: {exc}"
+        ) from None
     if dtype.hasobject:
-        raise ArraysRefused(f"malformed: array {name!r} holds Python objects")
+        raise ArraysRefused(Reason.MALFORMED, f"array {name!r} holds Python objects")
     return dtype, tuple(int(d) for d in shape), bool(fortran), stream.tell()
 
 

@@ -21,7 +21,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from ..dag import CID, file_cid
-from ..errors import GradstoreError
+from ..errors import ConfigError, GradstoreError
 from ..format import DEFAULT_LIMITS, Gradient, Limits, encode
 from ..messages import Announce, SigningKey, encode_message
 from ..node import Closing
@@ -56,9 +56,9 @@ class GradstoreClient(Closing):
         limits: Limits = DEFAULT_LIMITS,
     ) -> None:
         if send not in ("cid", "arrays"):
-            raise ValueError(f"send must be 'cid' or 'arrays', got {send!r}")
+            raise ConfigError(f"send must be 'cid' or 'arrays', got {send!r}")
         if send == "cid" and node is None:
-            raise ValueError("send='cid' needs a node (the Kubo RPC URL) to put the document on")
+            raise ConfigError("send='cid' needs a node (the Kubo RPC URL) to put the document on")
         self.key = key
         self.send: Send = send
         self.weighted_by_key = weighted_by_key
@@ -74,7 +74,7 @@ class GradstoreClient(Closing):
         config = {**context.run_config, **context.node_config}
         path = config.get(KEY_CONFIG)
         if not isinstance(path, str) or not path:
-            raise GradstoreError(
+            raise ConfigError(
                 f"this SuperNode has no {KEY_CONFIG!r} in its --node-config: give each client "
                 "a key file (gradstore keygen --out FILE) so round records can name it"
             )

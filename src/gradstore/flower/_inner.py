@@ -15,6 +15,8 @@ from typing import Any
 
 from flwr.serverapp.strategy import FedAvg, Strategy
 
+from ..errors import ConfigError
+
 
 def gradstore_equivalent(inner: Any) -> str | None:
     """The GradstoreStrategy arguments that combine as ``inner`` does, or None."""
@@ -34,7 +36,8 @@ def gradstore_equivalent(inner: Any) -> str | None:
 
 
 def check_inner(inner: Strategy, *, replace_aggregation: bool) -> None:
-    """Raise ValueError if wrapping ``inner`` would silently drop its own aggregation."""
+    """Raise ``ConfigError`` (a ValueError) if wrapping ``inner`` would silently drop its own
+    aggregation."""
     # the bound method's function: catches an aggregate_train set on the instance too
     own = getattr(inner.aggregate_train, "__func__", None)
     if replace_aggregation or own is FedAvg.aggregate_train:
@@ -48,7 +51,7 @@ def check_inner(inner: Strategy, *, replace_aggregation: bool) -> None:
         else "gradstore has no equivalent of it; wrap FedAvg, FedProx or a strategy that "
         "aggregates as FedAvg does"
     )
-    raise ValueError(
+    raise ConfigError(
         f"{name} combines the arrays in its own aggregate_train, which GradstoreStrategy "
         f"replaces with gradstore's method: {advice}. Pass replace_aggregation=True to "
         f"wrap {name} anyway (only its client selection, instructions, metrics and "

@@ -7,6 +7,7 @@ from typing import Any, Final, cast
 
 from ..aggregate import parameter_names
 from ..aggregate.methods import MethodName
+from ..errors import ConfigError
 from ..format import DEFAULT_LIMITS
 from ..job import InputsConfig, JobConfig
 
@@ -18,7 +19,8 @@ def job_config(coordinator: str, **keywords: Any) -> JobConfig:
     """The ``JobConfig`` that ``GradstoreStrategy``'s former keywords describe, signed by
     ``coordinator``: ``job`` ("flower"), ``method`` ("fedavg") and its parameters by name,
     ``weights`` (per peer), ``clip_input_norm``, ``clip_output_norm``, ``peers`` (None: any
-    client), ``limits`` and ``require_bound_meta``. TypeError for any other keyword."""
+    client), ``limits`` and ``require_bound_meta``. TypeError for any other keyword, ConfigError
+    (a ValueError) for no peers."""
     known = {*JOB_KEYWORDS, *parameter_names()}
     unknown = sorted(set(keywords) - known)
     if unknown:
@@ -26,7 +28,7 @@ def job_config(coordinator: str, **keywords: Any) -> JobConfig:
     given = dict(keywords)
     peers = given.pop("peers", None)
     if peers is not None and not peers:
-        raise ValueError("peers lists no peer (None lets any client contribute)")
+        raise ConfigError("peers lists no peer (None lets any client contribute)")
     return JobConfig(
         job=given.pop("job", "flower"),
         coordinator=coordinator,

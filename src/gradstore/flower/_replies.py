@@ -9,8 +9,8 @@ A reply is one of:
 - **unsigned**: plain Flower arrays and a sample count in the metrics; the client is named
   by its custodial did (see ``_protocol.custodial_did``), when the strategy allows it.
 
-Every refusal is a ``Refused`` with a reason that starts with a code, as the coordinator's
-do (``bad-signature: ...``, ``wrong-run: ...``, ``unsigned: ...``).
+Every refusal is a ``RefusedError`` with a code, as the coordinator's are (``bad-signature``,
+``wrong-run``, ``unsigned``, ...), and the node it came from (``node_id``).
 """
 
 from __future__ import annotations
@@ -23,22 +23,11 @@ import numpy as np
 from flwr.app import Message
 
 from ..dag import CID
-from ..errors import CIDError, MessageError
+from ..errors import CIDError, MessageError, Reason, RefusedError
 from ..format import Limits
 from ..messages import Announce, announcement_signature, verify_message
 from ._arrays import ArraysRefused, arrays_to_tensors, record_nbytes
 from ._protocol import CONFIG_KEY, Instruction
-
-
-class Refused(Exception):
-    """A reply that cannot enter the round, with the peer it names (if any) and why."""
-
-    def __init__(self, node_id: int, peer: str | None, reason: str, cid: CID | None = None) -> None:
-        super().__init__(reason)
-        self.node_id = node_id
-        self.peer = peer
-        self.reason = reason
-        self.cid = cid
 
 
 @dataclass
@@ -68,28 +57,31 @@ class ReplyRules:
 
 
 def read_reply(msg: Message, rules: ReplyRules) -> Candidate:
-    """The reply as a ``Candidate``, or ``Refused``."""
+    """The reply as a ``Candidate``, or ``RefusedError`` (naming the node, and the peer and
+    CID when the reply proved them)."""
     node_id = int(msg.metadata.src_node_id)
     if msg.has_error():
-        raise Refused(node_id, None, f"client-error: {msg.error.reason!s:.200}")
+        raise RefusedError(Reason.CLIENT_ERROR, f"{msg.error.reason!s:.200}", node_id=node_id)
     content = msg.content
     config = content.config_records.get(CONFIG_KEY)
     announce = None if config is None else config.get("announce")
     arrays = list(content.array_records.values())
     if len(arrays) > 1:
-        raise Refused(node_id, None, f"malformed: {len(arrays)} ArrayRecords, expected at most 1")
+        raise RefusedError(
+            Reason.MALFORMED, f"{len(arrays)} ArrayRecords, expected at most 1", node_id=node_id
+        )
     if announce is None:
         return _unsigned(node_id, msg, rules, arrays[0] if arrays else None)
     ann, signature = _announcement(node_id, announce, rules)
     cid = CID.parse(ann.cid)
     count = _metric_count(msg, rules.weighted_by_key)
     if count is not None and count != ann.num_samples:
-        raise Refused(
-            node_id,
-            ann.peer,
-            f"malformed: metrics say {rules.weighted_by_key}={count}, the announcement "
-            f"{ann.num_samples}",
-            cid,
+        raise RefusedError(
+            Reason.MALFORMED,
+            f"metrics say {rules.weighted_by_key}={count}, the announcement {ann.num_samples}",
+            node_id=node_id,
+            peer=ann.peer,
+            cid=cid,
         )
     tensors = None
     nbytes = 0
@@ -98,7 +90,7 @@ def read_reply(msg: Message, rules: ReplyRules) -> Candidate:
         try:
             tensors = arrays_to_tensors(arrays[0], rules.limits)
         except ArraysRefused as exc:
-            raise Refused(node_id, ann.peer, exc.reason, cid) from None
+            raise exc.about(node_id=node_id, peer=ann.peer, cid=cid) from None
     return Candidate(
         node_id, ann.peer, ann.num_samples, True, cid, tensors, nbytes, (ann.sent_at, signature)
     )
@@ -107,23 +99,43 @@ def read_reply(msg: Message, rules: ReplyRules) -> Candidate:
 def _announcement(node_id: int, data: object, rules: ReplyRules) -> tuple[Announce, bytes]:
     ins = rules.instruction
     if not isinstance(data, bytes):
-        raise Refused(node_id, None, "malformed: `announce` must be bytes")
+        raise RefusedError(Reason.MALFORMED, "`announce` must be bytes", node_id=node_id)
     try:
         msg = verify_message(data, job=ins.job, coordinator=ins.coordinator, peers=rules.peers)
     except MessageError as exc:
-        raise Refused(node_id, None, str(exc)) from None  # "bad-signature: ...", ...
+        raise RefusedError(exc.code, exc.detail, node_id=node_id) from None  # bad-signature, ...
     if not isinstance(msg, Announce):
-        raise Refused(node_id, None, f"malformed: a {msg.kind} message is not a reply")
+        raise RefusedError(
+            Reason.MALFORMED, f"a {msg.kind} message is not a reply", node_id=node_id
+        )
     try:
         cid = CID.parse(msg.cid)
     except CIDError as exc:  # verify_message checked it already; belt and braces
-        raise Refused(node_id, msg.peer, f"malformed: {exc}") from None
+        raise RefusedError(Reason.MALFORMED, str(exc), node_id=node_id, peer=msg.peer) from None
     if msg.run != ins.run:
-        raise Refused(node_id, msg.peer, f"wrong-run: {msg.run}, this run is {ins.run}", cid)
+        raise RefusedError(
+            Reason.WRONG_RUN,
+            f"{msg.run}, this run is {ins.run}",
+            node_id=node_id,
+            peer=msg.peer,
+            cid=cid,
+        )
     if msg.round != ins.round:
-        raise Refused(node_id, msg.peer, f"wrong-round: {msg.round}, this is {ins.round}", cid)
+        raise RefusedError(
+            Reason.WRONG_ROUND,
+            f"{msg.round}, this is {ins.round}",
+            node_id=node_id,
+            peer=msg.peer,
+            cid=cid,
+        )
     if msg.num_samples < 1:
-        raise Refused(node_id, msg.peer, "malformed: num_samples must be at least 1", cid)
+        raise RefusedError(
+            Reason.MALFORMED,
+            "num_samples must be at least 1",
+            node_id=node_id,
+            peer=msg.peer,
+            cid=cid,
+        )
     return msg, announcement_signature(data)[1]
 
 
@@ -139,24 +151,30 @@ def _metric_count(msg: Message, key: str) -> int | None:
 
 def _unsigned(node_id: int, msg: Message, rules: ReplyRules, arrays: Any) -> Candidate:
     if not rules.allow_unsigned or rules.peers is not None:
-        raise Refused(
-            node_id,
-            None,
-            "unsigned: the reply carries no signed gradstore announcement "
+        raise RefusedError(
+            Reason.UNSIGNED,
+            "the reply carries no signed gradstore announcement "
             "(use gradstore.flower.GradstoreClient in the ClientApp)",
+            node_id=node_id,
         )
     peer = rules.custodial(node_id)
     if arrays is None:
-        raise Refused(node_id, peer, "malformed: the reply has neither arrays nor an announcement")
+        raise RefusedError(
+            Reason.MALFORMED,
+            "the reply has neither arrays nor an announcement",
+            node_id=node_id,
+            peer=peer,
+        )
     count = _metric_count(msg, rules.weighted_by_key)
     if count is None or count < 1:
-        raise Refused(
-            node_id,
-            peer,
-            f"malformed: the metrics need a positive integer {rules.weighted_by_key!r}",
+        raise RefusedError(
+            Reason.MALFORMED,
+            f"the metrics need a positive integer {rules.weighted_by_key!r}",
+            node_id=node_id,
+            peer=peer,
         )
     try:
         tensors = arrays_to_tensors(arrays, rules.limits)
     except ArraysRefused as exc:
-        raise Refused(node_id, peer, exc.reason) from None
+        raise exc.about(node_id=node_id, peer=peer) from None
     return Candidate(node_id, peer, count, False, None, tensors, record_nbytes(arrays))

@@ -32,7 +32,6 @@ from ..coordinator import (
     FETCH_RETRY,
     ByteBudget,
     Claim,
-    InputRefused,
     Schema,
     VerifiedInput,
     close_round,
@@ -43,7 +42,14 @@ from ..coordinator import (
 )
 from ..coordinator import tensor_infos as tensor_infos  # its former home (tests import it here)
 from ..dag import CID
-from ..errors import AggregationError, GradstoreError, NodeError
+from ..errors import (
+    AggregationError,
+    ConfigError,
+    GradstoreError,
+    NodeError,
+    Reason,
+    RefusedError,
+)
 from ..format import Gradient, dtype_code
 from ..job import JobConfig, refuse_steps
 from ..messages import Announce, SigningKey, announcement_signature, encode_message
@@ -66,7 +72,7 @@ from ._protocol import (
     model_meta,
     reply_meta,
 )
-from ._replies import Candidate, Refused, ReplyRules, read_reply
+from ._replies import Candidate, ReplyRules, read_reply
 
 #: A reason longer than this is cut (a client's error text can be anything).
 MAX_REASON_CHARS: Final = 300
@@ -142,7 +148,7 @@ class GradstoreStrategy(Strategy, Closing):
                 f"pass config or the keywords it replaces ({', '.join(sorted(keywords))}), not both"
             )
         elif key is None or key.did != config.coordinator:
-            raise ValueError(
+            raise ConfigError(
                 f"the job's coordinator is {config.coordinator}: pass its key (key=...)"
             )
         else:
@@ -153,7 +159,7 @@ class GradstoreStrategy(Strategy, Closing):
         self.peers = frozenset(config.peers) or None
         self.allow_unsigned = allow_unsigned
         if model_via not in ("flower", "ipfs"):
-            raise ValueError(f"model_via must be 'flower' or 'ipfs', got {model_via!r}")
+            raise ConfigError(f"model_via must be 'flower' or 'ipfs', got {model_via!r}")
         self.model_via = model_via
         self.limits = config.limits
         self.resolve_timeout_s = resolve_timeout_s
@@ -252,13 +258,13 @@ class GradstoreStrategy(Strategy, Closing):
             self._custodial,
         )
         candidates: list[Candidate] = []
-        refused: list[Refused] = []
+        refused: list[RefusedError] = []
         contents: dict[str, RecordDict] = {}
         for msg in replies:
             try:
                 candidate = read_reply(msg, rules)
                 self._bind(candidate)
-            except Refused as exc:
+            except RefusedError as exc:
                 refused.append(exc)
                 continue
             candidates.append(candidate)
@@ -335,23 +341,32 @@ class GradstoreStrategy(Strategy, Closing):
         )
         return ann.sent_at, announcement_signature(encode_message(ann, key))[1]
 
-    def _name(self, refusal: Refused) -> str:
+    def _name(self, refusal: RefusedError) -> str:
         """The did a refusal is recorded under: the one it proved, else the node's."""
         if refusal.peer is not None:
             return refusal.peer
+        assert refusal.node_id is not None  # every refusal of a reply names its node
         return self._node_dids.get(refusal.node_id) or self._custodial(refusal.node_id)
 
     def _bind(self, c: Candidate) -> None:
         """One Flower node, one did, for the whole run (either way round)."""
         known = self._node_dids.get(c.node_id)
         if known is not None and known != c.peer:
-            raise Refused(
-                c.node_id, c.peer, f"identity: node {c.node_id} replied as {known} before", c.cid
+            raise RefusedError(
+                Reason.IDENTITY,
+                f"node {c.node_id} replied as {known} before",
+                node_id=c.node_id,
+                peer=c.peer,
+                cid=c.cid,
             )
         owner = self._did_nodes.get(c.peer)
         if owner is not None and owner != c.node_id:
-            raise Refused(
-                c.node_id, c.peer, f"identity: {c.peer} is node {owner}'s, not {c.node_id}'s", c.cid
+            raise RefusedError(
+                Reason.IDENTITY,
+                f"{c.peer} is node {owner}'s, not {c.node_id}'s",
+                node_id=c.node_id,
+                peer=c.peer,
+                cid=c.cid,
             )
         self._node_dids[c.node_id] = c.peer
         self._did_nodes[c.peer] = c.node_id
@@ -361,7 +376,7 @@ class GradstoreStrategy(Strategy, Closing):
         store: GradientStore,
         instruction: Instruction,
         candidates: list[Candidate],
-        refused: list[Refused],
+        refused: list[RefusedError],
     ) -> list[VerifiedInput]:
         """Every candidate's first attempt, then retries of the fetches that failed in passing:
         a CID nobody serves never holds a place an honest input waits for."""
@@ -379,7 +394,7 @@ class GradstoreStrategy(Strategy, Closing):
                         got = await self._from_cid(store, instruction, c)
                     verified.append(got)
                     self._announced[got.peer] = c.announced or self._sign_for(c, got, instruction)
-                except Refused as exc:
+                except RefusedError as exc:
                     refused.append(exc)
                 except (NodeError, TimeoutError) as exc:
                     failures[c.node_id] = str(exc) or type(exc).__name__
@@ -396,18 +411,21 @@ class GradstoreStrategy(Strategy, Closing):
             await asyncio.sleep(delay)
         for c in pending:
             refused.append(
-                Refused(
-                    c.node_id,
-                    c.peer,
-                    f"unavailable: {c.cid} after {self.fetch_attempts} attempts: "
-                    f"{failures[c.node_id]}",
-                    c.cid,
+                RefusedError(
+                    Reason.UNAVAILABLE,
+                    f"{c.cid} after {self.fetch_attempts} attempts: {failures[c.node_id]}",
+                    node_id=c.node_id,
+                    peer=c.peer,
+                    cid=c.cid,
                 )
             )
         return self._first_of_each_cid(candidates, verified, refused)
 
     def _first_of_each_cid(
-        self, candidates: list[Candidate], verified: list[VerifiedInput], refused: list[Refused]
+        self,
+        candidates: list[Candidate],
+        verified: list[VerifiedInput],
+        refused: list[RefusedError],
     ) -> list[VerifiedInput]:
         """``verified`` without the inputs whose CID an earlier reply of the round holds
         (refused as ``duplicate-cid``): a client cannot enter again what another sent."""
@@ -417,7 +435,9 @@ class GradstoreStrategy(Strategy, Closing):
         repeated = duplicates((v.peer, str(v.cid)) for v in verified)
         for peer, reason in repeated.items():
             c = by_peer[peer]
-            refused.append(Refused(c.node_id, peer, reason, c.cid))
+            refused.append(
+                RefusedError.parse(reason).about(node_id=c.node_id, peer=peer, cid=c.cid)
+            )
             self._announced.pop(peer, None)
         return [v for v in verified if v.peer not in repeated]
 
@@ -435,7 +455,9 @@ class GradstoreStrategy(Strategy, Closing):
         try:
             gradient = Gradient(c.tensors, meta)
         except (GradstoreError, TypeError, ValueError) as exc:
-            raise Refused(c.node_id, c.peer, f"malformed: {exc}", c.cid) from None
+            raise RefusedError(
+                Reason.MALFORMED, str(exc), node_id=c.node_id, peer=c.peer, cid=c.cid
+            ) from None
         try:
             return await verify_gradient(
                 store,
@@ -447,8 +469,8 @@ class GradstoreStrategy(Strategy, Closing):
                 claim=self._claim(ins, c),
                 announced=c.cid,
             )
-        except InputRefused as exc:
-            raise Refused(c.node_id, c.peer, exc.reason, c.cid) from None
+        except RefusedError as exc:
+            raise exc.about(node_id=c.node_id, peer=c.peer, cid=c.cid) from None
 
     async def _from_cid(
         self, store: GradientStore, ins: Instruction, c: Candidate
@@ -456,7 +478,7 @@ class GradstoreStrategy(Strategy, Closing):
         """One attempt at a CID announced instead of arrays, as the coordinator fetches it
         (and bound to the announcement by the document's meta, as the coordinator does).
 
-        ``Refused`` is final; a ``NodeError`` or ``TimeoutError`` may pass (retried later).
+        ``RefusedError`` is final; a ``NodeError`` or ``TimeoutError`` may pass (retried later).
         """
         assert c.cid is not None
         try:
@@ -473,15 +495,15 @@ class GradstoreStrategy(Strategy, Closing):
                 clip=self._job.clip_input_norm is not None,
                 claim=self._claim(ins, c),
             )
-        except InputRefused as exc:
-            raise Refused(c.node_id, c.peer, exc.reason, c.cid) from None
+        except RefusedError as exc:
+            raise exc.about(node_id=c.node_id, peer=c.peer, cid=c.cid) from None
 
     async def _close(
         self,
         store: GradientStore,
         round_: int,
         verified: list[VerifiedInput],
-        refused: list[Refused],
+        refused: list[RefusedError],
         stages: dict[str, float],
     ) -> tuple[Any, dict[str, np.ndarray[Any, Any]] | None]:
         config = replace(self._job, peers=tuple(sorted({v.peer for v in verified})))

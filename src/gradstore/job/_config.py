@@ -31,7 +31,7 @@ from typing import Any
 
 from ..aggregate import AggregationParams
 from ..aggregate.methods import MethodName
-from ..errors import CoordinatorError
+from ..errors import ConfigError
 from ..format import DTYPES, Limits
 from ..messages import Roster, public_key_from_did
 from ..messages.schema import JOB_NAME
@@ -154,12 +154,12 @@ def topics(job: str) -> tuple[str, str]:
 
 
 def load_job(path: str | Path) -> JobConfig:
-    """Read and validate a job file; every problem is a ``CoordinatorError`` naming the key."""
+    """Read and validate a job file; every problem is a ``ConfigError`` naming the key."""
     try:
         with open(path, "rb") as f:
             raw = tomllib.load(f)
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise CoordinatorError(f"{path}: not valid TOML ({exc})") from exc
+        raise ConfigError(f"{path}: not valid TOML ({exc})") from exc
     return parse_job(raw, source=str(path))
 
 
@@ -307,8 +307,8 @@ class _Where:
     def __init__(self, source: str) -> None:
         self.source = source
 
-    def err(self, key: str, message: str) -> CoordinatorError:
-        return CoordinatorError(f"{self.source}: `{key}` {message}")
+    def err(self, key: str, message: str) -> ConfigError:
+        return ConfigError(f"{self.source}: `{key}` {message}")
 
     def keys(self, table: Any, allowed: set[str], prefix: str) -> None:
         if not isinstance(table, Mapping):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ..aggregate import AggregationParams
-from ..errors import CoordinatorError, MessageError, UncoveredTensorError
+from ..errors import ConfigError, MessageError, UncoveredTensorError
 from ..format import name_problem
 from ..messages.schema import JOB_NAME
 from ..messages.step_record import PATTERN_SUFFIX, check_selector
@@ -75,14 +75,14 @@ class StepConfig:
 
 class StepsPlan:
     """A job's steps as a lookup from tensor name to step; steps may not overlap (two
-    selectors matching one name are refused with a ``CoordinatorError``)."""
+    selectors matching one name are refused with a ``ConfigError``)."""
 
     def __init__(self, steps: Sequence[StepConfig]) -> None:
         self.steps = tuple(steps)
         index = _Index(self.steps)
         if index.overlap is not None:
             (a, i), (b, j) = index.overlap
-            raise CoordinatorError(
+            raise ConfigError(
                 f"steps overlap: {str(self.steps[b].tensors[j])!r} of step "
                 f"{self.steps[b].name!r} and {str(self.steps[a].tensors[i])!r} of step "
                 f"{self.steps[a].name!r}"
@@ -111,7 +111,7 @@ def refuse_steps(cfg: Any, runner: str) -> None:
     """Refuse a job with ``[[steps]]`` in ``runner``, which does not run steps yet: running it
     as one round would silently ignore every step's peers and method."""
     if cfg.stepped:
-        raise CoordinatorError(
+        raise ConfigError(
             f"job {cfg.job!r} has [[steps]], which the job file accepts but {runner} does not "
             "run yet (issue 19: per-step rounds); remove [[steps]] to run it as one round"
         )

@@ -15,7 +15,7 @@ from typing import Final
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from ..errors import MessageError
+from ..errors import MessageError, Reason
 
 DID_KEY_PREFIX: Final = "did:key:"
 ED25519_PUB_MULTICODEC: Final = b"\xed\x01"  # multicodec ed25519-pub: varint(0xed)
@@ -53,7 +53,7 @@ def from_base58btc(text: str) -> bytes | None:
 def did_from_public_key(raw32: bytes) -> str:
     """The ``did:key:z6Mk...`` id of a raw 32-byte Ed25519 public key."""
     if not isinstance(raw32, bytes | bytearray) or len(raw32) != PUBLIC_KEY_LEN:
-        raise MessageError("malformed", "an Ed25519 public key is exactly 32 bytes")
+        raise MessageError(Reason.MALFORMED, "an Ed25519 public key is exactly 32 bytes")
     return DID_KEY_PREFIX + "z" + base58btc(ED25519_PUB_MULTICODEC + bytes(raw32))
 
 
@@ -65,17 +65,17 @@ def public_key_from_did(did: str) -> bytes:
         or len(did) > _MAX_DID_LEN
         or not did.startswith(DID_KEY_PREFIX + "z")
     ):
-        raise MessageError("malformed", f"not an Ed25519 did:key: {did!r:.80}")
+        raise MessageError(Reason.MALFORMED, f"not an Ed25519 did:key: {did!r:.80}")
     raw = from_base58btc(did[len(DID_KEY_PREFIX) + 1 :])  # after the "z" prefix: base58btc
     if raw is None:
-        raise MessageError("malformed", f"not an Ed25519 did:key: {did!r} (not base58btc)")
+        raise MessageError(Reason.MALFORMED, f"not an Ed25519 did:key: {did!r} (not base58btc)")
     if len(raw) != 2 + PUBLIC_KEY_LEN or raw[:2] != ED25519_PUB_MULTICODEC:
         raise MessageError(
-            "malformed", f"not an Ed25519 did:key (expected multicodec ed25519-pub): {did!r}"
+            Reason.MALFORMED, f"not an Ed25519 did:key (expected multicodec ed25519-pub): {did!r}"
         )
     key = raw[2:]
     if did_from_public_key(key) != did:  # e.g. extra leading '1's: one key, one id
-        raise MessageError("malformed", f"did:key is not in canonical form: {did!r}")
+        raise MessageError(Reason.MALFORMED, f"did:key is not in canonical form: {did!r}")
     return key
 
 

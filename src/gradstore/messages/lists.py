@@ -21,7 +21,7 @@ from typing import Any, Final
 
 from ..dag import cbor
 from ..dag.cid import CID, DAG_CBOR, verify_block
-from ..errors import DAGError, MessageError
+from ..errors import DAGError, MessageError, Reason
 from .keys import SigningKey
 from .roster import Roster
 from .schema import MAX_REASON_BYTES, Result, Status, check_reasons
@@ -100,39 +100,41 @@ def _lists_block(msg: Status | Result) -> tuple[CID, bytes]:
             if len(data) <= MAX_LISTS_BYTES:
                 break
     if len(data) > MAX_LISTS_BYTES:
-        raise MessageError("too-large", f"the peer lists take {len(data)} bytes even shortened")
+        raise MessageError(
+            Reason.TOO_LARGE, f"the peer lists take {len(data)} bytes even shortened"
+        )
     return CID.hash(DAG_CBOR, data), data
 
 
 def _code(reason: str) -> str:
     """The reason code a reason starts with (``"too-large: ..."`` -> ``"too-large"``)."""
-    return (reason.split(":")[0].split() or ["refused"])[0][:40]
+    return Reason.of(reason).value
 
 
 def decode_lists(data: bytes, msg: Status | Result, roster: Roster) -> PeerLists:
     """The lists that ``msg`` links, from the block's bytes: hash, shape, and bitmaps checked."""
     if msg.lists is None:
-        raise MessageError("malformed", f"this {msg.kind.value} links no lists block")
+        raise MessageError(Reason.MALFORMED, f"this {msg.kind.value} links no lists block")
     verify_block(CID.parse(msg.lists), data)
     if len(data) > MAX_LISTS_BYTES:
-        raise MessageError("too-large", f"lists block is {len(data)} bytes")
+        raise MessageError(Reason.TOO_LARGE, f"lists block is {len(data)} bytes")
     try:
         node = cbor.decode(data)
     except DAGError as exc:
-        raise MessageError("malformed", f"lists block is {exc}") from None
+        raise MessageError(Reason.MALFORMED, f"lists block is {exc}") from None
     keys = _STATUS_KEYS if isinstance(msg, Status) else _RESULT_KEYS
     if msg.step is not None:
         keys = keys | {"step"}
     if not isinstance(node, dict) or set(node) != keys or node["type"] != LISTS_TYPE:
         raise MessageError(
-            "malformed",
+            Reason.MALFORMED,
             f"not a {LISTS_TYPE} block for a {msg.kind.value}"
             + ("" if msg.step is None else f" of step {msg.step!r}"),
         )
     bound = (node["job"], node["run"], node["round"], node.get("step"))
     if bound != (msg.job, msg.run, msg.round, msg.step):
         raise MessageError(
-            "malformed", "the lists block belongs to another job, run, round or step"
+            Reason.MALFORMED, "the lists block belongs to another job, run, round or step"
         )
     if isinstance(msg, Result):
         lists = PeerLists(peers=roster.check("peers", node["peers"]))
@@ -140,7 +142,7 @@ def decode_lists(data: bytes, msg: Status | Result, roster: Roster) -> PeerLists
         return lists
     reasons = node["reasons"]
     if not isinstance(reasons, list):
-        raise MessageError("malformed", "`reasons` must be an array")
+        raise MessageError(Reason.MALFORMED, "`reasons` must be an array")
     lists = PeerLists(
         roster.check("received", node["received"]),
         roster.check("verified", node["verified"]),

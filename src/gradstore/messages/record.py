@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ..dag.cid import CID, DAG_CBOR
-from ..errors import MessageError
+from ..errors import MessageError, Reason
 from .keys import SigningKey
 from .record_parts import (
     MAX_RECORD_BYTES,
@@ -122,13 +122,13 @@ class RoundRecord:
         check_uint("round", self.round)
         check_text("method", self.method)
         if not isinstance(self.params, Mapping):
-            raise MessageError("malformed", "`params` must be a map")
+            raise MessageError(Reason.MALFORMED, "`params` must be a map")
         _set(self, "params", check_params(self.params))
         _set(self, "inputs", canonical_inputs(self.inputs))
         _set(self, "excluded", canonical_exclusions(self.excluded))
         check_link("output", self.output)
         if self.prev is not None and check_link("prev", self.prev).codec != DAG_CBOR:
-            raise MessageError("malformed", "`prev` must link to a dag-cbor round record")
+            raise MessageError(Reason.MALFORMED, "`prev` must link to a dag-cbor round record")
         check_did("coordinator", self.coordinator)
 
     @property
@@ -186,7 +186,7 @@ def decode_record(
     node, sig = open_node(data, cid, max_bytes, _RECORD_KEYS, "round record")
     if node["type"] not in RECORD_TYPES:
         raise MessageError(
-            "malformed",
+            Reason.MALFORMED,
             f"not a {', '.join(RECORD_TYPES)} node (type {node['type']!r:.40})",
         )
     rec = _record_from_node(node)
@@ -200,10 +200,10 @@ def _record_from_node(node: dict[str, Any]) -> RoundRecord:
     inputs = inputs_from_node(node["inputs"], codecs=kind != RECORD_TYPE, signed=signed)
     excluded = exclusions_from_node(node["excluded"])
     if signed and not inputs:
-        raise MessageError("malformed", f"a {RECORD_TYPE_SIGNED} record lists no input")
+        raise MessageError(Reason.MALFORMED, f"a {RECORD_TYPE_SIGNED} record lists no input")
     if kind == RECORD_TYPE_CODECS and all(i.codec is None for i in inputs):
         raise MessageError(
-            "malformed", f"a {RECORD_TYPE_CODECS} record names no codec (write {RECORD_TYPE})"
+            Reason.MALFORMED, f"a {RECORD_TYPE_CODECS} record names no codec (write {RECORD_TYPE})"
         )
     prev = node["prev"]
     rec = RoundRecord(
@@ -219,7 +219,7 @@ def _record_from_node(node: dict[str, Any]) -> RoundRecord:
         coordinator=node["coordinator"],
     )
     if list(rec.inputs) != inputs or list(rec.excluded) != excluded:
-        raise MessageError("malformed", "`inputs` and `excluded` must be sorted by peer")
+        raise MessageError(Reason.MALFORMED, "`inputs` and `excluded` must be sorted by peer")
     return rec
 
 

@@ -16,7 +16,7 @@ from typing import Any, Final, Protocol
 
 from ..dag import cbor
 from ..dag.cid import CID, DAG_CBOR, verify_block
-from ..errors import CIDError, DAGError, FormatError, MessageError
+from ..errors import CIDError, DAGError, FormatError, MessageError, Reason
 from ..format import Codec
 from .didkey import SIGNATURE_LEN, verify_signature
 from .keys import SigningKey
@@ -40,23 +40,23 @@ def _set(obj: object, name: str, value: object) -> None:
 def check_link(name: str, value: object) -> CID:
     """``value`` if it is a CID (a DAG-CBOR link), else MessageError("malformed")."""
     if not isinstance(value, CID):
-        raise MessageError("malformed", f"`{name}` must be a CID, got {type(value).__name__}")
+        raise MessageError(Reason.MALFORMED, f"`{name}` must be a CID, got {type(value).__name__}")
     return value
 
 
 def check_params(value: object, path: str = "params", depth: int = 0) -> Any:
     """A deep copy of JSON-like ``value`` (lists for tuples), or MessageError."""
     if depth > _MAX_PARAMS_DEPTH:
-        raise MessageError("malformed", f"`{path}` nests too deep")
+        raise MessageError(Reason.MALFORMED, f"`{path}` nests too deep")
     if value is None or isinstance(value, bool | str):
         return value
     if isinstance(value, int):
         if not -(2**64) <= value < 2**64:  # the CBOR integer range
-            raise MessageError("malformed", f"`{path}` does not fit in 64 bits")
+            raise MessageError(Reason.MALFORMED, f"`{path}` does not fit in 64 bits")
         return value
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise MessageError("malformed", f"`{path}` must be finite, got {value!r}")
+            raise MessageError(Reason.MALFORMED, f"`{path}` must be finite, got {value!r}")
         return value
     if isinstance(value, list | tuple):
         return [check_params(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value)]
@@ -64,10 +64,14 @@ def check_params(value: object, path: str = "params", depth: int = 0) -> Any:
         out = {}
         for k, v in value.items():
             if not isinstance(k, str):
-                raise MessageError("malformed", f"`{path}` keys must be strings, got {k!r:.40}")
+                raise MessageError(
+                    Reason.MALFORMED, f"`{path}` keys must be strings, got {k!r:.40}"
+                )
             out[k] = check_params(v, f"{path}.{k}", depth + 1)
         return out
-    raise MessageError("malformed", f"`{path}`: {type(value).__name__} is not a JSON-like value")
+    raise MessageError(
+        Reason.MALFORMED, f"`{path}`: {type(value).__name__} is not a JSON-like value"
+    )
 
 
 class AnnouncedIn(Protocol):
@@ -99,28 +103,32 @@ class RecordInput:
 
     def __post_init__(self) -> None:
         if self.codec is not None and not isinstance(self.codec, Codec):
-            raise MessageError("malformed", "`inputs.codec` must be a Codec or None")
+            raise MessageError(Reason.MALFORMED, "`inputs.codec` must be a Codec or None")
         check_did("inputs.peer", self.peer)
         check_link("inputs.gradient", self.gradient)
         check_uint("inputs.num_samples", self.num_samples)
         w = self.weight
         if isinstance(w, bool) or not isinstance(w, int | float) or not math.isfinite(w):
-            raise MessageError("malformed", f"`inputs.weight` must be a finite number, got {w!r}")
+            raise MessageError(
+                Reason.MALFORMED, f"`inputs.weight` must be a finite number, got {w!r}"
+            )
         _set(self, "weight", float(w))
         if (self.sent_at is None) != (self.peer_sig is None):
-            raise MessageError("malformed", "`inputs.sent_at` and `inputs.peer_sig` go together")
+            raise MessageError(
+                Reason.MALFORMED, "`inputs.sent_at` and `inputs.peer_sig` go together"
+            )
         if self.sent_at is not None:
             check_uint("inputs.sent_at", self.sent_at)
         if self.peer_sig is not None and (
             not isinstance(self.peer_sig, bytes) or len(self.peer_sig) != SIGNATURE_LEN
         ):
-            raise MessageError("malformed", f"`inputs.peer_sig` must be {SIGNATURE_LEN} bytes")
+            raise MessageError(Reason.MALFORMED, f"`inputs.peer_sig` must be {SIGNATURE_LEN} bytes")
 
     def announcement(self, record: AnnouncedIn) -> Announce:
         """The announcement the peer signed for this input (``peer_sig`` covers its fields),
         with the record's step when it is a step record."""
         if self.sent_at is None:
-            raise MessageError("malformed", "this input carries no signed announcement")
+            raise MessageError(Reason.MALFORMED, "this input carries no signed announcement")
         return Announce(
             job=record.job,
             run=record.run,
@@ -161,11 +169,11 @@ class RecordExclusion:
 def typed(items: object, cls: type[Any], name: str) -> list[Any]:
     """``items`` as a list whose every item is a ``cls``, or MessageError."""
     if isinstance(items, str | bytes) or not isinstance(items, Iterable):
-        raise MessageError("malformed", f"`{name}` must be a sequence of {cls.__name__}")
+        raise MessageError(Reason.MALFORMED, f"`{name}` must be a sequence of {cls.__name__}")
     out = list(items)
     for i, item in enumerate(out):
         if not isinstance(item, cls):
-            raise MessageError("malformed", f"`{name}[{i}]` must be a {cls.__name__}")
+            raise MessageError(Reason.MALFORMED, f"`{name}[{i}]` must be a {cls.__name__}")
     return out
 
 
@@ -173,10 +181,10 @@ def canonical_inputs(items: object) -> tuple[RecordInput, ...]:
     """The inputs in record order (sorted by peer): no peer twice, ``peer_sig`` on all or none."""
     inputs = tuple(sorted(typed(items, RecordInput, "inputs"), key=lambda i: i.peer))
     if any(a.peer == b.peer for a, b in pairwise(inputs)):
-        raise MessageError("malformed", "`inputs` lists a peer twice")
+        raise MessageError(Reason.MALFORMED, "`inputs` lists a peer twice")
     signed = [i.peer_sig is not None for i in inputs]
     if any(signed) and not all(signed):
-        raise MessageError("malformed", "either every input carries `peer_sig` or none does")
+        raise MessageError(Reason.MALFORMED, "either every input carries `peer_sig` or none does")
     return inputs
 
 
@@ -186,7 +194,7 @@ def canonical_exclusions(items: object) -> tuple[RecordExclusion, ...]:
         sorted(typed(items, RecordExclusion, "excluded"), key=RecordExclusion.sort_key)
     )
     if any(a == b for a, b in pairwise(excluded)):
-        raise MessageError("malformed", "`excluded` lists the same exclusion twice")
+        raise MessageError(Reason.MALFORMED, "`excluded` lists the same exclusion twice")
     return excluded
 
 
@@ -227,11 +235,11 @@ def exact_keys(
 ) -> dict[str, Any]:
     """``node`` if it is a map with every ``required`` key and no key beyond ``optional``."""
     if not isinstance(node, dict):
-        raise MessageError("malformed", f"`{name}` must be a map")
+        raise MessageError(Reason.MALFORMED, f"`{name}` must be a map")
     keys = set(node)
     if not required <= keys or not keys <= required | optional:
         raise MessageError(
-            "malformed", f"`{name}` has keys {sorted(keys)}, expected {sorted(required)}"
+            Reason.MALFORMED, f"`{name}` has keys {sorted(keys)}, expected {sorted(required)}"
         )
     return node
 
@@ -239,35 +247,35 @@ def exact_keys(
 def _cid_text(name: str, value: object) -> CID:
     if not isinstance(value, str):
         raise MessageError(
-            "malformed", f"`{name}` must be a CID string, got {type(value).__name__}"
+            Reason.MALFORMED, f"`{name}` must be a CID string, got {type(value).__name__}"
         )
     try:
         return CID.parse(value)
     except CIDError as exc:
-        raise MessageError("malformed", f"`{name}`: {exc}") from None
+        raise MessageError(Reason.MALFORMED, f"`{name}`: {exc}") from None
 
 
 def _codec(name: str, value: object) -> Codec | None:
     if value is None:
         return None
     if not isinstance(value, dict):
-        raise MessageError("malformed", f"`{name}` must be a codec map or null")
+        raise MessageError(Reason.MALFORMED, f"`{name}` must be a codec map or null")
     try:
         return Codec.from_fields(value)
     except (FormatError, TypeError) as exc:
-        raise MessageError("malformed", f"`{name}`: {exc}") from None
+        raise MessageError(Reason.MALFORMED, f"`{name}`: {exc}") from None
 
 
 def inputs_from_node(node: object, *, codecs: bool, signed: bool) -> list[RecordInput]:
     """The inputs of an ``inputs`` array, in the order given (the caller checks the order)."""
     if not isinstance(node, list):
-        raise MessageError("malformed", "`inputs` must be an array")
+        raise MessageError(Reason.MALFORMED, "`inputs` must be an array")
     keys = INPUT_KEYS_SIGNED if signed else INPUT_KEYS_CODECS if codecs else INPUT_KEYS
     inputs = []
     for i, item in enumerate(node):
         entry = exact_keys(f"inputs[{i}]", item, keys)
         if not isinstance(entry["weight"], float):
-            raise MessageError("malformed", f"`inputs[{i}].weight` must be a float")
+            raise MessageError(Reason.MALFORMED, f"`inputs[{i}].weight` must be a float")
         inputs.append(
             RecordInput(
                 peer=entry["peer"],
@@ -285,7 +293,7 @@ def inputs_from_node(node: object, *, codecs: bool, signed: bool) -> list[Record
 def exclusions_from_node(node: object) -> list[RecordExclusion]:
     """The exclusions of an ``excluded`` array, in the order given."""
     if not isinstance(node, list):
-        raise MessageError("malformed", "`excluded` must be an array")
+        raise MessageError(Reason.MALFORMED, "`excluded` must be an array")
     excluded = []
     for i, item in enumerate(node):
         entry = exact_keys(f"excluded[{i}]", item, _EXCLUSION_KEYS - {"cid"}, frozenset({"cid"}))
@@ -304,7 +312,7 @@ def dag_cbor(node: dict[str, Any], what: str = "round record") -> bytes:
     try:
         return cbor.encode(node)
     except DAGError as exc:
-        raise MessageError("malformed", f"cannot encode the {what}: {exc}") from None
+        raise MessageError(Reason.MALFORMED, f"cannot encode the {what}: {exc}") from None
 
 
 def sign_node(
@@ -314,7 +322,7 @@ def sign_node(
     ``coordinator``'s."""
     if key.did != coordinator:
         raise MessageError(
-            "not-coordinator",
+            Reason.NOT_COORDINATOR,
             f"a {what} of coordinator {coordinator} cannot be signed by {key.did}",
         )
     node = {**node, "sig": key.sign(dag_cbor(node, what))}
@@ -336,15 +344,17 @@ def open_node(
             raise CIDError(f"a {what}'s CID is dag-cbor, got {cid.codec_name} ({cid})")
         verify_block(cid, data)
     if len(data) > max_bytes:
-        raise MessageError("too-large", f"{what} is {len(data)} bytes, the limit is {max_bytes}")
+        raise MessageError(
+            Reason.TOO_LARGE, f"{what} is {len(data)} bytes, the limit is {max_bytes}"
+        )
     try:
         node = cbor.decode(data)
     except DAGError as exc:
-        raise MessageError("malformed", str(exc)) from None
+        raise MessageError(Reason.MALFORMED, str(exc)) from None
     node = exact_keys("record", node, keys)
     sig = node.pop("sig")
     if not isinstance(sig, bytes) or len(sig) != SIGNATURE_LEN:
-        raise MessageError("malformed", f"`sig` must be {SIGNATURE_LEN} bytes")
+        raise MessageError(Reason.MALFORMED, f"`sig` must be {SIGNATURE_LEN} bytes")
     return node, sig
 
 
@@ -356,9 +366,9 @@ def check_signed(
     unsigned = dag_cbor(node, what)
     if dag_cbor(canonical, what) != unsigned:
         raise MessageError(
-            "malformed", f"{what} is not in canonical form (order, int or float types)"
+            Reason.MALFORMED, f"{what} is not in canonical form (order, int or float types)"
         )
     if not verify_signature(coordinator, unsigned, sig):
         raise MessageError(
-            "bad-signature", f"{what} is not signed by its coordinator {coordinator}"
+            Reason.BAD_SIGNATURE, f"{what} is not signed by its coordinator {coordinator}"
         )

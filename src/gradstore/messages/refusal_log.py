@@ -5,7 +5,7 @@ line each filled gigabytes a day. The first refusal for each (reason, sender) is
 full; the others are only counted, and the counts per reason go out in one summary line
 every ``every_s`` seconds. A sender is a peer only when the message's signature proved it
 (``None`` otherwise: a forged did is no identity), so junk shares one key per reason.
-Reasons are codes from a fixed set (``MessageError.reason``, admission reasons).
+Reasons are codes from a fixed set (``errors.Reason``: ``MessageError.code``, admission's).
 
 Memory and lines are bounded: at most ``max_pairs`` (reason, sender) pairs are remembered,
 each for ``remember_s`` seconds (a refusal that goes on is logged in full again after that);

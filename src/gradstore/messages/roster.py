@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from ..errors import MessageError
+from ..errors import MessageError, Reason
 
 
 class Roster:
@@ -60,15 +60,15 @@ class Roster:
     def check(self, name: str, bitmap: object) -> bytes:
         """``bitmap`` if it is a well-formed bitmap over this roster, else MessageError."""
         if not isinstance(bitmap, bytes):
-            raise MessageError("malformed", f"`{name}` must be a bitmap (msgpack bin)")
+            raise MessageError(Reason.MALFORMED, f"`{name}` must be a bitmap (msgpack bin)")
         if len(bitmap) != self.nbytes:
             raise MessageError(
-                "malformed",
+                Reason.MALFORMED,
                 f"`{name}` has {len(bitmap)} bytes; the job's {len(self)} peers need {self.nbytes}",
             )
         spare = self.nbytes * 8 - len(self.peers)
         if spare and bitmap[-1] & ((1 << spare) - 1):
-            raise MessageError("malformed", f"`{name}` sets bits past the job's last peer")
+            raise MessageError(Reason.MALFORMED, f"`{name}` sets bits past the job's last peer")
         return bitmap
 
     def members(self, bitmap: bytes) -> tuple[str, ...]:

@@ -2,7 +2,7 @@
 
 Construction normalizes what has one obvious canonical form (CIDs to base32
 CIDv1 strings, did lists sorted) and refuses the rest with
-``MessageError("malformed", ...)``. Field order is wire order.
+``MessageError(Reason.MALFORMED, ...)``. Field order is wire order.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from enum import StrEnum
 from typing import Any, ClassVar, Final
 
 from ..dag.cid import CID, DAG_CBOR, canonical_v1, codec_name
-from ..errors import CIDError, MessageError
+from ..errors import CIDError, MessageError, Reason
 from .didkey import public_key_from_did
 
 PROTOCOL_VERSION: Final = 2
@@ -35,14 +35,16 @@ def _set(obj: object, name: str, value: object) -> None:
 
 def check_text(name: str, value: object) -> str:
     if not isinstance(value, str) or not value:
-        raise MessageError("malformed", f"`{name}` must be a non-empty string, got {value!r:.60}")
+        raise MessageError(
+            Reason.MALFORMED, f"`{name}` must be a non-empty string, got {value!r:.60}"
+        )
     return value
 
 
 def check_uint(name: str, value: object) -> int:
     if type(value) is not int or not 0 <= value <= MAX_UINT64:
         raise MessageError(
-            "malformed", f"`{name}` must be an unsigned 64-bit int, got {value!r:.60}"
+            Reason.MALFORMED, f"`{name}` must be an unsigned 64-bit int, got {value!r:.60}"
         )
     return value
 
@@ -50,12 +52,12 @@ def check_uint(name: str, value: object) -> int:
 def check_did(name: str, value: object) -> str:
     if not isinstance(value, str):
         raise MessageError(
-            "malformed", f"`{name}` must be a did:key string, got {type(value).__name__}"
+            Reason.MALFORMED, f"`{name}` must be a did:key string, got {type(value).__name__}"
         )
     try:
         public_key_from_did(value)
     except MessageError as exc:
-        raise MessageError("malformed", f"`{name}`: {exc}") from None
+        raise MessageError(Reason.MALFORMED, f"`{name}`: {exc}") from None
     return value
 
 
@@ -67,16 +69,16 @@ def check_cid(name: str, value: object, codec: int | None = None) -> str:
     """
     if not isinstance(value, str | CID):
         raise MessageError(
-            "malformed", f"`{name}` must be a CID string, got {type(value).__name__}"
+            Reason.MALFORMED, f"`{name}` must be a CID string, got {type(value).__name__}"
         )
     canonical = canonical_v1(value) if isinstance(value, str) else None
     try:
         cid = canonical or CID.parse(value)
     except CIDError as exc:
-        raise MessageError("malformed", f"`{name}`: {exc}") from None
+        raise MessageError(Reason.MALFORMED, f"`{name}`: {exc}") from None
     if codec is not None and cid.codec != codec:
         raise MessageError(
-            "malformed",
+            Reason.MALFORMED,
             f"`{name}` must be a {codec_name(codec)} CID, got {cid.codec_name}",
         )
     return value if canonical is not None and isinstance(value, str) else str(cid.to_v1())
@@ -85,11 +87,11 @@ def check_cid(name: str, value: object, codec: int | None = None) -> str:
 def check_dids(name: str, value: object) -> tuple[str, ...]:
     """A sorted tuple of distinct dids (input order does not matter)."""
     if isinstance(value, str) or not isinstance(value, Iterable):
-        raise MessageError("malformed", f"`{name}` must be a list of did:key strings")
+        raise MessageError(Reason.MALFORMED, f"`{name}` must be a list of did:key strings")
     items = [check_did(f"{name}[{i}]", d) for i, d in enumerate(value)]
     out = tuple(sorted(items))
     if len(set(out)) != len(out):
-        raise MessageError("malformed", f"`{name}` lists a did twice")
+        raise MessageError(Reason.MALFORMED, f"`{name}` lists a did twice")
     return out
 
 
@@ -103,7 +105,7 @@ def check_job(name: str, value: object) -> str:
     """A job name: 1-64 of ``A-Z a-z 0-9 . _ -``, starting with a letter or digit."""
     if not isinstance(value, str) or not JOB_NAME.fullmatch(value):
         raise MessageError(
-            "malformed",
+            Reason.MALFORMED,
             f"`{name}` must be 1-64 of A-Z a-z 0-9 . _ - (starting with a letter or digit), "
             f"got {value!r:.70}",
         )
@@ -119,7 +121,7 @@ def check_run(name: str, value: object) -> str:
     """A run id: 8-64 characters of ``a-z 0-9`` (the coordinator draws 26 base32 characters)."""
     if not isinstance(value, str) or not 8 <= len(value) <= 64 or not _RUN_CHARS.issuperset(value):
         raise MessageError(
-            "malformed", f"`{name}` must be 8-64 characters of a-z 0-9, got {value!r:.70}"
+            Reason.MALFORMED, f"`{name}` must be 8-64 characters of a-z 0-9, got {value!r:.70}"
         )
     return value
 
@@ -127,19 +129,19 @@ def check_run(name: str, value: object) -> str:
 def check_bitmap(name: str, value: object) -> bytes:
     """A peer bitmap (its length is checked against the job's roster by ``verify_message``)."""
     if not isinstance(value, bytes):
-        raise MessageError("malformed", f"`{name}` must be a bitmap (bytes)")
+        raise MessageError(Reason.MALFORMED, f"`{name}` must be a bitmap (bytes)")
     return value
 
 
 def check_reasons(name: str, value: object) -> tuple[str, ...]:
     if isinstance(value, str) or not isinstance(value, Iterable):
-        raise MessageError("malformed", f"`{name}` must be a list of strings")
+        raise MessageError(Reason.MALFORMED, f"`{name}` must be a list of strings")
     out = tuple(value)
     for i, reason in enumerate(out):
         check_text(f"{name}[{i}]", reason)
         if len(reason.encode("utf-8")) > MAX_REASON_BYTES:
             raise MessageError(
-                "malformed", f"`{name}[{i}]` is longer than {MAX_REASON_BYTES} bytes"
+                Reason.MALFORMED, f"`{name}[{i}]` is longer than {MAX_REASON_BYTES} bytes"
             )
     return out
 
@@ -217,7 +219,9 @@ class Result:
         if self.lists is not None:
             _set(self, "lists", check_cid("lists", self.lists, DAG_CBOR))
             if self.peers:
-                raise MessageError("malformed", "a result with `lists` carries no `peers` bitmap")
+                raise MessageError(
+                    Reason.MALFORMED, "a result with `lists` carries no `peers` bitmap"
+                )
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,7 +265,9 @@ class Status:
         if self.lists is not None:
             _set(self, "lists", check_cid("lists", self.lists, DAG_CBOR))
             if self.received or self.verified or self.refused or self.reasons:
-                raise MessageError("malformed", "a status with `lists` carries no inline lists")
+                raise MessageError(
+                    Reason.MALFORMED, "a status with `lists` carries no inline lists"
+                )
 
 
 Message = Announce | Result | Status

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any, Final
 
-from ..errors import MessageError
+from ..errors import MessageError, Reason
 from .didkey import SIGNATURE_LEN, public_key_from_did, verify_signature
 from .keys import SigningKey
 from .roster import Roster
@@ -37,7 +37,7 @@ def encode_message(msg: Message, key: SigningKey) -> bytes:
     """The signed wire bytes of ``msg``; an announcement must be signed by its ``peer``."""
     if isinstance(msg, Announce) and key.did != msg.peer:
         raise MessageError(
-            "bad-signature", f"an announcement for {msg.peer} cannot be signed by {key.did}"
+            Reason.BAD_SIGNATURE, f"an announcement for {msg.peer} cannot be signed by {key.did}"
         )
     pairs = unsigned_pairs(msg)
     return pack_map([*pairs, ("sig", key.sign(pack_map(pairs)))])
@@ -46,39 +46,43 @@ def encode_message(msg: Message, key: SigningKey) -> bytes:
 def _decode_unverified(data: bytes, max_bytes: int) -> tuple[Message, bytes, bytes]:
     """The message, the bytes its signature covers, and the signature; no signature check."""
     if len(data) > max_bytes:
-        raise MessageError("too-large", f"message is {len(data)} bytes, the limit is {max_bytes}")
+        raise MessageError(
+            Reason.TOO_LARGE, f"message is {len(data)} bytes, the limit is {max_bytes}"
+        )
     pairs = unpack_map(data)
     keys = [k for k, _ in pairs]
     if keys[:2] != ["v", "type"]:
-        raise MessageError("malformed", f"a message starts with `v`, `type`; got {keys[:2]}")
+        raise MessageError(Reason.MALFORMED, f"a message starts with `v`, `type`; got {keys[:2]}")
     version, kind = pairs[0][1], pairs[1][1]
     if type(version) is not int or version != PROTOCOL_VERSION:
         raise MessageError(
-            "malformed",
+            Reason.MALFORMED,
             f"unsupported message version {version!r:.20} (this is v={PROTOCOL_VERSION})",
         )
     if not isinstance(kind, str) or kind not in MESSAGE_TYPES:
-        raise MessageError("unknown-type", f"unknown message type {kind!r:.40}")
+        raise MessageError(Reason.UNKNOWN_TYPE, f"unknown message type {kind!r:.40}")
     cls = MESSAGE_TYPES[kind]
     names = [n for n in field_names(cls) if n not in OPTIONAL_FIELDS or n in keys]
     expected = ["v", "type", *names, "sig"]
     if keys != expected:
-        raise MessageError("malformed", f"`{kind}` messages have keys {expected}, got {keys}")
+        raise MessageError(Reason.MALFORMED, f"`{kind}` messages have keys {expected}, got {keys}")
     values: dict[str, Any] = dict(pairs)
     if "reasons" in values:
         if not isinstance(values["reasons"], list):
-            raise MessageError("malformed", "`reasons` must be an array")
+            raise MessageError(Reason.MALFORMED, "`reasons` must be an array")
         values["reasons"] = tuple(values["reasons"])
     signature = values["sig"]
     if not isinstance(signature, bytes) or len(signature) != SIGNATURE_LEN:
-        raise MessageError("malformed", f"`sig` must be {SIGNATURE_LEN} bytes (msgpack bin)")
+        raise MessageError(Reason.MALFORMED, f"`sig` must be {SIGNATURE_LEN} bytes (msgpack bin)")
     for name in OPTIONAL_FIELDS.intersection(values):
         if values[name] is None:  # an unset optional field is left off the wire, never nil
-            raise MessageError("malformed", f"`{name}` is nil; leave it out instead")
+            raise MessageError(Reason.MALFORMED, f"`{name}` is nil; leave it out instead")
     msg = cls(**{name: values[name] for name in names})
     for name in _NORMALISED:  # construction normalises CID strings: a non-canonical one differs
         if name in values and getattr(msg, name) != values[name]:
-            raise MessageError("malformed", f"`{name}` is not in canonical form (base32 CIDv1)")
+            raise MessageError(
+                Reason.MALFORMED, f"`{name}` is not in canonical form (base32 CIDv1)"
+            )
     # The map without `sig`: the same bytes with the map header one entry shorter (the
     # encoding is canonical, checked above) and the trailing `sig` entry cut off.
     count = len(pairs) - 1
@@ -105,9 +109,9 @@ def announcement_signature(data: bytes) -> tuple[Announce, bytes]:
     """
     msg, unsigned, signature = _decode_unverified(data, MAX_MESSAGE_BYTES)
     if not isinstance(msg, Announce):
-        raise MessageError("unexpected-type", f"a {msg.kind.value} is not an announcement")
+        raise MessageError(Reason.UNEXPECTED_TYPE, f"a {msg.kind.value} is not an announcement")
     if not verify_signature(msg.peer, unsigned, signature):
-        raise MessageError("bad-signature", f"announcement signature is not {msg.peer}'s")
+        raise MessageError(Reason.BAD_SIGNATURE, f"announcement signature is not {msg.peer}'s")
     return msg, signature
 
 
@@ -124,7 +128,7 @@ def decode_message(data: bytes, *, max_bytes: int = MAX_MESSAGE_BYTES) -> Messag
     """
     msg, unsigned, signature = _decode_unverified(data, max_bytes)
     if isinstance(msg, Announce) and not verify_signature(msg.peer, unsigned, signature):
-        raise MessageError("bad-signature", f"announcement signature is not {msg.peer}'s")
+        raise MessageError(Reason.BAD_SIGNATURE, f"announcement signature is not {msg.peer}'s")
     return msg
 
 
@@ -143,22 +147,22 @@ def verify_message(
     no signer, so any other signature, or an altered one, is "not-coordinator"),
     and its bitmaps must fit the roster of ``peers`` when given. Freshness
     (``sent_at``) and the run id are the receiver's to judge. Refusals are
-    ``MessageError`` with ``reason`` one of too-large, malformed, unknown-type,
+    ``MessageError`` with ``code`` (a ``Reason``) one of too-large, malformed, unknown-type,
     wrong-job, unknown-peer, bad-signature, not-coordinator.
     """
     public_key_from_did(coordinator)  # a bad coordinator id is the caller's error, say so early
     msg, unsigned, signature = _decode_unverified(data, max_bytes)
     if msg.job != job:
-        raise MessageError("wrong-job", f"message is for job {msg.job!r}, not {job!r}")
+        raise MessageError(Reason.WRONG_JOB, f"message is for job {msg.job!r}, not {job!r}")
     if isinstance(msg, Announce):
         if peers is not None and msg.peer not in peers:
-            raise MessageError("unknown-peer", f"{msg.peer} is not a peer of job {job!r}")
+            raise MessageError(Reason.UNKNOWN_PEER, f"{msg.peer} is not a peer of job {job!r}")
         if not verify_signature(msg.peer, unsigned, signature):
-            raise MessageError("bad-signature", f"announcement signature is not {msg.peer}'s")
+            raise MessageError(Reason.BAD_SIGNATURE, f"announcement signature is not {msg.peer}'s")
     else:
         if not verify_signature(coordinator, unsigned, signature):
             raise MessageError(
-                "not-coordinator",
+                Reason.NOT_COORDINATOR,
                 f"{msg.kind.value} is not signed by coordinator {coordinator} (or was altered)",
             )
         if peers is not None:
@@ -177,7 +181,8 @@ def check_bitmaps(msg: Status | Result, roster: Roster) -> None:
         refused = sum(bin(b).count("1") for b in msg.refused)
         if len(msg.reasons) != refused:
             raise MessageError(
-                "malformed", f"`reasons` has {len(msg.reasons)} entries for {refused} refused peers"
+                Reason.MALFORMED,
+                f"`reasons` has {len(msg.reasons)} entries for {refused} refused peers",
             )
     else:
         roster.check("peers", msg.peers)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ..dag.cid import CID
-from ..errors import MessageError
+from ..errors import MessageError, Reason
 from ..format import name_problem
 from .keys import SigningKey
 from .record_parts import (
@@ -75,29 +75,29 @@ def check_selector(name: str, value: object) -> str:
     ``*`` nowhere else, and the name (or prefix) one a document may carry."""
     if not isinstance(value, str) or not value:
         raise MessageError(
-            "malformed", f"`{name}` must be a tensor name or `prefix.*`, got {value!r:.70}"
+            Reason.MALFORMED, f"`{name}` must be a tensor name or `prefix.*`, got {value!r:.70}"
         )
     pattern = value.endswith(PATTERN_SUFFIX) and len(value) > len(PATTERN_SUFFIX)
     text = value[:-1] if pattern else value
     if "*" in text:
         raise MessageError(
-            "malformed", f"`{name}` {value!r:.70}: `*` is only allowed as `prefix.*`"
+            Reason.MALFORMED, f"`{name}` {value!r:.70}: `*` is only allowed as `prefix.*`"
         )
     problem = name_problem(text)
     if problem is not None:
-        raise MessageError("malformed", f"`{name}` {value!r:.70} {problem}")
+        raise MessageError(Reason.MALFORMED, f"`{name}` {value!r:.70} {problem}")
     return value
 
 
 def check_selectors(name: str, value: object) -> tuple[str, ...]:
     """A non-empty list of distinct selectors, in the order given (the job file's)."""
     if isinstance(value, str | bytes) or not isinstance(value, list | tuple):
-        raise MessageError("malformed", f"`{name}` must be a list of tensor selectors")
+        raise MessageError(Reason.MALFORMED, f"`{name}` must be a list of tensor selectors")
     out = tuple(check_selector(f"{name}[{i}]", s) for i, s in enumerate(value))
     if not out:
-        raise MessageError("malformed", f"`{name}` lists no selector")
+        raise MessageError(Reason.MALFORMED, f"`{name}` lists no selector")
     if len(set(out)) != len(out):
-        raise MessageError("malformed", f"`{name}` lists a selector twice")
+        raise MessageError(Reason.MALFORMED, f"`{name}` lists a selector twice")
     return out
 
 
@@ -126,12 +126,12 @@ class StepRecord:
         _set(self, "tensors", check_selectors("tensors", self.tensors))
         check_text("method", self.method)
         if not isinstance(self.params, Mapping):
-            raise MessageError("malformed", "`params` must be a map")
+            raise MessageError(Reason.MALFORMED, "`params` must be a map")
         _set(self, "params", check_params(self.params))
         inputs = canonical_inputs(self.inputs)
         if not inputs or inputs[0].peer_sig is None:
             raise MessageError(
-                "malformed", "a step record lists at least one input, each with `peer_sig`"
+                Reason.MALFORMED, "a step record lists at least one input, each with `peer_sig`"
             )
         _set(self, "inputs", inputs)
         _set(self, "excluded", canonical_exclusions(self.excluded))
@@ -177,7 +177,7 @@ def decode_step_record(
     node, sig = open_node(data, cid, max_bytes, _KEYS, _WHAT)
     if node["type"] != STEP_RECORD_TYPE:
         raise MessageError(
-            "malformed", f"not a {STEP_RECORD_TYPE} node (type {node['type']!r:.40})"
+            Reason.MALFORMED, f"not a {STEP_RECORD_TYPE} node (type {node['type']!r:.40})"
         )
     inputs = inputs_from_node(node["inputs"], codecs=True, signed=True)
     excluded = exclusions_from_node(node["excluded"])
@@ -195,6 +195,6 @@ def decode_step_record(
         coordinator=node["coordinator"],
     )
     if list(rec.inputs) != inputs or list(rec.excluded) != excluded:
-        raise MessageError("malformed", "`inputs` and `excluded` must be sorted by peer")
+        raise MessageError(Reason.MALFORMED, "`inputs` and `excluded` must be sorted by peer")
     check_signed(node, _unsigned_node(rec), rec.coordinator, sig, _WHAT)
     return rec

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ..dag.cid import CID, DAG_CBOR
-from ..errors import MessageError
+from ..errors import MessageError, Reason
 from .keys import SigningKey
 from .record_parts import (
     MAX_RECORD_BYTES,
@@ -64,15 +64,18 @@ class RoundStep:
             check_text("steps.failed", self.failed)
             if self.record is not None or self.output is not None:
                 raise MessageError(
-                    "malformed", f"failed step {self.step!r} has no `record` or `output`"
+                    Reason.MALFORMED, f"failed step {self.step!r} has no `record` or `output`"
                 )
             return
         if self.record is None or self.output is None:
             raise MessageError(
-                "malformed", f"step {self.step!r} needs a `record` and an `output`, or `failed`"
+                Reason.MALFORMED,
+                f"step {self.step!r} needs a `record` and an `output`, or `failed`",
             )
         if check_link("steps.record", self.record).codec != DAG_CBOR:
-            raise MessageError("malformed", "`steps.record` must link to a dag-cbor step record")
+            raise MessageError(
+                Reason.MALFORMED, "`steps.record` must link to a dag-cbor step record"
+            )
         check_link("steps.output", self.output)
 
 
@@ -96,13 +99,13 @@ class SteppedRoundRecord:
         steps = tuple(typed(self.steps, RoundStep, "steps"))
         names = [s.step for s in steps]
         if len(set(names)) != len(names):
-            raise MessageError("malformed", "`steps` names a step twice")
+            raise MessageError(Reason.MALFORMED, "`steps` names a step twice")
         if all(s.failed is not None for s in steps):
-            raise MessageError("malformed", "a round/5 record has at least one closed step")
+            raise MessageError(Reason.MALFORMED, "a round/5 record has at least one closed step")
         _set(self, "steps", steps)
         check_link("output", self.output)
         if self.prev is not None and check_link("prev", self.prev).codec != DAG_CBOR:
-            raise MessageError("malformed", "`prev` must link to a dag-cbor round record")
+            raise MessageError(Reason.MALFORMED, "`prev` must link to a dag-cbor round record")
         check_did("coordinator", self.coordinator)
 
     @property
@@ -121,18 +124,20 @@ def check_step_of(record: SteppedRoundRecord, cid: CID, step: StepRecord) -> Non
     entry = record.step_of(step.step)
     if entry is None or entry.record is None:
         raise MessageError(
-            "malformed", f"round {record.round} links no record of step {step.step!r}"
+            Reason.MALFORMED, f"round {record.round} links no record of step {step.step!r}"
         )
     if entry.record.to_v1() != cid.to_v1():
-        raise MessageError("malformed", f"step {step.step!r}'s record is {entry.record}, not {cid}")
+        raise MessageError(
+            Reason.MALFORMED, f"step {step.step!r}'s record is {entry.record}, not {cid}"
+        )
     ours = (record.job, record.run, record.round, record.coordinator)
     if (step.job, step.run, step.round, step.coordinator) != ours:
         raise MessageError(
-            "malformed", f"step record {cid} is of another job, run, round or coordinator"
+            Reason.MALFORMED, f"step record {cid} is of another job, run, round or coordinator"
         )
     if entry.output != step.output:
         raise MessageError(
-            "malformed",
+            Reason.MALFORMED,
             f"step {step.step!r}'s output is {step.output}, the round says {entry.output}",
         )
 
@@ -172,16 +177,16 @@ def decode_stepped_record(
     node, sig = open_node(data, cid, max_bytes, _KEYS, _WHAT)
     if node["type"] != RECORD_TYPE_STEPPED:
         raise MessageError(
-            "malformed", f"not a {RECORD_TYPE_STEPPED} node (type {node['type']!r:.40})"
+            Reason.MALFORMED, f"not a {RECORD_TYPE_STEPPED} node (type {node['type']!r:.40})"
         )
     if not isinstance(node["steps"], list):
-        raise MessageError("malformed", "`steps` must be an array")
+        raise MessageError(Reason.MALFORMED, "`steps` must be an array")
     steps = []
     for i, item in enumerate(node["steps"]):
         entry = exact_keys(f"steps[{i}]", item, frozenset({"step"}), _CLOSED_KEYS | _FAILED_KEYS)
         if set(entry) not in (_CLOSED_KEYS, _FAILED_KEYS):
             raise MessageError(
-                "malformed",
+                Reason.MALFORMED,
                 f"`steps[{i}]` has keys {sorted(entry)}: either record and output, or failed",
             )
         steps.append(

@@ -13,7 +13,7 @@ from typing import Any
 
 import msgpack
 
-from ..errors import MessageError
+from ..errors import MessageError, Reason
 
 
 def pack_map(pairs: Sequence[tuple[str, Any]]) -> bytes:
@@ -26,7 +26,7 @@ def unpack_map(data: bytes | bytearray | memoryview) -> list[tuple[str, Any]]:
     """Decode one canonical flat msgpack map into its (key, value) pairs, in wire order.
 
     Values may be nil, bool, int, float, str, bin or arrays of those; nested maps
-    and extension types are refused. Raises ``MessageError("malformed", ...)``.
+    and extension types are refused. Raises ``MessageError(Reason.MALFORMED, ...)``.
     """
     try:
         pairs = msgpack.unpackb(
@@ -41,17 +41,19 @@ def unpack_map(data: bytes | bytearray | memoryview) -> list[tuple[str, Any]]:
         Exception
     ) as exc:  # msgpack raises ValueError, ExtraData, FormatError, UnicodeDecodeError, ...
         raise MessageError(
-            "malformed", f"not a msgpack value ({type(exc).__name__}: {exc})"
+            Reason.MALFORMED, f"not a msgpack value ({type(exc).__name__}: {exc})"
         ) from None
     if not isinstance(pairs, list) or not all(isinstance(p, tuple) for p in pairs):
-        raise MessageError("malformed", "a message must be a msgpack map")
+        raise MessageError(Reason.MALFORMED, "a message must be a msgpack map")
     for key, value in pairs:
         if not isinstance(key, str):
-            raise MessageError("malformed", f"map keys must be strings, got {type(key).__name__}")
+            raise MessageError(
+                Reason.MALFORMED, f"map keys must be strings, got {type(key).__name__}"
+            )
         _check_flat(key, value)
     if pack_map(pairs) != bytes(data):
         raise MessageError(
-            "malformed",
+            Reason.MALFORMED,
             "not canonical msgpack (non-minimal int or length, float32, duplicate keys, ...)",
         )
     return pairs
@@ -61,7 +63,11 @@ def _check_flat(key: str, value: Any) -> None:
     if isinstance(value, list):
         for item in value:
             if isinstance(item, list | tuple):
-                raise MessageError("malformed", f"`{key}`: nested arrays and maps are not allowed")
+                raise MessageError(
+                    Reason.MALFORMED, f"`{key}`: nested arrays and maps are not allowed"
+                )
             _check_flat(key, item)
     elif value is not None and not isinstance(value, bool | int | float | str | bytes):
-        raise MessageError("malformed", f"`{key}`: {type(value).__name__} values are not allowed")
+        raise MessageError(
+            Reason.MALFORMED, f"`{key}`: {type(value).__name__} values are not allowed"
+        )

@@ -22,11 +22,14 @@ import numpy as np
 
 from ..dag import CID
 from ..errors import (
+    ConfigError,
     CoordinatorError,
     MessageError,
     NodeError,
+    Reason,
     RefusedError,
     RoundFailedError,
+    reason_detail,
 )
 from ..format import CompressedGradient, Gradient
 from ..job import JobConfig
@@ -90,7 +93,7 @@ class Peer:
         listener: Peer | None = None,
     ) -> None:
         if key is not None and key.did not in config.roster:
-            raise CoordinatorError(f"{key.did} is not among the job's peers")
+            raise ConfigError(f"{key.did} is not among the job's peers")
         self.config = config
         self.key = key
         self.node = node
@@ -372,14 +375,14 @@ class Peer:
             if where is Standing.VERIFIED:
                 return True
             if where in (Standing.REFUSED, Standing.FAILED):
-                raise RefusedError(self.config.job, round_, did, reason or where.value)
+                raise _refusal(where, reason, self.config.job, round_, did)
             if where is Standing.UNKNOWN:
                 return False
             until = deadline
             if where is Standing.OVER:
                 over_until = over_until or time.monotonic() + _OVER_GRACE_S
                 if time.monotonic() >= over_until:
-                    raise RefusedError(self.config.job, round_, did, reason or "round over")
+                    raise _refusal(where, reason, self.config.job, round_, did)
                 until = over_until if deadline is None else min(deadline, over_until)
             before = (where, reason)
 
@@ -422,6 +425,18 @@ class Peer:
         return AggregateResult(
             round_, CID.parse(result.cid), CID.parse(result.record), peers, gradient
         )
+
+
+def _refusal(where: Standing, reason: str | None, job: str, round_: int, peer: str) -> RefusedError:
+    """What a peer raises when its coordinator's statuses say its input will not be aggregated:
+    the status's own refusal (its code read, ``UNKNOWN`` if this version does not know it),
+    or the peer's reading that the round failed or ended without it."""
+    if where is Standing.REFUSED:
+        return RefusedError.parse(reason or Reason.REFUSED, peer=peer, round_=round_, job=job)
+    code = Reason.ROUND_FAILED if where is Standing.FAILED else Reason.ROUND_OVER
+    text = reason or ("failed" if where is Standing.FAILED else "round over")
+    detail = reason_detail(text) or text
+    return RefusedError(code, detail, reason=text, peer=peer, round_=round_, job=job)
 
 
 def apply(

@@ -11,13 +11,14 @@ from typing import TYPE_CHECKING
 from .._lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
-    from ._put import Progress
+    from ._put import ByteProgress, Progress
     from ._store import GradientStore, VerifyReport
     from ._stored import StoredDocument, StoredGradient
     from ._stored_compressed import StoredCompressed, StoredSparse
     from ._sync import SyncGradientStore
 
 _HOMES = {
+    "ByteProgress": "_put",
     "Progress": "_put",
     "GradientStore": "_store",
     "VerifyReport": "_store",
@@ -30,6 +31,7 @@ _HOMES = {
 __getattr__, __dir__ = lazy_exports(__name__, _HOMES)
 
 __all__ = [
+    "ByteProgress",
     "GradientStore",
     "Progress",
     "StoredCompressed",

@@ -16,14 +16,14 @@ from ..dag.assemble import LeafSpan
 from ..dag.cid import RAW
 from ..errors import DAGError, IntegrityError
 from ..node import Node, SupportsCatInto
-from ._put import PROGRESS_BYTES, Progress
+from ._put import PROGRESS_BYTES, ByteProgress
 
 _CAR_BATCH_BYTES = 8 << 20  # blocks of a CAR export are verified in a thread this many at a time
 _MAX_NODE_FETCHES = 64  # dag-pb nodes fetched at once by block/get (64 GiB files under the profile)
 
 
 async def fetch_view(
-    node: Node, cid: CID | str, max_bytes: int, progress: Progress | None
+    node: Node, cid: CID | str, max_bytes: int, progress: ByteProgress | None
 ) -> memoryview:
     """Fetch the file bytes of ``cid``, every block verified, into one buffer.
 
@@ -44,7 +44,7 @@ async def fetch_view(
 
 
 async def _fetch_car(
-    node: Node, root: CID, assembler: FileAssembler, progress: Progress | None
+    node: Node, root: CID, assembler: FileAssembler, progress: ByteProgress | None
 ) -> memoryview:
     """``fetch_document`` from the node's CAR export, every block verified as it arrives."""
     reader = CarReader()
@@ -141,7 +141,7 @@ async def _cat_leaves(
     node: SupportsCatInto,
     assembler: FileAssembler,
     spans: list[LeafSpan],
-    progress: Progress | None,
+    progress: ByteProgress | None,
 ) -> memoryview:
     """Fill the leaves from ``cat`` into the assembler's buffer, hashing each span as it lands."""
     buf = assembler.buffer

@@ -15,6 +15,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
+from typing import TypeAlias
 
 from ..dag import CID, EMPTY_FILE, Block, build_file, write_car
 from ..dag.car import write_car_async
@@ -25,8 +26,11 @@ from ..node import Node, SupportsGuardedImport
 
 log = logging.getLogger("gradstore.store")
 
-Progress = Callable[[int, int], None]
+ByteProgress: TypeAlias = Callable[[int, int], None]
 """Called with (bytes done, bytes total) as a transfer advances."""
+
+#: The earlier public name of ``ByteProgress`` (``gradstore.store.Progress``).
+Progress: TypeAlias = ByteProgress
 
 PROGRESS_BYTES = (
     1 << 20
@@ -37,7 +41,7 @@ _PUT_STREAMS = 2  # concurrent leaf imports
 
 
 async def put_document(
-    node: Node, doc: EncodedDocument, *, pin: bool, progress: Progress | None
+    node: Node, doc: EncodedDocument, *, pin: bool, progress: ByteProgress | None
 ) -> CID:
     """Store ``doc``'s DAG on ``node`` and return its root, which the node must agree on."""
     loop = asyncio.get_running_loop()

@@ -22,7 +22,7 @@ from ..dag import CID, EMPTY_FILE, build_file
 from ..errors import IntegrityError, InvalidDocumentError
 from ..format import DEFAULT_LIMITS, EncodedDocument, Limits
 from ..node import Node
-from ._put import Progress, put_document
+from ._put import ByteProgress, put_document
 
 if TYPE_CHECKING:
     import numpy as np
@@ -54,7 +54,7 @@ class GradientStore:
         gradient: Gradient | CompressedGradient,
         *,
         pin: bool = True,
-        progress: Progress | None = None,
+        progress: ByteProgress | None = None,
     ) -> CID:
         """Store ``gradient`` (dense, or compressed: gradstore/2) on the node, pinned by
         default, and return its CID."""
@@ -63,7 +63,7 @@ class GradientStore:
         return await self.put_document(encode(gradient), pin=pin, progress=progress)
 
     async def put_document(
-        self, doc: EncodedDocument, *, pin: bool = True, progress: Progress | None = None
+        self, doc: EncodedDocument, *, pin: bool = True, progress: ByteProgress | None = None
     ) -> CID:
         """Store an encoded document; the root is computed locally and must match the node's.
 
@@ -75,7 +75,7 @@ class GradientStore:
 
     # -- get ---------------------------------------------------------------
     async def fetch_document(
-        self, cid: CID | str, *, max_bytes: int | None = None, progress: Progress | None = None
+        self, cid: CID | str, *, max_bytes: int | None = None, progress: ByteProgress | None = None
     ) -> np.ndarray:
         """Fetch the file bytes of ``cid``, every block verified, into one buffer, as a
         NumPy array (uint8, 1-D, no copy); how, in ``_fetch.fetch_view``."""
@@ -85,7 +85,7 @@ class GradientStore:
         return np.frombuffer(view, dtype=np.uint8)
 
     async def fetch_view(
-        self, cid: CID | str, *, max_bytes: int | None = None, progress: Progress | None = None
+        self, cid: CID | str, *, max_bytes: int | None = None, progress: ByteProgress | None = None
     ) -> memoryview:
         """:meth:`fetch_document`'s bytes as a memoryview: what a caller that moves bytes
         (``gradstore get`` to an ``.npz``) takes without loading NumPy."""
@@ -95,7 +95,7 @@ class GradientStore:
         return await fetch_view(self.node, cid, limit, progress)
 
     async def get(
-        self, cid: CID | str, *, limits: Limits | None = None, progress: Progress | None = None
+        self, cid: CID | str, *, limits: Limits | None = None, progress: ByteProgress | None = None
     ) -> Gradient:
         """Fetch, verify and decode the gradient at ``cid`` (zero-copy views into one buffer).
 
@@ -114,7 +114,7 @@ class GradientStore:
         return got
 
     async def get_any(
-        self, cid: CID | str, *, limits: Limits | None = None, progress: Progress | None = None
+        self, cid: CID | str, *, limits: Limits | None = None, progress: ByteProgress | None = None
     ) -> Gradient | CompressedGradient:
         """:meth:`get` for either format, as ``decode_any``: a ``Gradient``, or a
         ``CompressedGradient`` whose payloads are views into the fetched buffer, nothing
@@ -126,7 +126,7 @@ class GradientStore:
         buf = await self.fetch_document(cid, max_bytes=lim.max_bytes, progress=progress)
         return await asyncio.to_thread(decode_any, buf, lim)  # payload checks: off the loop
 
-    async def verify(self, cid: CID | str, *, progress: Progress | None = None) -> VerifyReport:
+    async def verify(self, cid: CID | str, *, progress: ByteProgress | None = None) -> VerifyReport:
         """Fetch every block, check its hash, decode strictly and recompute the root CID."""
         from ..format import decode_any, encode
 

@@ -8,7 +8,7 @@ from .._sync import LoopThread
 from ..dag import CID
 from ..format import CompressedGradient, Gradient, Limits
 from ..node import Closing, Node
-from ._put import Progress
+from ._put import ByteProgress
 from ._store import GradientStore, VerifyReport
 
 
@@ -28,21 +28,21 @@ class SyncGradientStore(Closing):
         gradient: Gradient | CompressedGradient,
         *,
         pin: bool = True,
-        progress: Progress | None = None,
+        progress: ByteProgress | None = None,
     ) -> CID:
         return self._loop.run(self.store.put(gradient, pin=pin, progress=progress))
 
     def get(
-        self, cid: CID | str, *, limits: Limits | None = None, progress: Progress | None = None
+        self, cid: CID | str, *, limits: Limits | None = None, progress: ByteProgress | None = None
     ) -> Gradient:
         return self._loop.run(self.store.get(cid, limits=limits, progress=progress))
 
     def get_any(
-        self, cid: CID | str, *, limits: Limits | None = None, progress: Progress | None = None
+        self, cid: CID | str, *, limits: Limits | None = None, progress: ByteProgress | None = None
     ) -> Gradient | CompressedGradient:
         return self._loop.run(self.store.get_any(cid, limits=limits, progress=progress))
 
-    def fetch_document(self, cid: CID | str, *, progress: Progress | None = None) -> np.ndarray:
+    def fetch_document(self, cid: CID | str, *, progress: ByteProgress | None = None) -> np.ndarray:
         return self._loop.run(self.store.fetch_document(cid, progress=progress))
 
     def verify(self, cid: CID | str) -> VerifyReport:

@@ -1,4 +1,5 @@
-"""PyTorch bridge (extra ``torch``): tensors to and from gradients, and a training-loop peer.
+"""PyTorch bridge (extra ``torch``): tensors to and from gradients, a training-loop peer, and a
+job's steps from a module tree and during backward.
 
     from gradstore.torch import to_gradient, from_gradient, TorchPeer
 
@@ -6,6 +7,9 @@
 copies CUDA tensors to the host; ``from_gradient`` gives CPU tensors back.
 :class:`TorchPeer` publishes a model's ``.grad`` (or its delta) for a round and writes
 the round's aggregate back, with a synchronous face for loops that do not use asyncio.
+:func:`steps_from_module` derives a job's ``[[steps]]`` from a model (one per top-level child,
+or buckets by size), and :class:`StepStream` hands out each step's gradients while
+``loss.backward()`` still runs.
 """
 
 try:
@@ -17,14 +21,21 @@ except ImportError:
 
 from ._convert import CODES, from_gradient, numpy_to_tensor, tensor_to_numpy, to_gradient
 from ._peer import TorchPeer, named_parameters, snapshot
+from ._steps import steps_from_module, steps_toml
+from ._stream import ReadyStep, StepStream, StepStreamError
 
 __all__ = [
     "CODES",
+    "ReadyStep",
+    "StepStream",
+    "StepStreamError",
     "TorchPeer",
     "from_gradient",
     "named_parameters",
     "numpy_to_tensor",
     "snapshot",
+    "steps_from_module",
+    "steps_toml",
     "tensor_to_numpy",
     "to_gradient",
 ]

@@ -1,4 +1,5 @@
-"""How long a peer waits once the coordinator has told it what it needs to know (issue 23, R3).
+"""How long a peer waits once the coordinator has told it what it needs to know (issue 23, R3),
+and how a peer whose announcement was lost gets its input into the round by announcing again.
 
 The coordinator repeats its statuses and its last result or failure every ``rebroadcast_s``
 (0.5 s here). Those repeats wake a waiting peer; they must not restart what it waits for.
@@ -12,15 +13,18 @@ import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 
 from gradstore.coordinator import Coordinator, RoundOutcome
-from gradstore.errors import RefusedError
+from gradstore.errors import Reason, RefusedError
+from gradstore.messages import decode_record
 from gradstore.node import KuboNode
 from gradstore.peer import Peer
 from gradstore.peer._client import _OVER_GRACE_S
+from gradstore.store import GradientStore
 
-from .harness import gradients, make_job, wait_subscribed, world
+from ..coordinator.harness import gradients, make_job, start_coordinator, wait_subscribed, world
 
 pytestmark = pytest.mark.kubo
 
@@ -49,16 +53,26 @@ class _DropPublishes(httpx.AsyncBaseTransport):
 
 
 @pytest.mark.parametrize(
-    ("quorum", "told", "within_s"),
+    ("quorum", "told", "code", "within_s"),
     [
         # the round failed: nothing more will come, the peer raises as soon as it hears
-        (2, "round 0 failed: quorum not met: 1 verified of 2 needed", 3.0),
+        (
+            2,
+            "round 0 failed: quorum not met: 1 verified of 2 needed",
+            Reason.ROUND_FAILED,
+            3.0,
+        ),
         # the round closed without it: it waits its grace for a word, then raises
-        (1, "round 0 closed without this peer's input", _OVER_GRACE_S + 2.0),
+        (
+            1,
+            "round 0 closed without this peer's input",
+            Reason.ROUND_OVER,
+            _OVER_GRACE_S + 2.0,
+        ),
     ],
 )
 def test_a_peer_left_out_of_a_round_raises_within_its_grace_not_its_timeout(  # type: ignore[no-untyped-def]
-    kubo_factory, tmp_path: Path, quorum: int, told: str, within_s: float
+    kubo_factory, tmp_path: Path, quorum: int, told: str, code: Reason, within_s: float
 ) -> None:
     daemons = kubo_factory(3, connect=True)
     # two rounds: the coordinator goes on repeating itself while the peer waits
@@ -101,6 +115,7 @@ def test_a_peer_left_out_of_a_round_raises_within_its_grace_not_its_timeout(  # 
                 await asyncio.wait_for(task, 30)
             assert lost.dropped >= 1
             assert told in str(info.value) and info.value.reason == told
+            assert (info.value.code, info.value.round, info.value.peer) == (code, 0, peers[0].did)
             heard = raised - ended[0]
             print(f"peer 0 raised {heard:.2f} s after round 0 ended ({raised - started:.2f} s)")
             assert heard < within_s, f"raised {heard:.1f} s after the round ended"
@@ -141,5 +156,43 @@ def test_a_lost_announcement_is_sent_again_after_its_backoff_while_statuses_arri
             assert lost.dropped == 1 and p0.announcements_sent == 2
             print(f"peer 0 verified {took:.2f} s after it first announced")
             assert took < backoff_s + 4.0
+
+    asyncio.run(go())
+
+
+def test_lost_announcement_gets_in_by_reannouncing(kubo_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    daemons = kubo_factory(3, connect=True)
+    config, coord, peers = make_job(2, method="sum")
+    grads = gradients(2, 0)
+    dropper = _DropPublishes(1)  # peer 0's first announcement is lost
+
+    async def go() -> None:
+        async with world(daemons, config, coord, peers) as w:
+            _, task = start_coordinator(w, tmp_path)
+            await wait_subscribed(w)
+            lossy = KuboNode(daemons[1].api_url, transport=dropper)
+            try:
+                async with (
+                    Peer(config, lossy, peers[0], first_backoff_s=0.5) as p0,
+                    Peer(config, w.peer_nodes[1], peers[1], first_backoff_s=0.5) as p1,
+                ):
+                    await asyncio.gather(
+                        p0.publish(grads[0], 0, 1, timeout=20),
+                        p1.publish(grads[1], 0, 1, timeout=20),
+                    )
+                    assert dropper.dropped == 1 and p0.announcements_sent >= 2
+            finally:
+                await lossy.aclose()
+            (outcome,) = await asyncio.wait_for(task, 30)
+            record = decode_record(await w.coord_node.get_block(outcome.record), cid=outcome.record)
+            assert sorted(i.peer for i in record.inputs) == sorted(
+                p.did for p in peers
+            )  # each once
+            result = await GradientStore(w.coord_node).get(outcome.output)
+            np.testing.assert_allclose(
+                result.tensors["w"],
+                grads[0].tensors["w"].astype(np.float64) + grads[1].tensors["w"],
+                rtol=1e-6,
+            )
 
     asyncio.run(go())
