@@ -738,3 +738,26 @@ def test_progress_counts_a_stepped_rounds_steps() -> None:
     assert progress.steps_pending == 1 and progress.expected == 5 and progress.quorum == 4
     assert progress.deadline_in == 50.0  # body's: 60 s from the round's clock
     assert "steps 0/2 closed, 1 failed" in progress.line()
+
+
+def test_stats_count_the_open_rounds_steps_held_bytes_and_peers() -> None:
+    job = StepJob()
+    job.open(0)
+    job.announce(0, step="head")
+    job.announce(2, step="body")
+    job.state.plan.next(job.now)
+    job.verified(0, step="head")  # 8 bytes kept in memory
+    assert job.state.stats() == {
+        "round": 0,
+        "steps": {"total": 2, "completed": 0, "pending": 2, "failed": 0},
+        "bytes_held": 8,
+        "peers": 2,
+    }
+    job.state.close_failed(0, "quorum not met", "body")
+    job.state.release_step(0, "head")
+    stats = job.state.stats()
+    assert stats["steps"] == {"total": 2, "completed": 0, "pending": 1, "failed": 1}
+    assert stats["bytes_held"] == 0  # head's input left memory with its step
+    plain = Job()
+    plain.open(0)
+    assert plain.state.stats()["steps"] == {"total": 1, "completed": 0, "pending": 1, "failed": 0}

@@ -5,6 +5,9 @@ refusals of a step's announcements reach the peer in that step's status."""
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -12,7 +15,7 @@ from typing import Any
 import pytest
 
 from gradstore.aggregate import aggregate
-from gradstore.coordinator import Coordinator
+from gradstore.coordinator import Coordinator, format_outcome
 from gradstore.dag import CID, file_cid
 from gradstore.format import Gradient, encode
 from gradstore.messages import decode_step_record, decode_stepped_record
@@ -82,6 +85,12 @@ def test_a_step_closes_and_publishes_while_another_waits_then_closes_at_its_dead
                     assert head_at < 8.0, head_at
                     assert heard.results(0, "body") == [] and heard.results(0, None) == []
                     assert (0, "body") not in coordinator.state.done
+                    stats = coordinator.stats()
+                    assert stats["steps"] == {"total": 2, "completed": 1, "pending": 1, "failed": 0}
+                    assert stats["peers"] == 3
+                    progress = coordinator.progress()
+                    assert progress is not None and progress.steps_pending == 1
+                    assert "steps 1/2 closed; 3 peers" in progress.line()
                     body = await heard.result(0, "body")
                     assert time.monotonic() - started >= 8.0  # at its own deadline
                     whole = await heard.result(0, None)
@@ -123,10 +132,40 @@ def test_a_step_closes_and_publishes_while_another_waits_then_closes_at_its_dead
             assert model.meta == model_meta(config.job, 0, ["head", "body"], run=run)
             (outcome,) = coordinator.outcomes
             assert outcome.status == "closed" and str(outcome.record) == whole.record
+            assert outcome.stats["steps"] == {"total": 2, "completed": 2, "failed": 0, "pending": 0}
+            assert outcome.stats["peers"] == 3
+            assert format_outcome(outcome).startswith(
+                "round 0 closed: 2/2 steps closed, 0 failed, 3 peers, model output"
+            )
             assert [(s.step, s.status) for s in outcome.steps] == [
                 ("head", "closed"),
                 ("body", "closed"),
             ]
+
+        # gradstore round show: every step, and the counts of steps and peers
+        show = [sys.executable, "-m", "gradstore", "round", "show", whole.record]
+        show += ["--api", daemons[0].api_url, "--state", str(tmp_path / "state")]
+        out = await asyncio.to_thread(subprocess.run, show, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        doc = json.loads(out.stdout)
+        assert doc["type"] == "gradstore/round/5" and doc["output"] == whole.cid
+        assert [(s["step"], s["status"], s["method"]) for s in doc["steps"]] == [
+            ("head", "closed", "median"),
+            ("body", "closed", "fedavg"),
+        ]
+        assert doc["steps"][1]["counts"] == {
+            "expected": 3,
+            "aggregated": 2,
+            "absent": 1,
+            "failed": 0,
+        }
+        assert doc["counts"] == {
+            "steps": {"total": 2, "completed": 2, "pending": 0, "failed": 0},
+            "peers": 3,
+            "aggregated": 3,
+        }
+        assert doc["stats"]["steps"]["completed"] == 2 and doc["stats"]["peers"] == 3
+        assert doc["stats"]["by_step"]["body"]["verified"] == 2
 
     asyncio.run(go())
 

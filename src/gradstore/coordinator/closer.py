@@ -168,7 +168,12 @@ class Closer:
     async def _close_stepped(self, round_: int, steps: list[RoundOutcome]) -> RoundOutcome:
         done = self.state.round_steps(round_)
         excluded = tuple((p, f"{o.step}: {why}") for o in steps for p, why in o.excluded)
-        stats: dict[str, Any] = {"steps": _step_counts(done)}
+        now = self.state.stats()  # the round is still open: who took part in it
+        stats: dict[str, Any] = {
+            "steps": _step_counts(done),
+            "peers": now["peers"],
+            "bytes_fetched": self.state.bytes_fetched,
+        }
         closed = [d for d in done if d.result is not None]
         if not closed:
             reason = "every step failed: " + "; ".join(f"{d.step}: {d.failed}" for d in done)

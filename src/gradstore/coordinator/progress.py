@@ -25,6 +25,8 @@ class RoundProgress:
     steps: int = 0  # the job's steps (0: a job without steps)
     steps_closed: int = 0
     steps_failed: int = 0
+    peers: int = 0  # peers with an accepted announcement in the round (any step)
+    held_bytes: int = 0  # verified inputs held in memory for aggregation
 
     @property
     def steps_pending(self) -> int:
@@ -33,7 +35,7 @@ class RoundProgress:
 
     def line(self) -> str:
         """``round 0: waiting for peers (1/3 verified, 2 received, deadline in 41 s)``;
-        a stepped job's adds ``steps 1/3 closed, 1 failed``."""
+        a stepped job's adds ``steps 1/3 closed, 1 failed; 3 peers, 1.2 MB held``."""
         clock = (
             "the deadline starts at the first announcement"
             if self.deadline_in is None
@@ -43,7 +45,8 @@ class RoundProgress:
         steps = ""
         if self.steps:
             steps = f"steps {self.steps_closed}/{self.steps} closed"
-            steps += f", {self.steps_failed} failed; " if self.steps_failed else "; "
+            steps += f", {self.steps_failed} failed" if self.steps_failed else ""
+            steps += f"; {self.peers} peers, {self.held_bytes / 1e6:.1f} MB held; "
         return (
             f"round {self.round}: waiting for peers ({steps}{self.verified}/{self.expected} "
             f"verified, {self.received} received{failed}, quorum {self.quorum}, {clock})"

@@ -124,6 +124,11 @@ class Coordinator(Closer):
         """The open round's counts and time left (None when no round is open)."""
         return None if self._journal is None else self.state.progress(self.clock())
 
+    def stats(self) -> dict[str, Any]:
+        """The open round's steps (total, completed, pending, failed), the bytes held for
+        aggregation and the peers taking part (``CoordinatorState.stats``)."""
+        return self.state.stats()
+
     @property
     def journal(self) -> Journal:
         if self._journal is None:

@@ -505,6 +505,7 @@ class CoordinatorState:
             if deadline is not None and (self.round, step) not in self.done:
                 deadlines.append(deadline)
         over = [d for (r, _), d in self.done.items() if r == self.round]
+        stats = self.stats()
         return RoundProgress(
             round=self.round,
             expected=counts["expected"],
@@ -516,7 +517,36 @@ class CoordinatorState:
             steps=len(self.steps) if self.steps.stepped else 0,
             steps_closed=sum(d.failed is None for d in over) if self.steps.stepped else 0,
             steps_failed=sum(d.failed is not None for d in over) if self.steps.stepped else 0,
+            peers=stats["peers"],
+            held_bytes=stats["bytes_held"],
         )
+
+    def stats(self) -> dict[str, Any]:
+        """Where the coordinator stands: the open round, its steps (total, completed,
+        pending, failed; a job without steps has one), the bytes of verified inputs held in
+        memory for aggregation (every step's, under one budget), and how many peers take
+        part in the round (an accepted announcement in any of its steps)."""
+        r = self.round
+        over = [d for (done_r, _), d in self.done.items() if done_r == r]
+        failed = sum(d.failed is not None for d in over)
+        books = self.rounds.get(r, {})
+        peers = {
+            p
+            for b in books.values()
+            for p, slot in b.slots.items()
+            if slot.state != PeerState.PENDING
+        }
+        return {
+            "round": r,
+            "steps": {
+                "total": len(self.steps),
+                "completed": len(over) - failed,
+                "pending": len(self.steps) - len(over),
+                "failed": failed,
+            },
+            "bytes_held": sum(v.nbytes for v in self.verified.values() if v.gradient is not None),
+            "peers": len(peers),
+        }
 
     # -- fetches ---------------------------------------------------------------------------
     def order(self, key: Key) -> Order | None:
