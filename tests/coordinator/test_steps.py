@@ -209,3 +209,51 @@ def test_each_step_refusal_reaches_the_peer_in_that_steps_status(
                 await asyncio.gather(task, return_exceptions=True)
 
     asyncio.run(go())
+
+
+def test_a_failed_step_is_failed_in_round5_and_a_round_of_failed_steps_fails(
+    kubo_factory, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    daemons = kubo_factory(3, connect=True)
+    config, coord, peers = stepped_job(rounds=2, deadline_s=3.0)
+    grads = step_gradients(3, 0)
+
+    async def go() -> None:
+        async with world(daemons, config, coord, peers) as w:
+            stop = asyncio.Event()
+            coordinator, task = _start(w, tmp_path / "state", stop)
+            try:
+                await wait_subscribed(w)
+                async with listening(w, w.peer_nodes[0]) as heard:
+                    run = await run_id(coordinator)
+                    for i in range(3):
+                        await announce(w, heard, i, 0, "head", grads[i]["head"], 1, run)
+                    await announce(w, heard, 0, 0, "body", grads[0]["body"], 1, run)
+                    whole = await heard.result(0, None)
+                    failed = [s.failed for s in heard.statuses(0, "body") if s.failed]
+                    assert failed and failed[0] == "quorum not met: 1 verified of 2 needed"
+                    # round 1: one peer's head only; both steps miss their quorum
+                    await announce(w, heard, 0, 1, "head", grads[0]["head"], 1, run)
+                    down = await heard.until(
+                        lambda: [s for s in heard.statuses(1, None) if s.failed], timeout=30
+                    )
+                    assert down[0].failed.startswith("every step failed: head: quorum not met")
+                await asyncio.wait_for(task, 30)
+            finally:
+                stop.set()
+                await asyncio.gather(task, return_exceptions=True)
+            rnd = decode_stepped_record(
+                await w.coord_node.get_block(CID.parse(whole.record)), cid=CID.parse(whole.record)
+            )
+            assert [(s.step, s.failed) for s in rnd.steps] == [
+                ("head", None),
+                ("body", "quorum not met: 1 verified of 2 needed"),
+            ]
+            model = await GradientStore(w.coord_node).get(whole.cid)
+            assert sorted(model.tensors) == ["fc.b", "fc.w"]  # the closed step's tensors only
+            assert model.meta["steps"] == ["head"]
+            first, second = coordinator.outcomes
+            assert (first.status, second.status, second.record) == ("closed", "failed", None)
+            assert coordinator.head == CID.parse(whole.record)  # round 1 left no record
+
+    asyncio.run(go())
