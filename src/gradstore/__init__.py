@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from .dag import CID, file_cid
     from .errors import (
         AggregationError,
+        AssemblyError,
         CIDError,
         CompressionError,
         ConfigError,
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 
 _ERRORS = (
     "AggregationError",
+    "AssemblyError",
     "CIDError",
     "CompressionError",
     "ConfigError",
@@ -84,6 +86,7 @@ __getattr__, __dir__ = lazy_exports(__name__, _HOMES)
 __all__ = [
     "CID",
     "AggregationError",
+    "AssemblyError",
     "CIDError",
     "CompressedGradient",
     "CompressionError",

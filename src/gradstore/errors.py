@@ -9,6 +9,7 @@ GradstoreError
 ├── CIDError (ValueError)             a CID that cannot be parsed or is outside the profile
 ├── DAGError (ValueError)             a malformed dag-pb/UnixFS node or CAR stream
 ├── IntegrityError                    a block does not hash to its CID (names the CID)
+├── AssemblyError (ValueError)        step outputs that do not make one model-level document
 ├── NodeError                         talking to an IPFS node failed
 │   ├── NodeUnreachableError          connection refused, DNS failure, ...
 │   ├── NodeTimeoutError              the node did not answer in time
@@ -155,6 +156,11 @@ class CIDError(GradstoreError, ValueError):
 
 class DAGError(GradstoreError, ValueError):
     """A malformed dag-pb / UnixFS node, an unexpected block, or a malformed CAR stream."""
+
+
+class AssemblyError(GradstoreError, ValueError):
+    """Step outputs that cannot be assembled into one model-level document: a tensor in two
+    of them, or an output that is not a step's aggregate (another kind, compressed, not float)."""
 
 
 class IntegrityError(GradstoreError):

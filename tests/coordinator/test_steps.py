@@ -18,8 +18,12 @@ from gradstore.aggregate import aggregate
 from gradstore.coordinator import Coordinator, format_outcome
 from gradstore.dag import CID, file_cid
 from gradstore.format import Gradient, encode
-from gradstore.messages import decode_step_record, decode_stepped_record
-from gradstore.messages.step_meta import model_meta, step_aggregate_meta
+from gradstore.messages import (
+    decode_step_record,
+    decode_stepped_record,
+    model_meta,
+    step_aggregate_meta,
+)
 from gradstore.store import GradientStore
 
 from .harness import World, wait_subscribed, world
@@ -129,7 +133,8 @@ def test_a_step_closes_and_publishes_while_another_waits_then_closes_at_its_dead
             assert sorted(model.tensors) == sorted(parts) == ["conv.w", "fc.b", "fc.w"]
             for name, array in parts.items():
                 assert model.tensors[name].tobytes() == array.tobytes()
-            assert model.meta == model_meta(config.job, 0, ["head", "body"], run=run)
+            outputs = [CID.parse(head.cid), CID.parse(body.cid)]
+            assert model.meta == model_meta(config.job, 0, ["head", "body"], outputs, run=run)
             (outcome,) = coordinator.outcomes
             assert outcome.status == "closed" and str(outcome.record) == whole.record
             assert outcome.stats["steps"] == {"total": 2, "completed": 2, "failed": 0, "pending": 0}
@@ -166,8 +171,19 @@ def test_a_step_closes_and_publishes_while_another_waits_then_closes_at_its_dead
         }
         assert doc["stats"]["steps"]["completed"] == 2 and doc["stats"]["peers"] == 3
         assert doc["stats"]["by_step"]["body"]["verified"] == 2
+        # and the audit re-derives every step and the model-level output from the records
+        code, report = await audit(daemons[0].api_url, whole.record, coord.did)
+        assert code == 0 and "model-level output" in report, report
 
     asyncio.run(go())
+
+
+async def audit(api: str, record: str, coordinator: str) -> tuple[int, str]:
+    """``gradstore audit round`` of ``record`` (its exit code and output)."""
+    cmd = [sys.executable, "-m", "gradstore", "audit", "round", record]
+    cmd += ["--api", api, "--coordinator", coordinator]
+    out = await asyncio.to_thread(subprocess.run, cmd, capture_output=True, text=True)
+    return out.returncode, out.stdout + out.stderr
 
 
 def test_each_step_refusal_reaches_the_peer_in_that_steps_status(
@@ -255,5 +271,7 @@ def test_a_failed_step_is_failed_in_round5_and_a_round_of_failed_steps_fails(
             first, second = coordinator.outcomes
             assert (first.status, second.status, second.record) == ("closed", "failed", None)
             assert coordinator.head == CID.parse(whole.record)  # round 1 left no record
+        code, report = await audit(daemons[0].api_url, whole.record, coord.did)
+        assert code == 0, report
 
     asyncio.run(go())

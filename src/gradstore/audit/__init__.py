@@ -1,33 +1,45 @@
 """Independent re-checks of what a coordinator published (docs/design/auditing.md).
 
 Used by ``gradstore audit cid|round|history`` (and the scripts/verify_*.py wrappers).
+A stepped round's round/5 record is audited step record by step record (``_steps``),
+with the checks a round/4 record gets (``_checks``).
 Every failure is an ``AuditError`` whose ``check`` names what did not hold.
 """
 
 from ..errors import AuditError
 from ._cid import CidReport, fetch_gradient, verify_cid
 from ._history import verify_history
+from ._records import check_expected, fetch_any_record, fetch_record, fetch_step_record
 from ._round import (
+    AnyRoundReport,
     RoundReport,
     aggregate_meta,
-    check_expected,
-    fetch_record,
     recompute_output,
+    verify_any_record,
     verify_record,
     verify_round,
 )
+from ._steps import SteppedRoundReport, StepReport, verify_step, verify_stepped_record
 
 __all__ = [
+    "AnyRoundReport",
     "AuditError",
     "CidReport",
     "RoundReport",
+    "StepReport",
+    "SteppedRoundReport",
     "aggregate_meta",
     "check_expected",
+    "fetch_any_record",
     "fetch_gradient",
     "fetch_record",
+    "fetch_step_record",
     "recompute_output",
+    "verify_any_record",
     "verify_cid",
     "verify_history",
     "verify_record",
     "verify_round",
+    "verify_step",
+    "verify_stepped_record",
 ]

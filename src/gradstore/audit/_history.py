@@ -8,7 +8,8 @@ from ..dag import CID
 from ..errors import AuditError
 from ..node import Node
 from ..store import ByteProgress, GradientStore
-from ._round import RoundReport, check_expected, fetch_record, verify_record
+from ._records import check_expected, fetch_any_record
+from ._round import AnyRoundReport, verify_any_record
 
 
 async def verify_history(
@@ -17,12 +18,13 @@ async def verify_history(
     *,
     allow_gaps: bool = False,
     store: GradientStore | None = None,
-    on_round: Callable[[RoundReport], None] | None = None,
+    on_round: Callable[[AnyRoundReport], None] | None = None,
     coordinator: str | None = None,
     job: str | None = None,
     progress: ByteProgress | None = None,
-) -> list[RoundReport]:
-    """Verify ``head`` and every record reachable through ``prev``, newest first.
+) -> list[AnyRoundReport]:
+    """Verify ``head`` and every record reachable through ``prev``, newest first: round/2-4
+    records and stepped rounds' round/5 records alike, in any mix.
 
     Besides each round's checks: ``job``, ``run`` and ``coordinator`` must agree along the
     chain and
@@ -32,11 +34,11 @@ async def verify_history(
     ``job`` pin whose records they must be (``check_expected``, on every record).
     """
     store = store or GradientStore(node)
-    reports: list[RoundReport] = []
+    reports: list[AnyRoundReport] = []
     next_cid: CID | str | None = head
-    newer: RoundReport | None = None
+    newer: AnyRoundReport | None = None
     while next_cid is not None:
-        rcid, record = await fetch_record(node, next_cid)
+        rcid, record = await fetch_any_record(node, next_cid)
         check_expected(rcid, record, coordinator, job)
         if newer is not None:
             top = newer.record
@@ -66,7 +68,7 @@ async def verify_history(
                     f"record {newer.record_cid} (round {top.round}) links to "
                     f"{rcid}, which is round {record.round}; expected round {expected}",
                 )
-        report = await verify_record(store, rcid, record, progress=progress)
+        report = await verify_any_record(store, rcid, record, progress=progress)
         reports.append(report)
         if on_round is not None:
             on_round(report)

@@ -11,7 +11,15 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from ..audit import RoundReport, verify_cid, verify_history, verify_round
+from ..audit import (
+    AnyRoundReport,
+    RoundReport,
+    SteppedRoundReport,
+    StepReport,
+    verify_cid,
+    verify_history,
+    verify_round,
+)
 from ..job import load_job
 from ..messages import public_key_from_did
 from ..node import Node
@@ -73,6 +81,45 @@ def _round_line(r: RoundReport, coordinator: str | None) -> str:
     )
 
 
+def _step_line(r: StepReport) -> str:
+    """One verified step of a stepped round (its job and step names escaped)."""
+    rec = r.record
+    return printable(
+        f"ok step {rec.step} of round {rec.round} of job {rec.job}: step record {r.record_cid} "
+        f"linked, {r.inputs} inputs re-fetched and verified ({r.input_bytes} tensor bytes), "
+        f"{len(r.tensors)} tensor(s) as its selectors take, {rec.method} recomputed, weights and "
+        f"output {rec.output} match"
+    )
+
+
+def _stepped_lines(r: SteppedRoundReport, coordinator: str | None) -> list[str]:
+    """A verified stepped round: a line per closed step, one per failed step, the round's."""
+    rec = r.record
+    lines = [_step_line(s) for s in r.steps]
+    lines += [
+        printable(
+            f"note: step {step} of round {rec.round} failed ({why}): it has no step record, "
+            "and no tensor in the model-level output"
+        )
+        for step, why in r.failed
+    ]
+    lines.append(
+        printable(
+            f"ok round {rec.round} of job {rec.job}: record {r.record_cid} ({rec.type}) "
+            f"{_signed(coordinator)}, {len(r.steps)} step(s) audited"
+            f"{f' and {len(r.failed)} failed' if r.failed else ''}, model-level output "
+            f"{rec.output} re-assembled from their outputs and matches"
+        )
+    )
+    return lines
+
+
+def _lines(r: AnyRoundReport, coordinator: str | None) -> list[str]:
+    if isinstance(r, SteppedRoundReport):
+        return _stepped_lines(r, coordinator)
+    return [_round_line(r, coordinator)]
+
+
 def _unsupported(r: RoundReport) -> str:
     """What an older record cannot support, said on its line rather than passed over."""
     if not r.unsupported:
@@ -105,7 +152,7 @@ def cmd_audit_round(args: argparse.Namespace) -> int:
             node, args.record, store, coordinator=coordinator, job=job, progress=progress
         ),
     )
-    print(_round_line(report, coordinator))
+    print("\n".join(_lines(report, coordinator)))
     return _exit.SUCCESS
 
 
@@ -119,7 +166,7 @@ def cmd_audit_history(args: argparse.Namespace) -> int:
             args.head,
             allow_gaps=args.allow_gaps,
             store=store,
-            on_round=lambda r: print(_round_line(r, coordinator), flush=True),
+            on_round=lambda r: print("\n".join(_lines(r, coordinator)), flush=True),
             coordinator=coordinator,
             job=job,
             progress=progress,

@@ -22,7 +22,7 @@ from functools import partial
 from typing import Any
 
 from ..dag import CID
-from ..errors import AggregationError, NodeError
+from ..errors import AggregationError, AssemblyError, LimitExceededError, NodeError
 from ..job import JobConfig
 from ..messages import (
     RoundStep,
@@ -33,11 +33,10 @@ from ..messages import (
     decode_step_record,
     decode_stepped_record,
     encode_stepped_record,
+    model_meta,
 )
-from ..messages.step_meta import model_meta
 from ..node import Node
-from ..store import GradientStore
-from ..store._steps_output import put_steps_output
+from ..store import GradientStore, put_model
 from .closing import Closed, close_round, put_record, with_retries
 from .effects import Effects, Judged, schema_key
 from .journal import Journal
@@ -177,20 +176,20 @@ class Closer:
         closed = [d for d in done if d.result is not None]
         if not closed:
             reason = "every step failed: " + "; ".join(f"{d.step}: {d.failed}" for d in done)
-            self._apply(self.state.close_failed(round_, reason))
-            await asyncio.to_thread(self.journal.flush)
-            self.state.announce_failure(round_, reason)
-            await self._publish(self.state.failure(self._stamp()))
-            return RoundOutcome(round_, "failed", None, None, (), excluded, reason, stats)
+            return await self._round_failed(round_, reason, excluded, stats)
         t0 = time.perf_counter()
         cfg, run = self.config, self.state.run_id
         outputs = [CID.parse(d.result.output) for d in closed if d.result is not None]
-        meta = model_meta(cfg.job, round_, [str(d.step) for d in closed], run=run)
-        model = await with_retries(
-            "storing the model-level output",
-            partial(put_steps_output, self.store, outputs, meta),
-            give_up_after=self.close_retry_s,
-        )
+        meta = model_meta(cfg.job, round_, [str(d.step) for d in closed], outputs, run=run)
+        try:
+            model = await with_retries(
+                "storing the model-level output",
+                partial(put_model, self.store, outputs, meta),
+                give_up_after=self.close_retry_s,
+            )
+        except (AssemblyError, LimitExceededError) as exc:  # e.g. a model over the job's limits
+            reason = f"the model-level output cannot be assembled: {exc}"
+            return await self._round_failed(round_, reason, excluded, stats)
         record = SteppedRoundRecord(
             job=cfg.job,
             run=run,
@@ -223,6 +222,20 @@ class Closer:
             None,
             tuple(steps),
         )
+
+    async def _round_failed(
+        self,
+        round_: int,
+        reason: str,
+        excluded: tuple[tuple[str, str], ...],
+        stats: dict[str, Any],
+    ) -> RoundOutcome:
+        """A stepped round ends without a record: journaled, then its status (no step)."""
+        self._apply(self.state.close_failed(round_, reason))
+        await asyncio.to_thread(self.journal.flush)
+        self.state.announce_failure(round_, reason)
+        await self._publish(self.state.failure(self._stamp()))
+        return RoundOutcome(round_, "failed", None, None, (), excluded, reason, stats)
 
     # -- a restart -------------------------------------------------------------------------
     async def _recover(self) -> None:

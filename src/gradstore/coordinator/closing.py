@@ -33,8 +33,8 @@ from ..messages import (
     aggregate_meta,
     encode_record,
     encode_step_record,
+    step_aggregate_meta,
 )
-from ..messages.step_meta import step_aggregate_meta
 from ..node import Node, Retry
 from ..store import GradientStore, StoredCompressed, StoredGradient
 from .inputs import VerifiedInput

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from ._fits import check_fits, check_layout
     from ._gradient import Gradient
     from ._header import DocumentHeader, TensorInfo, read_header
+    from ._header_walk import HeaderWalk
     from ._layout import COMPRESSED_FORMAT_ID, FORMAT_ID, EncodedDocument, dense_layout
     from ._limits import DEFAULT_LIMITS, Limits
     from ._names import name_problem
@@ -62,6 +63,7 @@ _HOMES = {
     "DocumentHeader": "_header",
     "TensorInfo": "_header",
     "read_header": "_header",
+    "HeaderWalk": "_header_walk",
     "COMPRESSED_FORMAT_ID": "_layout",
     "FORMAT_ID": "_layout",
     "EncodedDocument": "_layout",
@@ -93,6 +95,7 @@ __all__ = [
     "DocumentHeader",
     "EncodedDocument",
     "Gradient",
+    "HeaderWalk",
     "Limits",
     "TensorInfo",
     "all_finite",

@@ -117,6 +117,28 @@ def walk(mv: memoryview, limits: Limits) -> DocumentHeader:
             "$",
         )
     r = Reader(mv, 0, size)
+    meta, codec, count = read_head(r, limits)
+    infos: list[TensorInfo] = []
+    prev = b""
+    elements = 0
+    dense = 0  # bytes of the dense tensors a compressed document stands for
+    for i in range(count):
+        info, prev, n = _read_tensor(
+            r, i, prev, limits, limits.max_elements - elements, codec, limits.max_bytes - dense
+        )
+        elements += n
+        dense += n * ITEMSIZE[info.dtype]
+        infos.append(info)
+    if r.pos != size:
+        raise MalformedDocumentError(f"{size - r.pos} trailing bytes after the document", r.pos)
+    return DocumentHeader(meta, tuple(infos), size, codec)
+
+
+def read_head(r: Reader, limits: Limits) -> tuple[dict[str, Any], Codec | None, int]:
+    """A document's meta, codec (None: gradstore/1) and declared tensor count, read from
+    ``r`` at the document's start; ``r`` is left at the first tensor."""
+    mv = r.buf
+    size = r.end
     compressed = size > 0 and mv[0] == PREFIX2[0]
     lead = f"{NOT_A_COMPRESSED_DOCUMENT if compressed else NOT_A_DOCUMENT}: "
     if compressed:
@@ -150,20 +172,7 @@ def walk(mv: memoryview, limits: Limits) -> DocumentHeader:
             f"document declares {count} tensors, over max_tensors={limits.max_tensors}",
             "max_tensors",
         )
-    infos: list[TensorInfo] = []
-    prev = b""
-    elements = 0
-    dense = 0  # bytes of the dense tensors a compressed document stands for
-    for i in range(count):
-        info, prev, n = _read_tensor(
-            r, i, prev, limits, limits.max_elements - elements, codec, limits.max_bytes - dense
-        )
-        elements += n
-        dense += n * ITEMSIZE[info.dtype]
-        infos.append(info)
-    if r.pos != size:
-        raise MalformedDocumentError(f"{size - r.pos} trailing bytes after the document", r.pos)
-    return DocumentHeader(meta, tuple(infos), size, codec)
+    return meta, codec, count
 
 
 def _read_meta(r: Reader, limits: Limits) -> dict[str, Any]:
@@ -243,11 +252,13 @@ def _read_tensor(
     elements_left: int,
     codec: Codec | None = None,
     dense_left: int = 0,
+    check_data: bool = True,
 ) -> tuple[TensorInfo, bytes, int]:
     """One tensor map; returns its info, its raw name, and its element count.
 
     With a ``codec`` (gradstore/2) the data is that codec's payload for the dtype and shape,
-    and the dense bytes they stand for must be within ``dense_left``."""
+    and the dense bytes they stand for must be within ``dense_left``. Without ``check_data``
+    the data bytes are not looked at (bool bytes, payloads): ``r`` may not hold them."""
     _expect(r, _TENSOR_START[:1], "a map of keys name, dtype, shape, pad, data", tensor=i)
     _expect(r, _TENSOR_START[1:], "key 'name' first", tensor=i)
     kind, n = r.head()
@@ -362,6 +373,8 @@ def _read_tensor(
             f"data is {nbytes} bytes; {what} needs {want}", f"$.tensors[{i}].data"
         )
     r.take(nbytes)
+    if not check_data:
+        return TensorInfo(name, dtype, tuple(dims), offset, nbytes), raw, count
     if codec is not None:
         import numpy as np
 

@@ -49,14 +49,18 @@ from .step_record import (
     check_selector,
     decode_step_record,
     encode_step_record,
+    step_aggregate_meta,
 )
 from .stepped_record import (
+    MODEL_KIND,
     RECORD_TYPE_STEPPED,
     RoundStep,
     SteppedRoundRecord,
     check_step_of,
     decode_stepped_record,
     encode_stepped_record,
+    model_meta,
+    record_model_meta,
 )
 
 __all__ = [
@@ -65,6 +69,7 @@ __all__ = [
     "MAX_MESSAGE_BYTES",
     "MAX_REASON_BYTES",
     "MAX_RECORD_BYTES",
+    "MODEL_KIND",
     "RECORD_TYPE",
     "RECORD_TYPES",
     "RECORD_TYPE_CODECS",
@@ -105,8 +110,11 @@ __all__ = [
     "encode_step_record",
     "encode_stepped_record",
     "inline_lists",
+    "model_meta",
     "public_key_from_did",
+    "record_model_meta",
     "shorten",
+    "step_aggregate_meta",
     "verify_message",
     "verify_signature",
 ]

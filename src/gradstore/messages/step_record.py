@@ -16,7 +16,7 @@ with ``prefix.``). A step that failed has no step record (the round/5 record say
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -24,6 +24,7 @@ from ..dag.cid import CID
 from ..errors import MessageError, Reason
 from ..format import name_problem
 from .keys import SigningKey
+from .record import aggregate_meta
 from .record_parts import (
     MAX_RECORD_BYTES,
     RecordExclusion,
@@ -198,3 +199,12 @@ def decode_step_record(
         raise MessageError(Reason.MALFORMED, "`inputs` and `excluded` must be sorted by peer")
     check_signed(node, _unsigned_node(rec), rec.coordinator, sig, _WHAT)
     return rec
+
+
+def step_aggregate_meta(
+    job: str, round_: int, step: str, method: str, inputs: Sequence[CID], *, run: str
+) -> dict[str, Any]:
+    """The meta of a step's aggregate document (docs/spec.md, section 9.4): a round's
+    aggregate meta (``record.aggregate_meta``: kind, job, run, round, method and the input
+    CIDs in record order) and the step's name."""
+    return {**aggregate_meta(job, round_, method, inputs, run=run), "step": step}

@@ -17,6 +17,7 @@ and the reason. Unstepped jobs keep writing round/4 records (``messages.record``
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -209,3 +210,37 @@ def decode_stepped_record(
     )
     check_signed(node, _unsigned_node(rec), rec.coordinator, sig, _WHAT)
     return rec
+
+
+#: The ``kind`` in the meta of a stepped round's model-level document.
+MODEL_KIND: Final = "model"
+
+
+def model_meta(
+    job: str, round_: int, steps: Sequence[str], outputs: Sequence[CID], *, run: str
+) -> dict[str, Any]:
+    """The meta of a stepped round's model-level document (docs/spec.md, section 9.4): its
+    job, run and round, and its closed steps' names and output CIDs (base32 CIDv1 text), in
+    the round record's order."""
+    if len(steps) != len(outputs):
+        raise ValueError(f"{len(steps)} steps and {len(outputs)} outputs")
+    return {
+        "job": job,
+        "kind": MODEL_KIND,
+        "outputs": [str(c.to_v1()) for c in outputs],
+        "round": round_,
+        "run": run,
+        "steps": list(steps),
+    }
+
+
+def record_model_meta(record: SteppedRoundRecord) -> dict[str, Any]:
+    """:func:`model_meta` of ``record``'s closed steps: what its ``output``'s meta must be."""
+    closed = [s for s in record.steps if s.output is not None]
+    return model_meta(
+        record.job,
+        record.round,
+        [s.step for s in closed],
+        [s.output for s in closed if s.output is not None],
+        run=record.run,
+    )

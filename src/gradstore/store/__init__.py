@@ -1,4 +1,5 @@
-"""GradientStore: put/get/verify gradstore/1 (and compressed gradstore/2) documents over any Node.
+"""GradientStore: put/get/verify gradstore/1 (and compressed gradstore/2) documents over any Node;
+a stepped round's model-level document assembled from its steps' outputs (``put_model``).
 
 Names are loaded on first use (``_lazy_exports``): ``GradientStore.put_document`` needs no
 NumPy, and ``gradstore put`` does not load it.
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING
 from .._lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
+    from ._assemble import ModelDocument, StepOutput, model_cid, open_model, open_output, put_model
     from ._put import ByteProgress, Progress
     from ._store import GradientStore, VerifyReport
     from ._stored import StoredDocument, StoredGradient
@@ -19,6 +21,12 @@ if TYPE_CHECKING:
 
 _HOMES = {
     "ByteProgress": "_put",
+    "ModelDocument": "_assemble",
+    "StepOutput": "_assemble",
+    "model_cid": "_assemble",
+    "open_model": "_assemble",
+    "open_output": "_assemble",
+    "put_model": "_assemble",
     "Progress": "_put",
     "GradientStore": "_store",
     "VerifyReport": "_store",
@@ -33,11 +41,17 @@ __getattr__, __dir__ = lazy_exports(__name__, _HOMES)
 __all__ = [
     "ByteProgress",
     "GradientStore",
+    "ModelDocument",
     "Progress",
+    "StepOutput",
     "StoredCompressed",
     "StoredDocument",
     "StoredGradient",
     "StoredSparse",
     "SyncGradientStore",
     "VerifyReport",
+    "model_cid",
+    "open_model",
+    "open_output",
+    "put_model",
 ]

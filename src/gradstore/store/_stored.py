@@ -67,6 +67,10 @@ class StoredDocument:
         assert buffer is not None
         return cls(node, cid, buffer.nbytes, spans)
 
+    def forget(self) -> None:
+        """Drop the leaf kept from the last read (a reader of many documents holds none)."""
+        self._cached = None
+
     async def _leaf(self, index: int) -> bytes:
         if self._cached is not None and self._cached[0] == index:
             return self._cached[1]

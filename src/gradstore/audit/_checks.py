@@ -1,0 +1,274 @@
+"""The checks a round record (round/2-4) and a step record (step/1) share.
+
+Both state the same things about one aggregation: a method and its parameters, inputs
+(peer, CID, samples, weight, codec and, in round/4 and step/1, the peer's signed word),
+exclusions and an output (``messages.record_parts``). ``rederive`` re-fetches every input
+with every block verified, checks what the record says of it, recomputes the aggregate
+with the recorded method over the inputs in record order, checks each weight, encodes the
+aggregate with the meta the coordinator writes and compares its CID with ``output``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, TypeAlias
+
+from ..aggregate import AggregationParams, Layout, NormSum, OutputClip, aggregate_streamed
+from ..dag import CID, file_cid
+from ..errors import (
+    AggregationError,
+    AuditError,
+    DAGError,
+    IntegrityError,
+    NodeError,
+    TooManyInputsError,
+)
+from ..format import DocumentHeader, Gradient, encode
+from ..messages import (
+    RECORD_TYPE,
+    RECORD_TYPE_CODECS,
+    RecordInput,
+    RoundRecord,
+    StepRecord,
+    aggregate_meta,
+    step_aggregate_meta,
+)
+from ..store import ByteProgress, GradientStore, StoredCompressed, StoredGradient
+from ._cid import fetch_with_header
+
+Aggregated: TypeAlias = RoundRecord | StepRecord
+"""A record of one aggregation: a round's (round/2-4) or a step's (step/1)."""
+
+OnInput: TypeAlias = Callable[[RecordInput, DocumentHeader], None]
+"""A further check of one input, given its document's header (a step's tensors)."""
+
+#: What a record of each version cannot support: round/2 and round/3 carry no peer
+#: signatures, so their sample counts are checked against the documents' meta only.
+UNSUPPORTED: Final = {
+    RECORD_TYPE: ("input-signature",),
+    RECORD_TYPE_CODECS: ("input-signature",),
+}
+
+
+@dataclass(frozen=True)
+class Rederived:
+    """What ``rederive`` established: how many inputs, their tensor bytes, and the names of
+    the output's tensors (in document order)."""
+
+    inputs: int
+    input_bytes: int
+    tensors: tuple[str, ...]
+
+
+def where(rcid: CID, record: Aggregated) -> str:
+    """How messages name ``record``: ``round 3 record <cid>``, or ``step 'b' of round 3 ...``."""
+    if isinstance(record, StepRecord):
+        return f"step {record.step!r} of round {record.round} (step record {rcid})"
+    return f"round {record.round} record {rcid}"
+
+
+def signed(record: Aggregated) -> bool:
+    """Whether the record's inputs carry the peers' signed announcements (round/4, step/1)."""
+    return record.type not in UNSUPPORTED
+
+
+def output_meta(record: Aggregated) -> dict[str, Any]:
+    """The meta the coordinator writes into the aggregate of ``record`` (docs/spec.md,
+    sections 6.10 and 9.4): kind, job, run, round, method, the input CIDs in record order,
+    and a step's name."""
+    cids = [i.gradient for i in record.inputs]
+    if isinstance(record, StepRecord):
+        return step_aggregate_meta(
+            record.job, record.round, record.step, record.method, cids, run=record.run
+        )
+    return aggregate_meta(record.job, record.round, record.method, cids, run=record.run)
+
+
+def record_params(record: Aggregated) -> AggregationParams:
+    """The record's method and parameters, with the norm summation and output clipping its
+    version states (docs/spec.md). Checks: ``params``."""
+    current = signed(record)
+    norm_sum: NormSum = "sequential" if current else "blocked-pairwise"
+    output_clip: OutputClip = "float64" if current else "rounded"
+    try:
+        return AggregationParams.from_record(record.method, record.params, norm_sum, output_clip)
+    except (AggregationError, TypeError) as exc:
+        raise AuditError("params", f"round {record.round}: recorded parameters: {exc}") from exc
+
+
+def check_input_count(rcid: CID, record: Aggregated, params: AggregationParams) -> None:
+    """Refuse, before any input is fetched, a record listing more inputs than its method takes
+    in bounded memory (Krum: ``MAX_KRUM_INPUTS``) or a count its method refuses.
+
+    Anyone can sign a record, and an unpinned auditor would otherwise fetch every input
+    before the method refused them. Checks: ``inputs`` (too many), ``aggregate``.
+    """
+    n = len(record.inputs)
+    try:
+        params.validate(n)
+    except TooManyInputsError as exc:
+        raise AuditError("inputs", f"{where(rcid, record)} lists {n} inputs: {exc}") from exc
+    except AggregationError as exc:
+        raise AuditError(
+            "aggregate", f"round {record.round}: recomputing {record.method}: {exc}"
+        ) from exc
+
+
+def check_signatures(rcid: CID, record: Aggregated) -> None:
+    """Each round/4 or step/1 input's ``peer_sig`` must be its peer's over (job, run, round,
+    step, CID, num_samples, sent_at): the sample count is the peer's word, and in a step
+    record the step too. Checks: ``input-signature``."""
+    if not signed(record):
+        return
+    for inp in record.inputs:
+        if not inp.peer_signed(record):
+            raise AuditError(
+                "input-signature",
+                f"{where(rcid, record)}: the input of {inp.peer} ({inp.gradient}, "
+                f"{inp.num_samples} samples) is not what that peer signed",
+            )
+
+
+def check_document_meta(
+    rcid: CID, record: Aggregated, inp: RecordInput, meta: Mapping[str, Any]
+) -> None:
+    """An input document that states its samples (or, in round/4 and step/1, its job, run,
+    round, peer or step) must agree with the record. Checks: ``input-samples``,
+    ``input-meta``."""
+    at = f"{where(rcid, record)}: the input of {inp.peer} ({inp.gradient})"
+    stated = meta.get("num_samples")
+    if stated is not None and stated != inp.num_samples:
+        raise AuditError(
+            "input-samples",
+            f"{at} is recorded with {inp.num_samples} samples, its document says {stated!r:.40}",
+        )
+    if not signed(record):
+        return
+    bound: list[tuple[str, object]] = [
+        ("job", record.job),
+        ("run", record.run),
+        ("round", record.round),
+        ("peer", inp.peer),
+    ]
+    if record.step is not None:
+        bound.append(("step", record.step))
+    for key, value in bound:
+        if key in meta and meta[key] != value:
+            raise AuditError(
+                "input-meta", f"{at}: its document names {key} {meta[key]!r:.80}, not {value!r}"
+            )
+
+
+def check_weights(rcid: CID, record: Aggregated, weights: tuple[float, ...] | None) -> None:
+    """Each recorded ``weight`` must be what the method gives these inputs (bit for bit; 1.0
+    for the order statistics). Checks: ``input-weight``."""
+    expected = weights or tuple(1.0 for _ in record.inputs)
+    for inp, want in zip(record.inputs, expected, strict=True):
+        if inp.weight != want:
+            raise AuditError(
+                "input-weight",
+                f"{where(rcid, record)}: the input of {inp.peer} is recorded with "
+                f"weight {inp.weight!r}, but {record.method} over the recorded inputs gives "
+                f"{want!r}",
+            )
+
+
+async def rederive(
+    store: GradientStore,
+    rcid: CID,
+    record: Aggregated,
+    *,
+    on_input: OnInput | None = None,
+    progress: ByteProgress | None = None,
+) -> Rederived:
+    """Re-fetch every input of an already checked record, recompute, compare the output CID.
+
+    Memory stays O(model), as in the coordinator: each input is fetched, verified and
+    decoded on its own, then read back from the node range by range (every leaf hashed
+    again) while the aggregate is recomputed (``aggregate_streamed``: the same bits).
+    Compressed inputs are decompressed range by range as the coordinator does; the codec
+    the record names for each input must be its document's. ``on_input`` checks each input's
+    header further (a step's tensors).
+
+    Checks: ``inputs`` (a record with no input, or more than its method takes), ``params``,
+    ``input-signature``, ``input-fetch``, ``input-blocks``, ``input-decode``, ``input-codec``,
+    ``input-samples``, ``input-meta``, ``aggregate``, ``input-weight``, ``output-cid``.
+    ``progress(done, total)`` is called as input bytes arrive and as each stage ends.
+    """
+    if not record.inputs:
+        raise AuditError("inputs", f"{where(rcid, record)} lists no input")
+    params = record_params(record)
+    check_input_count(rcid, record, params)
+    check_signatures(rcid, record)
+    sources: list[StoredGradient | StoredCompressed] = []
+    layouts = []
+    nbytes = 0
+    for inp in record.inputs:
+        what = f"input of {inp.peer}"
+        gradient, header = await fetch_with_header(
+            store, inp.gradient, what, prefix="input-", progress=progress
+        )
+        if inp.codec != header.codec:
+            raise AuditError(
+                "input-codec",
+                f"{where(rcid, record)} says {what} {inp.gradient} is "
+                f"{_codec_text(inp.codec)}, but the document is {_codec_text(header.codec)}",
+            )
+        check_document_meta(rcid, record, inp, gradient.meta)
+        if on_input is not None:
+            on_input(inp, header)
+        nbytes += gradient.nbytes
+        layouts.append([(t.name, t.array_dtype, t.shape) for t in header.tensors])
+        del gradient  # read back range by range below: one input in memory at a time
+        infos = {t.name: t for t in header.tensors}
+        try:
+            if header.codec is not None:  # decompressed range by range, as the coordinator
+                sources.append(
+                    await StoredCompressed.open(
+                        store.node, inp.gradient, infos, header.codec, store.limits.max_bytes
+                    )
+                )
+            else:
+                sources.append(
+                    await StoredGradient.open(
+                        store.node, inp.gradient, infos, store.limits.max_bytes
+                    )
+                )
+        except NodeError as exc:
+            raise AuditError("input-fetch", f"cannot read {what} {inp.gradient}: {exc}") from exc
+    if any(layout != layouts[0] for layout in layouts):
+        raise AuditError(
+            "aggregate",
+            f"round {record.round}: recomputing {record.method}: the inputs' tensors differ",
+        )
+    if progress is not None:
+        progress(nbytes, nbytes)
+    try:
+        tensors, info = await aggregate_streamed(
+            sources,
+            Layout.of(layouts[0]),
+            params,
+            [i.num_samples for i in record.inputs],
+        )
+    except AggregationError as exc:
+        raise AuditError(
+            "aggregate", f"round {record.round}: recomputing {record.method}: {exc}"
+        ) from exc
+    except (IntegrityError, DAGError) as exc:
+        raise AuditError("input-blocks", f"round {record.round}: {exc}") from exc
+    except NodeError as exc:
+        raise AuditError("input-fetch", f"round {record.round}: {exc}") from exc
+    check_weights(rcid, record, info.weights)
+    expected = file_cid(encode(Gradient(tensors, output_meta(record))))
+    if expected != record.output.to_v1():
+        raise AuditError(
+            "output-cid",
+            f"{where(rcid, record)} names output {record.output}, but "
+            f"{record.method} over its {len(sources)} inputs gives {expected}",
+        )
+    return Rederived(len(sources), nbytes, tuple(name for name, _, _ in layouts[0]))
+
+
+def _codec_text(codec: object) -> str:
+    return "dense (gradstore/1)" if codec is None else f"compressed with {codec}"

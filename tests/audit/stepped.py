@@ -1,0 +1,230 @@
+"""Honest stepped rounds, built and signed here with the coordinator's own key as docs/spec.md
+section 9 says a coordinator writes them: one document per peer and step (its tensors
+exactly the step's, its announcement naming the step), a step record per closed step, the
+model-level output assembled from the steps' outputs, and a round/5 record linking them.
+
+The pieces are separate functions so forgery tests can change one and re-sign the rest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gradstore.aggregate import aggregate_with_info
+from gradstore.dag import CID, DAG_CBOR
+from gradstore.format import Gradient
+from gradstore.job import JobConfig, StepConfig, parse_job
+from gradstore.messages import (
+    Announce,
+    RecordInput,
+    RoundStep,
+    SigningKey,
+    SteppedRoundRecord,
+    StepRecord,
+    announcement_signature,
+    encode_message,
+    encode_step_record,
+    encode_stepped_record,
+    model_meta,
+    step_aggregate_meta,
+)
+from gradstore.node import Node
+from gradstore.store import GradientStore, put_model
+
+from .rounds import COORDINATOR, JOB, RUN, SENT_AT_MS, key
+
+#: The model's tensors and shapes; the steps below cover each once (backward order).
+SHAPES: Mapping[str, tuple[int, ...]] = {
+    "fc.bias": (5,),
+    "fc.weight": (8, 5),
+    "layer.bias": (8,),
+    "layer.weight": (16, 8),
+    "embed.weight": (30, 16),
+}
+STEPS: Sequence[dict[str, Any]] = (
+    {"name": "head", "tensors": ["fc.*"]},
+    {"name": "mid", "tensors": ["layer.weight", "layer.bias"], "method": "median"},
+    {"name": "emb", "tensors": ["embed.*"], "method": "mean"},
+)
+PEERS = [key(i) for i in range(3)]
+SAMPLES = [10, 20, 30]
+
+
+@dataclass
+class StepDone:
+    """A closed step: its signed record's CID and the record."""
+
+    record_cid: CID
+    record: StepRecord
+
+
+@dataclass
+class Stepped:
+    """An honest stepped round: its round/5 record and every step's record."""
+
+    record_cid: CID
+    record: SteppedRoundRecord
+    steps: dict[str, StepDone]
+    config: JobConfig
+
+
+def stepped_job() -> JobConfig:
+    return parse_job(
+        {
+            "job": JOB,
+            "coordinator": COORDINATOR.did,
+            "peers": [k.did for k in PEERS],
+            "aggregation": {"method": "fedavg"},
+            "rounds": {"count": 1, "quorum": len(PEERS), "deadline_s": 30},
+            "steps": [dict(s) for s in STEPS],
+        }
+    )
+
+
+def announcement(
+    k: SigningKey, cid: CID, samples: int, round_: int, step: str
+) -> tuple[int, bytes]:
+    """``k``'s signed announcement of ``cid`` for ``step``: (sent_at, signature)."""
+    sent_at = SENT_AT_MS + 60_000 * round_
+    ann = Announce(JOB, RUN, round_, k.did, str(cid.to_v1()), samples, sent_at, step=step)
+    return ann.sent_at, announcement_signature(encode_message(ann, k))[1]
+
+
+def step_tensors(step: StepConfig) -> list[str]:
+    return [name for name in SHAPES if step.covers(name)]
+
+
+async def peer_documents(
+    node: Node, step: StepConfig, round_: int, seed: int, names: Sequence[str] | None = None
+) -> list[tuple[SigningKey, CID, int]]:
+    """Each peer's document for ``step`` (``names``: other tensors than the step's, for a
+    peer that lies), stored on ``node``: (peer key, CID, samples)."""
+    rng = np.random.default_rng(seed)
+    store = GradientStore(node)
+    out = []
+    for k, samples in zip(PEERS, SAMPLES, strict=True):
+        tensors = {
+            n: rng.standard_normal(SHAPES[n]).astype(np.float32)
+            for n in (names or step_tensors(step))
+        }
+        meta = {"kind": "gradient", "job": JOB, "round": round_, "peer": k.did, "step": step.name}
+        out.append(
+            (k, await store.put(Gradient(tensors, {**meta, "num_samples": samples})), samples)
+        )
+    return out
+
+
+async def close_step(
+    node: Node,
+    step: StepConfig,
+    round_: int,
+    documents: Sequence[tuple[SigningKey, CID, int]],
+    *,
+    announced_step: str | None = None,
+) -> StepRecord:
+    """The record of ``step`` over ``documents``, each announced by its peer for the step
+    (or for ``announced_step``), with the aggregate recomputed and stored (not yet signed)."""
+    store = GradientStore(node)
+    ordered = sorted(documents, key=lambda d: d[0].did)
+    params = step.params_for([k.did for k, _, _ in ordered])
+    docs = [await store.get(cid) for _, cid, _ in ordered]
+    tensors, info = aggregate_with_info(
+        [d.tensors for d in docs], params, [n for _, _, n in ordered]
+    )
+    cids = [cid for _, cid, _ in ordered]
+    meta = step_aggregate_meta(JOB, round_, step.name, params.method, cids, run=RUN)
+    output = await store.put(Gradient(tensors, meta))
+    weights = info.weights or tuple(1.0 for _ in ordered)
+    inputs = tuple(
+        RecordInput(
+            k.did,
+            cid,
+            n,
+            float(w),
+            None,
+            *announcement(k, cid, n, round_, announced_step or step.name),
+        )
+        for (k, cid, n), w in zip(ordered, weights, strict=True)
+    )
+    return StepRecord(
+        job=JOB,
+        run=RUN,
+        round=round_,
+        step=step.name,
+        tensors=tuple(str(s) for s in step.tensors),
+        method=params.method,
+        params=params.to_record(),
+        inputs=inputs,
+        excluded=(),
+        output=output,
+        coordinator=COORDINATOR.did,
+    )
+
+
+async def sign_step(node: Node, record: StepRecord) -> StepDone:
+    """Sign ``record`` with the coordinator's key and store it."""
+    _, data = encode_step_record(record, COORDINATOR)
+    return StepDone(await node.put_block(data, DAG_CBOR), record)
+
+
+async def publish_round(
+    node: Node,
+    round_: int,
+    steps: Sequence[tuple[str, StepDone | str]],
+    prev: CID | None = None,
+    *,
+    model: CID | None = None,
+) -> tuple[CID, SteppedRoundRecord]:
+    """The round/5 record over ``steps`` ((name, closed step or the reason it failed), in
+    the job's order), its model-level output assembled and stored (unless ``model`` says
+    what the record names instead), signed and stored."""
+    entries = tuple(
+        RoundStep(name, failed=done)
+        if isinstance(done, str)
+        else RoundStep(name, record=done.record_cid, output=done.record.output)
+        for name, done in steps
+    )
+    closed = [e for e in entries if e.failed is None]
+    outputs = [e.output for e in closed if e.output is not None]
+    meta = model_meta(JOB, round_, [e.step for e in closed], outputs, run=RUN)
+    if model is None:
+        model = await put_model(GradientStore(node), outputs, meta)
+    record = SteppedRoundRecord(JOB, RUN, round_, entries, model, prev, COORDINATOR.did)
+    return await sign_round(node, record), record
+
+
+async def sign_round(node: Node, record: SteppedRoundRecord) -> CID:
+    """Sign a round/5 record with the coordinator's key and store it."""
+    _, data = encode_stepped_record(record, COORDINATOR)
+    return await node.put_block(data, DAG_CBOR)
+
+
+async def stepped_round(
+    node: Node, round_: int = 0, prev: CID | None = None, seed: int = 11
+) -> Stepped:
+    """An honest stepped round of every step in ``STEPS``."""
+    config = stepped_job()
+    done: dict[str, StepDone] = {}
+    for i, step in enumerate(config.steps):
+        documents = await peer_documents(node, step, round_, seed + i)
+        done[step.name] = await sign_step(node, await close_step(node, step, round_, documents))
+    cid, record = await publish_round(node, round_, list(done.items()), prev)
+    return Stepped(cid, record, done, config)
+
+
+def step_config(config: JobConfig, name: str) -> StepConfig:
+    return next(s for s in config.steps if s.name == name)
+
+
+def replace_step(stepped: Stepped, name: str, done: StepDone | str) -> list[tuple[str, Any]]:
+    """``stepped``'s steps with step ``name`` replaced (by a forged record, or a failure)."""
+    return [(n, done if n == name else d) for n, d in stepped.steps.items()]
+
+
+def resigned(record: StepRecord, **changes: Any) -> StepRecord:
+    return dataclasses.replace(record, **changes)
