@@ -63,6 +63,8 @@ class Reason(StrEnum):
     STALE_ROUND = "stale-round"
     FUTURE_ROUND = "future-round"
     CONFLICTING_CID = "conflicting-cid"
+    UNKNOWN_STEP = "unknown-step"  # the job has no such step (or has steps, and none named)
+    NOT_IN_STEP = "not-in-step"  # the peer is not one of the step's peers
     DUPLICATE = "duplicate"  # not a refusal: an announcement already had, counted
     # the signed message (MessageError)
     BAD_SIGNATURE = "bad-signature"

@@ -1,9 +1,11 @@
 """SIGKILL the coordinator process mid-round and restart it: the round completes from its
-journal, every accepted input is used once, and the result is the one a clean run gives."""
+journal, every accepted input is used once, and the result is the one a clean run gives;
+in a stepped job, a step closed before the kill stays closed with the same CIDs."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -16,12 +18,15 @@ from pathlib import Path
 import pytest
 
 from gradstore.aggregate import aggregate
-from gradstore.dag import file_cid
+from gradstore.dag import CID, file_cid
 from gradstore.format import Gradient, encode
-from gradstore.messages import aggregate_meta, decode_record
+from gradstore.job import JobConfig
+from gradstore.messages import aggregate_meta, decode_record, decode_stepped_record
 from gradstore.peer import Peer
 
 from .harness import gradients, make_job, publish_all, wait_subscribed, world, write_job_toml
+from .steps_harness import announce, listening, step_gradients, stepped_job
+from .test_steps import expected_output
 
 pytestmark = pytest.mark.kubo
 
@@ -122,3 +127,99 @@ def test_sigkill_mid_round_then_restart_gives_the_clean_result(
     started = time.monotonic()
     asyncio.run(go())
     assert time.monotonic() - started < 120
+
+
+def _stepped_toml(config: JobConfig, path: Path) -> Path:
+    """The job file of ``config``'s two steps: head (mean, quorum 2, deadline 4 s), body."""
+    peers = ", ".join(f'"{p}"' for p in config.peers)
+    path.write_text(
+        f'job = "{config.job}"\ncoordinator = "{config.coordinator}"\npeers = [{peers}]\n'
+        '[aggregation]\nmethod = "fedavg"\n[rounds]\ncount = 1\nquorum = 2\ndeadline_s = 120\n'
+        '[[steps]]\nname = "head"\ntensors = ["fc.*"]\nmethod = "mean"\ndeadline_s = 4\n'
+        '[[steps]]\nname = "body"\ntensors = ["conv.*"]\n'
+    )
+    return path
+
+
+async def _run_of(state: Path) -> str:
+    for _ in range(300):
+        if (state / "journal.sqlite").exists():
+            with contextlib.suppress(sqlite3.Error, TypeError):
+                return record_run(state)
+        await asyncio.sleep(0.05)
+    raise AssertionError("the coordinator never bound its journal")
+
+
+def test_sigkill_mid_stepped_round_then_restart_gives_identical_cids_for_every_step(
+    kubo_factory, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    daemons = kubo_factory(3, connect=True)
+    config, coord, peers = stepped_job(
+        head={"method": "mean", "quorum": 2, "deadline_s": 4.0}, deadline_s=120
+    )
+    job = _stepped_toml(config, tmp_path / "job.toml")
+    key = tmp_path / "coordinator.key"
+    coord.save(key)
+    state = tmp_path / "state"
+    grads = step_gradients(3, 0)
+    samples = [5, 6, 7]
+    dids = [k.did for k in peers]
+
+    async def go() -> None:
+        async with (
+            world(daemons, config, coord, peers) as w,
+            listening(w, w.peer_nodes[0]) as heard,
+        ):
+            first = _coordinator(job, key, daemons[0].api_url, state, tmp_path / "first")
+            try:
+                run = await _run_of(state)
+                await wait_subscribed(w)
+                for i in (0, 1):
+                    await announce(w, heard, i, 0, "head", grads[i]["head"], samples[i], run)
+                await announce(w, heard, 0, 0, "body", grads[0]["body"], samples[0], run)
+                head = await heard.result(0, "head", timeout=30)  # at head's deadline
+                assert heard.results(0, None) == []
+            finally:
+                first.send_signal(signal.SIGKILL)
+                first.wait(10)
+            assert first.returncode == -signal.SIGKILL
+
+            heard.messages.clear()
+            second = _coordinator(job, key, daemons[0].api_url, state, tmp_path / "second")
+            try:
+                await wait_subscribed(w)
+                # peer 2's head comes after head closed: it must not change head's output
+                await announce(
+                    w, heard, 2, 0, "head", grads[2]["head"], samples[2], run, until_received=False
+                )
+                reason = await heard.until(lambda: heard.refusal(0, "head", dids[2]))
+                assert reason == "stale-round: round 0's step 'head' is over"
+                again = await heard.result(0, "head", timeout=30)  # repeated from the journal
+                for i in (1, 2):
+                    await announce(w, heard, i, 0, "body", grads[i]["body"], samples[i], run)
+                body = await heard.result(0, "body", timeout=60)
+                whole = await heard.result(0, None, timeout=60)
+                await asyncio.to_thread(second.wait, 60)
+            finally:
+                if second.poll() is None:
+                    second.kill()
+                    second.wait()
+            err = (tmp_path / "second.err").read_text()
+            assert second.returncode == 0, err[-2000:]
+            assert f"resuming job test-job run {run} at round 0" in err
+            assert "round 0 step head closed" not in err  # closed before the kill, only
+            assert "round 0 step body closed" in err
+
+            assert (again.cid, again.record) == (head.cid, head.record)
+            assert head.cid == expected_output(w, run, "head", [0, 1], grads, samples)
+            assert body.cid == expected_output(w, run, "body", [0, 1, 2], grads, samples)
+            rnd = decode_stepped_record(
+                await w.coord_node.get_block(CID.parse(whole.record)), cid=CID.parse(whole.record)
+            )
+            assert [(s.step, str(s.record), str(s.output)) for s in rnd.steps] == [
+                ("head", head.record, head.cid),
+                ("body", body.record, body.cid),
+            ]
+            assert rnd.run == run
+
+    asyncio.run(go())

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import sqlite3
+import time
 from pathlib import Path
 
 import pytest
 
 from gradstore.coordinator import Coordinator, Journal
 from gradstore.errors import CoordinatorError, RoundFailedError
+from gradstore.messages import Announce, decode_record, encode_message
 from gradstore.node import LocalNode
 from gradstore.peer import Peer
+from gradstore.store import GradientStore
 
 from .harness import gradients, make_job
 
@@ -130,3 +135,70 @@ def test_a_restarted_coordinator_re_broadcasts_the_last_result(tmp_path: Path) -
             assert await rerun == []
 
     asyncio.run(go())
+
+
+#: The journal's tables before steps (issue 19): inputs had no step.
+V1_SCHEMA = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE rounds (
+    round INTEGER PRIMARY KEY, opened_at REAL NOT NULL, state TEXT NOT NULL,
+    output TEXT, record TEXT, reason TEXT, published INTEGER NOT NULL DEFAULT 0, stats TEXT
+);
+CREATE TABLE inputs (
+    round INTEGER NOT NULL, peer TEXT NOT NULL, cid TEXT NOT NULL,
+    num_samples INTEGER NOT NULL, message BLOB NOT NULL,
+    state TEXT NOT NULL, reason TEXT, accepted_at REAL NOT NULL,
+    PRIMARY KEY (round, peer)
+);
+"""
+
+
+def test_a_journal_from_before_steps_is_migrated_and_its_open_round_resumes(
+    tmp_path: Path,
+) -> None:
+    config, coord, peers = make_job(2, method="mean", rounds=1, quorum=2, deadline_s=30)
+    state, blocks = tmp_path / "state", tmp_path / "node"
+    grads = gradients(2, 0)
+    run = "b" * 26
+
+    async def go() -> None:
+        cid = await GradientStore(LocalNode(blocks)).put(grads[0])
+        ann = Announce(
+            job=config.job,
+            run=run,
+            round=0,
+            peer=peers[0].did,
+            cid=str(cid),
+            num_samples=3,
+            sent_at=int(time.time() * 1000),
+        )
+        state.mkdir()
+        with sqlite3.connect(state / "journal.sqlite") as db:  # written by the old coordinator
+            db.executescript(V1_SCHEMA)
+            meta = {"job": config.job, "coordinator": config.coordinator, "run": run}
+            db.executemany(
+                "INSERT INTO meta VALUES (?, ?)", [(k, json.dumps(v)) for k, v in meta.items()]
+            )
+            db.execute(
+                "INSERT INTO rounds (round, opened_at, state) VALUES (0, ?, 'open')", (time.time(),)
+            )
+            db.execute(
+                "INSERT INTO inputs VALUES (0, ?, ?, 3, ?, 'verified', NULL, ?)",
+                (peers[0].did, str(cid), encode_message(ann, peers[0]), time.time()),
+            )
+        with Journal(state / "journal.sqlite") as journal:
+            (row,) = journal.inputs(0)
+            assert (row.peer, row.cid, row.step) == (peers[0].did, str(cid), None)
+        node = LocalNode(blocks)
+        coordinator = Coordinator(config, coord, node, state, linger_s=0)
+        running = asyncio.create_task(coordinator.run())
+        async with Peer(config, LocalNode(blocks), peers[1]) as peer:
+            await peer.publish(grads[1], 0, num_samples=4, timeout=20)
+        (outcome,) = await running
+        assert outcome.status == "closed" and outcome.peers == tuple(p.did for p in peers)
+        record = decode_record(await node.get_block(outcome.record), cid=outcome.record)
+        assert record.run == run and [i.num_samples for i in record.inputs] == [3, 4]
+
+    asyncio.run(go())
+    with sqlite3.connect(state / "journal.sqlite") as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 2

@@ -16,22 +16,34 @@ import numpy as np
 
 from gradstore.coordinator import CoordinatorState, Verdict
 from gradstore.coordinator.closing import Closed
-from gradstore.coordinator.inputs import VerifiedInput
-from gradstore.coordinator.journal import InputRow, RoundRow
+from gradstore.coordinator.inputs import VerifiedInput, check_gradient
+from gradstore.coordinator.journal import InputRow, RoundRow, StepRow
 from gradstore.coordinator.rounds import PeerState, Schema
 from gradstore.coordinator.state import (
     PAST_ROUNDS,
+    STRAY_STEPS,
     Accept,
     CloseRound,
+    CloseStep,
     FailRound,
+    FailStep,
     FetchFailed,
     LearnSchema,
     SetInput,
 )
 from gradstore.dag import CID
+from gradstore.dag.cid import DAG_CBOR
 from gradstore.format import Gradient
 from gradstore.job import parse_job
-from gradstore.messages import Announce, RecordInput, RoundRecord, encode_message
+from gradstore.messages import (
+    Announce,
+    RecordInput,
+    Result,
+    RoundRecord,
+    Status,
+    StepRecord,
+    encode_message,
+)
 
 from .harness import key
 
@@ -42,6 +54,7 @@ CIDS = [
     "bafkreiculfwg6gpeo3eevolx277diwuhohklq7guh32jpaqcoyorzl5jvy",
 ]
 SCHEMA: Schema = (("w", "<f4", (2,)),)
+RECORD = str(CID.hash(DAG_CBOR, b"a step record"))  # a dag-cbor CID, as records have
 
 
 class Job:
@@ -425,3 +438,326 @@ def test_the_coordinators_progress_is_round_progress_under_its_old_name_too() ->
     from gradstore.coordinator import Progress, RoundProgress
 
     assert Progress is RoundProgress
+
+
+# -- steps (issue 19) ------------------------------------------------------------------------------
+class StepJob(Job):
+    """A stepped job: step ``head`` (fc.*) of peers 0 and 1, then ``body`` (conv.*) of all
+    three peers with quorum 2 and a longer deadline; ``method`` per step."""
+
+    def __init__(self, *, schema: bool = False, **rounds: Any) -> None:
+        self.coord = key(100)
+        self.keys = sorted((key(i) for i in range(3)), key=lambda k: k.did)
+        p = [k.did for k in self.keys]
+        raw: dict[str, Any] = {
+            "job": "test-job",
+            "coordinator": self.coord.did,
+            "peers": p,
+            "aggregation": {"method": "fedavg"},
+            "rounds": {"count": 1, "quorum": 3, "deadline_s": 30.0, **rounds},
+            "steps": [
+                {"name": "head", "tensors": ["fc.*"], "peers": p[:2], "method": "mean"},
+                {"name": "body", "tensors": ["conv.*"], "quorum": 2, "deadline_s": 60.0},
+            ],
+        }
+        if schema:
+            raw["schema"] = [
+                {"name": "fc.w", "dtype": "<f4", "shape": [2]},
+                {"name": "conv.w", "dtype": "<f4", "shape": [3]},
+            ]
+        self.config = parse_job(raw)
+        self.state = CoordinatorState(self.config)
+        self.state.run_id = RUN
+        self.now = time.time()
+
+    def verified(
+        self, i: int, round_: int = 0, cid: int = 0, schema: Schema = SCHEMA, step: str = "head"
+    ) -> Any:
+        gradient = Gradient({"w": np.zeros(2, np.float32)})
+        got = VerifiedInput(
+            self.peers[i], CID.parse(CIDS[cid]), 1, 8, schema, None, gradient, {}, 0.1
+        )
+        return self.state.fetched((round_, self.peers[i], step), got, 0.1, self.now)
+
+    def closed_step(self, round_: int, step: str, peers: list[int]) -> Closed:
+        record = StepRecord(
+            job=self.config.job,
+            run=RUN,
+            round=round_,
+            step=step,
+            tensors=("fc.*",),
+            method="mean",
+            params={},
+            inputs=tuple(
+                RecordInput(self.peers[i], CID.parse(CIDS[0]), 1, 1.0, None, 1, bytes(64))
+                for i in peers
+            ),
+            excluded=(),
+            output=CID.parse(CIDS[1]),
+            coordinator=self.coord.did,
+        )
+        return Closed(CID.parse(CIDS[1]), record, CID.parse(RECORD), {})
+
+
+def _last_refusal(job: Job) -> str:
+    return job.state.recent_refusals[-1][1]
+
+
+def test_a_stepped_jobs_announcement_must_name_one_of_its_steps() -> None:
+    job = StepJob()
+    job.open(0)
+    job.state.due_statuses(0)
+    assert job.announce(0) is Verdict.REFUSE  # no step
+    assert "names no step; the job's steps: head, body" in _last_refusal(job)
+    assert job.announce(0, step="tail") is Verdict.REFUSE
+    assert "names step 'tail'" in _last_refusal(job)
+    assert job.state.refusals["unknown-step"] == 2
+    # told in the status of the step it named: a peer with another job file hears why
+    told = {s.step: s.reasons for s in job.state.due_statuses(0)}
+    assert set(told) == {None, "tail"} and told["tail"][0].startswith("unknown-step")
+    assert job.announce(0, step="head") is Verdict.ACCEPT
+
+
+def test_only_a_few_step_names_the_job_does_not_have_are_told_a_round() -> None:
+    job = StepJob()
+    job.open(0)
+    job.state.due_statuses(0)
+    for n in range(3 * STRAY_STEPS):
+        assert job.announce(0, step=f"x{n}") is Verdict.REFUSE
+    assert len(job.state.due_statuses(0)) == STRAY_STEPS  # the others cost no publish
+    assert job.state.refusals["unknown-step"] == 3 * STRAY_STEPS
+
+
+def test_a_job_without_steps_refuses_an_announcement_naming_one() -> None:
+    job = Job()
+    job.open(0)
+    job.state.due_statuses(0)
+    assert job.announce(0, step="head") is Verdict.REFUSE
+    assert job.state.recent_refusals[-1][0] == "unknown-step"
+    assert "the job has no steps" in _last_refusal(job)
+    (status,) = job.state.due_statuses(0)
+    assert status.step == "head" and status.reasons[0].startswith("unknown-step")
+    assert job.announce(0) is Verdict.ACCEPT
+    assert job.state.books[0].refusals == {}  # the round's own book holds none of it
+
+
+def test_a_peer_not_among_a_steps_peers_is_refused_and_told_in_the_steps_status() -> None:
+    job = StepJob()
+    job.open(0)
+    job.state.due_statuses(0)
+    outsider = job.peers[2]  # not one of head's peers
+    verdict, effects = job.state.admit(job.message(2, step="head"), job.now)
+    assert verdict is Verdict.REFUSE and effects.statuses
+    assert job.state.recent_refusals[-1][0] == "not-in-step"
+    (status,) = job.state.due_statuses(0)
+    assert status.step == "head" and status.reasons[0].startswith("not-in-step")
+    book = job.state.book(0, "head")
+    assert book is not None and book.refusals == {outsider: status.reasons[0]}
+    assert job.announce(2, step="body") is Verdict.ACCEPT  # its own step
+
+
+def test_duplicates_and_conflicts_are_per_round_step_and_peer() -> None:
+    job = StepJob()
+    job.open(0)
+    assert job.announce(0, cid=0, step="head") is Verdict.ACCEPT
+    assert job.announce(0, cid=1, step="body") is Verdict.ACCEPT  # another step: its own CID
+    again = job.message(0, cid=0, step="head", sent_at=int(job.now * 1000) + 1)
+    assert job.state.admit(again, job.now)[0] is Verdict.DUPLICATE
+    other = job.message(0, cid=2, step="head", sent_at=int(job.now * 1000) + 2)
+    assert job.state.admit(other, job.now)[0] is Verdict.REFUSE
+    assert job.state.recent_refusals[-1][0] == "conflicting-cid"
+    assert job.state.announced == {
+        (0, job.peers[0], "head"): CIDS[0],
+        (0, job.peers[0], "body"): CIDS[1],
+    }
+
+
+def test_a_step_closes_on_its_own_while_another_waits_then_at_its_own_deadline() -> None:
+    job = StepJob()
+    job.open(0)
+    for i in (0, 1):
+        job.announce(i, cid=i, step="head")
+    job.announce(0, step="body")  # body's other peers are late
+    for _ in range(3):
+        job.state.plan.next(job.now)
+    job.verified(0, step="head")
+    job.verified(1, cid=1, step="head")
+    job.verified(0, step="body", schema=(("conv.w", "<f4", (3,)),))
+    closing, wake = job.state.due(job.now)
+    assert [b.step for b in closing] == ["head"]  # every head peer settled
+    assert wake == job.now + 60.0  # body waits for its own deadline
+    judged = job.state.judge(closing[0], job.now)
+    assert judged.step == "head" and judged.failure is None
+    effects = job.state.close_succeeded(0, job.closed_step(0, "head", [0, 1]), "head")
+    assert effects.writes[-1] == CloseStep(0, "head", CIDS[1], RECORD)
+    assert LearnSchema(SCHEMA, "head") in effects.writes
+    released = job.state.release_step(0, "head")
+    assert released.give_back == 16 and released.unpin == []  # memory back at once
+    assert not job.state.round_done(0)
+    assert job.state.due(job.now + 59.0) == ([], job.now + 60.0)
+    (body,), _ = job.state.due(job.now + 60.0)  # its own deadline, with its own quorum
+    judged = job.state.judge(body, job.now + 60.0)
+    assert judged.failure == "quorum not met: 1 verified of 2 needed"
+    assert job.state.close_failed(0, judged.failure, "body").writes == [
+        FailStep(0, "body", judged.failure)
+    ]
+    assert job.state.round_done(0)
+    assert [(d.step, d.failed) for d in job.state.round_steps(0)] == [
+        ("head", None),
+        ("body", judged.failure),
+    ]
+
+
+def test_a_step_nobody_announced_to_closes_at_its_deadline_from_the_rounds_clock() -> None:
+    job = StepJob()
+    job.open(0)
+    job.announce(0, step="head")  # starts the round's clock: body's too
+    book = job.state.book(0, "body")
+    assert book is not None and book.started_at == job.now
+    closing, _ = job.state.due(job.now + 60.0)
+    assert [b.step for b in closing] == ["head", "body"]
+
+
+def test_an_announcement_for_a_step_that_is_over_is_stale_but_its_own_input_is_a_duplicate() -> (
+    None
+):
+    job = StepJob()
+    job.open(0)
+    job.announce(0, step="head")
+    job.state.plan.next(job.now)
+    job.verified(0, step="head")
+    (head,), _ = job.state.due(job.now + 30.0)  # its deadline: peer 1 never announced
+    job.state.judge(head, job.now)
+    job.state.close_succeeded(0, job.closed_step(0, "head", [0]), "head")
+    again = job.message(0, step="head", sent_at=int(job.now * 1000) + 1)
+    assert job.state.admit(again, job.now)[0] is Verdict.DUPLICATE
+    late = job.message(1, cid=2, step="head", sent_at=int(job.now * 1000) + 1)
+    assert job.state.admit(late, job.now)[0] is Verdict.REFUSE
+    assert "round 0's step 'head' is over" in _last_refusal(job)
+    assert job.announce(1, step="body") is Verdict.ACCEPT  # the round is still open
+
+
+def test_fetches_go_to_the_step_first_in_backward_order() -> None:
+    job = StepJob()
+    job.open(0)
+    job.announce(2, step="body")
+    job.announce(1, step="body")
+    job.announce(0, step="head")  # announced last, fetched first
+    order = [job.state.plan.next(job.now)[0] for _ in range(3)]
+    assert order == [
+        (0, job.peers[0], "head"),
+        (0, job.peers[2], "body"),
+        (0, job.peers[1], "body"),
+    ]
+
+
+def test_each_step_verifies_against_its_own_tensors_and_schema() -> None:
+    job = StepJob(schema=True)
+    job.open(0)
+    job.announce(0, step="head")
+    order = job.state.order((0, job.peers[0], "head"))
+    assert order is not None and order.step is not None and order.step.name == "head"
+    assert order.schema == (("fc.w", "<f4", (2,)),)  # the job's schema cut to the step
+    wrong = Gradient({"conv.w": np.zeros(3, np.float32)})
+    _, problem, _ = check_gradient(wrong, None, False, order.step)
+    assert problem is not None and problem.startswith("schema-mismatch: tensor 'conv.w'")
+    right = Gradient({"fc.w": np.zeros(2, np.float32)})
+    assert check_gradient(right, order.schema, False, order.step)[1] is None
+    assert check_gradient(Gradient({}), None, False, order.step)[1] is not None
+    plain = Job()
+    plain.open(0)
+    plain.announce(0)
+    unstepped = plain.state.order((0, plain.peers[0]))
+    assert unstepped is not None and unstepped.step is None  # no step to check
+
+
+def test_each_steps_status_is_its_own_and_the_beacon_repeats_open_steps() -> None:
+    job = StepJob()
+    job.open(0)
+    assert [(s.round, s.step) for s in job.state.due_statuses(0)] == [(0, "head"), (0, "body")]
+    job.announce(0, step="body")
+    (status,) = job.state.due_statuses(0)
+    assert status.step == "body" and status.received == job.config.roster.bitmap([job.peers[0]])
+    job.state.close_failed(0, "quorum not met", "head")
+    job.state.beacon()
+    assert [s.step for s in job.state.due_statuses(0)] == ["body"]  # head is over
+
+
+def test_step_results_and_failures_are_repeated_by_the_beacon() -> None:
+    job = StepJob()
+    job.open(0)
+    closed = job.closed_step(0, "head", [0, 1])
+    job.state.announce_step_result(closed.record, closed.record_cid)
+    job.state.announce_failure(0, "quorum not met: 0 verified of 2 needed", "body")
+    result, status = job.state.repeats(7)
+    assert isinstance(result, Result) and result.step == "head" and result.cid == CIDS[1]
+    assert isinstance(status, Status) and status.step == "body" and status.failed is not None
+
+
+def test_a_stepped_rounds_result_joins_its_steps() -> None:
+    job = StepJob(schema=True)
+    job.open(0)
+    job.state.close_succeeded(0, job.closed_step(0, "head", [0, 1]), "head")
+    job.state.close_failed(0, "quorum not met", "body")
+    done = job.state.round_result(0, CID.parse(CIDS[0]), CID.parse(RECORD))
+    assert (done.step, done.output, done.record, done.method) == (None, CIDS[0], RECORD, "mean")
+    assert done.peers == tuple(job.peers[:2])
+    assert job.state.round_closed(0, CID.parse(CIDS[0]), CID.parse(RECORD)).writes == [
+        CloseRound(0, CIDS[0], RECORD)
+    ]
+
+
+def test_recovery_resumes_a_rounds_steps_that_were_over() -> None:
+    job = StepJob()
+    job.state.recovered([_row(0, "open")], schemas={"head": [["fc.w", "<f4", [2]]]})
+    rows = [
+        StepRow(0, "head", "closed", CIDS[1], RECORD, None, False),
+        StepRow(0, "body", "failed", None, None, "quorum not met", True),
+    ]
+    assert job.state.recovered_steps(rows) == [("head", CID.parse(RECORD), True)]
+    assert job.state.schema_for("head") == (("fc.w", "<f4", (2,)),)
+    inputs = [
+        InputRow(0, job.peers[0], CIDS[0], 1, "received", None, job.now, "head"),
+        InputRow(0, job.peers[1], CIDS[1], 1, "received", None, job.now, "body"),
+    ]
+    closed = job.closed_step(0, "head", [0])
+    job.state.announce_step_result(closed.record, closed.record_cid)
+    job.open(0, inputs)
+    assert job.state.plan.next(job.now) == (None, None)  # both steps are over: no fetch
+    assert job.state.round_done(0)
+
+
+def test_progress_counts_a_stepped_rounds_steps() -> None:
+    job = StepJob()
+    job.open(0)
+    job.announce(0, step="head")
+    job.state.close_failed(0, "quorum not met", "head")
+    progress = job.state.progress(job.now + 10)
+    assert progress is not None
+    assert (progress.steps, progress.steps_closed, progress.steps_failed) == (2, 0, 1)
+    assert progress.steps_pending == 1 and progress.expected == 5 and progress.quorum == 4
+    assert progress.deadline_in == 50.0  # body's: 60 s from the round's clock
+    assert "steps 0/2 closed, 1 failed" in progress.line()
+
+
+def test_stats_count_the_open_rounds_steps_held_bytes_and_peers() -> None:
+    job = StepJob()
+    job.open(0)
+    job.announce(0, step="head")
+    job.announce(2, step="body")
+    job.state.plan.next(job.now)
+    job.verified(0, step="head")  # 8 bytes kept in memory
+    assert job.state.stats() == {
+        "round": 0,
+        "steps": {"total": 2, "completed": 0, "pending": 2, "failed": 0},
+        "bytes_held": 8,
+        "peers": 2,
+    }
+    job.state.close_failed(0, "quorum not met", "body")
+    job.state.release_step(0, "head")
+    stats = job.state.stats()
+    assert stats["steps"] == {"total": 2, "completed": 0, "pending": 1, "failed": 1}
+    assert stats["bytes_held"] == 0  # head's input left memory with its step
+    plain = Job()
+    plain.open(0)
+    assert plain.state.stats()["steps"] == {"total": 1, "completed": 0, "pending": 1, "failed": 0}

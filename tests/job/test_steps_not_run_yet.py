@@ -1,5 +1,6 @@
-"""Until the coordinator runs steps (issue 19), a job with [[steps]] is refused by what
-would run it, never run as one round that ignores every step's peers and method."""
+"""Until Flower's strategy runs steps (issue 19), a job with [[steps]] is refused by it, never
+run as one round that ignores every step's peers and method. The coordinator runs steps
+(tests/coordinator/test_steps.py)."""
 
 from __future__ import annotations
 
@@ -29,9 +30,9 @@ def _stepped() -> dict[str, object]:
     }
 
 
-def test_the_coordinator_refuses_a_job_with_steps(tmp_path: Path) -> None:
-    with pytest.raises(CoordinatorError, match=r"\[\[steps\]\].*does not run yet"):
-        Coordinator(parse_job(_stepped()), KEY, LocalNode(tmp_path / "node"), tmp_path)
+def test_the_coordinator_runs_a_job_with_steps(tmp_path: Path) -> None:
+    coordinator = Coordinator(parse_job(_stepped()), KEY, LocalNode(tmp_path / "node"), tmp_path)
+    assert list(coordinator.state.steps) == ["head", "body"]
 
 
 def test_the_flower_strategy_refuses_a_job_with_steps(tmp_path: Path) -> None:

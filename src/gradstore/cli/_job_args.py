@@ -152,4 +152,4 @@ def register(sub: Any) -> None:
     )
     add_node_options(p)
     add_timeout_option(p)
-    p.set_defaults(run=lazy("_job_cmds", "cmd_round_show"))
+    p.set_defaults(run=lazy("_round_show", "cmd_round_show"))

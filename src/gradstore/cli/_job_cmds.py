@@ -1,4 +1,5 @@
-"""Job subcommands: keygen, peer publish/await, aggregate (offline), round show.
+"""Job subcommands: keygen, peer publish/await, aggregate (offline); round show is in
+``_round_show``.
 
 Their parsers are in ``_job_args``.
 """
@@ -7,25 +8,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
 from ..aggregate import AggregationParams, aggregate
-from ..coordinator import Journal
-from ..dag import CID
-from ..errors import CoordinatorError, Reason
 from ..files import load_gradient
 from ..format import Gradient
 from ..job import load_job
-from ..messages import SigningKey, decode_record
+from ..messages import SigningKey
 from ..peer import Peer, PeerSteps
 from . import _exit
 from ._exit import UsageError
 from ._nodes import node_from_args
 from ._output import announce_written, check_target, save_output
-from ._patience import Patience
 
 T = TypeVar("T")
 
@@ -146,76 +141,4 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
     result = aggregate([g.tensors for g in gradients], params, num_samples)
     save_output(args.output, Gradient(result))
     announce_written(args.output)
-    return _exit.SUCCESS
-
-
-def _journal_stats(state: Path, job: str, round_: int, record: str) -> dict[str, Any]:
-    """The round's stats as the coordinator journaled them; refuses another job's journal."""
-    path = state / "journal.sqlite"
-    if not path.is_file():
-        raise CoordinatorError(f"no coordinator journal at {path}")
-    with Journal(path) as journal:
-        if journal.get_meta("job") not in (None, job):
-            raise CoordinatorError(f"{path} is the journal of another job")
-        row = next((r for r in journal.rounds() if r.round == round_), None)
-        if row is None or row.record != record:
-            raise CoordinatorError(f"{path} has no closed round {round_} with record {record}")
-        return journal.stats(round_) or {}
-
-
-def cmd_round_show(args: argparse.Namespace) -> int:
-    cid = CID.parse(args.record)
-
-    async def run() -> bytes:
-        node = node_from_args(args, wait_s=args.timeout)
-        try:
-            patience = Patience(f"round record {cid} from {node.name}", args.timeout)
-            return await patience.run(node.get_block(cid))
-        finally:
-            await node.aclose()
-
-    record = decode_record(asyncio.run(run()), cid=cid)
-    absent = sum(Reason.of(e.reason) is Reason.ABSENT for e in record.excluded)
-    doc = {
-        "record": str(cid),
-        "type": record.type,
-        "job": record.job,
-        "run": record.run,
-        "round": record.round,
-        "method": record.method,
-        "params": record.params,
-        "coordinator": record.coordinator,
-        "output": str(record.output),
-        "prev": None if record.prev is None else str(record.prev),
-        "peers": [
-            {
-                "peer": i.peer,
-                "status": "aggregated",
-                "gradient": str(i.gradient),
-                "num_samples": i.num_samples,
-                "weight": i.weight,
-                **({"codec": i.codec.fields()} if i.codec else {}),
-                **({} if i.sent_at is None else {"announced_at_ms": i.sent_at}),
-            }
-            for i in record.inputs
-        ]
-        + [
-            {
-                "peer": e.peer,
-                "status": "excluded",
-                "reason": e.reason,
-                "gradient": None if e.cid is None else str(e.cid),
-            }
-            for e in record.excluded
-        ],
-        "counts": {
-            "expected": len(record.inputs) + len(record.excluded),
-            "aggregated": len(record.inputs),
-            "absent": absent,
-            "failed": len(record.excluded) - absent,
-        },
-    }
-    if args.state:
-        doc["stats"] = _journal_stats(Path(args.state), record.job, record.round, str(cid))
-    print(json.dumps(doc, indent=2))
     return _exit.SUCCESS

@@ -4,8 +4,10 @@
 of ``admission`` (is an announcement accepted?), ``rounds`` (when does a round close, who
 is aggregated?), ``fetch_plan`` (which input to fetch next?) and ``statuses`` (what do
 peers hear?); ``service`` runs the tasks that wait for I/O, hand each event to the state
-and apply the effects it returns; ``inputs`` verifies one input and ``closing`` stores a
-round's aggregate and record; ``journal`` makes it all durable.
+and apply the effects it returns (``effects``); ``inputs`` verifies one input, ``closing``
+stores a round's (or a step's) aggregate and record, and ``closer`` closes each step of a
+round on its own and then the round; ``steps`` names a job's steps as the coordinator runs
+them; ``journal`` makes it all durable.
 ``kernel`` is the part of them that any round runner uses (Flower's strategy does): it is
 all exported here.
 """

@@ -14,12 +14,19 @@ whose own clock is wrong notices from the coordinator's messages, which it refus
 A round far behind or far ahead is not told either: each told refusal costs a status
 message for its round, and a peer naming thousands of different rounds must not buy
 thousands of publishes.
+
+Steps (a stepped job, ``[[steps]]``): every announcement names one of the job's steps,
+and its peer must be one of that step's peers (``unknown-step``, ``not-in-step``); a job
+without steps refuses an announcement that names one. Both are told in the status of the
+step the announcement named (a peer whose job file is not the coordinator's hears why);
+the state tells only a few step names the job does not have per round, so naming
+thousands does not buy thousands of publishes. Duplicates are per (round, step, peer).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Final
 
@@ -62,7 +69,10 @@ class AdmissionState:
     open_round: int
     max_ahead: int
     max_skew_ms: int
-    announced: Mapping[tuple[int, str], str]  # (round, peer) -> the CID it announced
+    #: (round, peer), with the step in a stepped job (``steps.input_key``) -> the CID announced
+    announced: Mapping[tuple[int, str] | tuple[int, str, str], str]
+    #: each step's peers in a stepped job; None: the job has no steps
+    steps: Mapping[str, frozenset[str]] | None = field(default=None)
 
 
 def admit(ann: Announce, state: AdmissionState, now_ms: int) -> Admission:
@@ -82,6 +92,10 @@ def admit(ann: Announce, state: AdmissionState, now_ms: int) -> Admission:
             f"(the job allows {state.max_skew_ms / 1000:.0f} s)",
         )
     r, open_ = ann.round, state.open_round
+    refused = _step_refusal(ann, state.steps)
+    if refused is not None:  # told only for a round whose refusals are told
+        near = open_ - TELL_WINDOW <= r <= open_ + state.max_ahead + TELL_WINDOW
+        return Admission(refused.verdict, refused.reason, refused.detail, refused.tell and near)
     if r < open_:
         return Admission(
             Verdict.REFUSE,
@@ -96,7 +110,7 @@ def admit(ann: Announce, state: AdmissionState, now_ms: int) -> Admission:
             f"round {r} is too far ahead (round {open_} is open, {state.max_ahead} ahead allowed)",
             tell=r <= open_ + state.max_ahead + TELL_WINDOW,
         )
-    known = state.announced.get((r, ann.peer))
+    known = state.announced.get((r, ann.peer) if ann.step is None else (r, ann.peer, ann.step))
     if known is not None:
         if known == ann.cid:
             return Admission(Verdict.DUPLICATE, Reason.DUPLICATE)
@@ -107,3 +121,31 @@ def admit(ann: Announce, state: AdmissionState, now_ms: int) -> Admission:
             tell=True,
         )
     return ACCEPT
+
+
+def _step_refusal(ann: Announce, steps: Mapping[str, frozenset[str]] | None) -> Admission | None:
+    """Why ``ann`` cannot be for a step of this job (None: it can): checked before the
+    round, so every refusal told in a step's status is of a step the job has."""
+    if steps is None:
+        if ann.step is None:
+            return None
+        return Admission(
+            Verdict.REFUSE,
+            Reason.UNKNOWN_STEP,
+            f"names step {ann.step!r}; the job has no steps",
+            tell=True,
+        )
+    if ann.step is None or ann.step not in steps:
+        named = "names no step" if ann.step is None else f"names step {ann.step!r}"
+        listed = ", ".join(list(steps)[:8]) + (", ..." if len(steps) > 8 else "")
+        return Admission(
+            Verdict.REFUSE, Reason.UNKNOWN_STEP, f"{named}; the job's steps: {listed}", tell=True
+        )
+    if ann.peer not in steps[ann.step]:
+        return Admission(
+            Verdict.REFUSE,
+            Reason.NOT_IN_STEP,
+            f"{ann.peer} is not one of step {ann.step!r}'s peers",
+            tell=True,
+        )
+    return None

@@ -5,6 +5,9 @@ a Kubo that drops for a few seconds while the aggregate is stored must not lose 
 round. The record links only verified inputs (an excluded input's CID is text, not a
 link), it is pinned directly and the aggregate recursively, so pinning never walks an
 input nobody serves, nor the whole history behind ``prev``.
+
+A step of a stepped job closes the same way, with the step's method and parameters, into
+a step record (``gradstore/step/1``: no ``prev``, the step's name and selectors).
 """
 
 from __future__ import annotations
@@ -20,14 +23,17 @@ from ..dag import CID
 from ..dag.cid import DAG_CBOR
 from ..errors import CoordinatorError, NodeError, NodeUnreachableError
 from ..format import CompressedGradient, Gradient
-from ..job import JobConfig
+from ..job import JobConfig, StepConfig
 from ..messages import (
     RecordExclusion,
     RecordInput,
     RoundRecord,
     SigningKey,
+    StepRecord,
     aggregate_meta,
     encode_record,
+    encode_step_record,
+    step_aggregate_meta,
 )
 from ..node import Node, Retry
 from ..store import GradientStore, StoredCompressed, StoredGradient
@@ -43,10 +49,10 @@ DEFAULT_CLOSE_RETRY_S: Final = 300.0
 
 @dataclass(frozen=True)
 class Closed:
-    """What a closed round stored."""
+    """What a closed round (or step: a ``StepRecord``) stored."""
 
     output: CID
-    record: RoundRecord
+    record: RoundRecord | StepRecord
     record_cid: CID
     stats: dict[str, Any]
 
@@ -102,12 +108,14 @@ async def close_round(
     prev: CID | None,
     announcements: Mapping[str, tuple[int, bytes]],
     give_up_after: float = DEFAULT_CLOSE_RETRY_S,
+    step: StepConfig | None = None,
 ) -> Closed:
     """Aggregate ``inputs`` (canonical order: sorted by peer) and store the round's record.
 
     ``announcements`` holds each input peer's signed word, ``(sent_at, signature)`` of the
     announcement naming the input's CID and sample count: the record carries it, so an
-    auditor checks the counts against the peers, not the coordinator.
+    auditor checks the counts against the peers, not the coordinator. With a ``step`` (of a
+    stepped job), its method and parameters aggregate, into a step record (``prev`` unused).
     Raises ``AggregationError`` when the method refuses the inputs (the round then fails).
     """
     missing = [i.peer for i in inputs if i.peer not in announcements]
@@ -115,7 +123,8 @@ async def close_round(
         raise CoordinatorError(f"no signed announcement for input(s) of {', '.join(missing)}")
     stats: dict[str, Any] = {}
     verified = sorted(inputs, key=lambda i: i.peer)
-    params = config.params_for([i.peer for i in verified])
+    aggregation = config.aggregation if step is None else step.aggregation
+    params = aggregation.params_for([i.peer for i in verified])
     t0 = time.perf_counter()
     sources: list[InputSource] = []
     for item in verified:
@@ -140,49 +149,78 @@ async def close_round(
 
     t0 = time.perf_counter()
     cids = [i.cid for i in verified]
-    meta = aggregate_meta(config.job, round_, config.method, cids, run=run)
+    method = aggregation.method
+    if step is None:
+        meta = aggregate_meta(config.job, round_, method, cids, run=run)
+    else:
+        meta = step_aggregate_meta(config.job, round_, step.name, method, cids, run=run)
     aggregate = Gradient(result, meta)
     output = await with_retries(
         "storing the aggregate", lambda: store.put(aggregate), give_up_after=give_up_after
     )
     weights = info.weights or tuple(1.0 for _ in verified)
-    record = RoundRecord(
-        job=config.job,
-        run=run,
-        round=round_,
-        method=config.method,
-        params=params.to_record(),
-        inputs=tuple(
-            RecordInput(
-                i.peer,
-                i.cid,
-                i.num_samples,
-                float(w),
-                i.codec,
-                *announcements[i.peer],
-            )
-            for i, w in zip(verified, weights, strict=True)
-        ),
-        excluded=tuple(
-            RecordExclusion(peer, why, None if cid is None else CID.parse(cid))
-            for peer, why, cid in excluded
-        ),
-        output=output,
-        prev=prev,
-        coordinator=config.coordinator,
+    record_inputs = tuple(
+        RecordInput(i.peer, i.cid, i.num_samples, float(w), i.codec, *announcements[i.peer])
+        for i, w in zip(verified, weights, strict=True)
     )
-    record_cid, record_bytes = encode_record(record, key)
-
-    async def put_record() -> CID:
-        return await node.put_block(record_bytes, DAG_CBOR)
-
-    stored = await with_retries("storing the round record", put_record, give_up_after=give_up_after)
-    if stored != record_cid:
-        raise NodeError(f"node stored the round record as {stored}, expected {record_cid}")
-    await with_retries(
-        "pinning the round record",
-        lambda: node.pin(record_cid, recursive=False),
-        give_up_after=give_up_after,
+    record_excluded = tuple(
+        RecordExclusion(peer, why, None if cid is None else CID.parse(cid))
+        for peer, why, cid in excluded
     )
+    record: RoundRecord | StepRecord
+    if step is None:
+        record = RoundRecord(
+            job=config.job,
+            run=run,
+            round=round_,
+            method=method,
+            params=params.to_record(),
+            inputs=record_inputs,
+            excluded=record_excluded,
+            output=output,
+            prev=prev,
+            coordinator=config.coordinator,
+        )
+        record_cid, record_bytes = encode_record(record, key)
+    else:
+        record = StepRecord(
+            job=config.job,
+            run=run,
+            round=round_,
+            step=step.name,
+            tensors=tuple(str(s) for s in step.tensors),
+            method=method,
+            params=params.to_record(),
+            inputs=record_inputs,
+            excluded=record_excluded,
+            output=output,
+            coordinator=config.coordinator,
+        )
+        record_cid, record_bytes = encode_step_record(record, key)
+
+    what = "round record" if step is None else "step record"
+    await put_record(node, record_cid, record_bytes, what, give_up_after=give_up_after)
     stats["store_s"] = round(time.perf_counter() - t0, 3)
     return Closed(output, record, record_cid, stats)
+
+
+async def put_record(
+    node: Node,
+    cid: CID,
+    data: bytes,
+    what: str = "round record",
+    *,
+    give_up_after: float = DEFAULT_CLOSE_RETRY_S,
+) -> None:
+    """Store a signed record's block and pin it (directly: its links are pinned apart),
+    retried while the node fails; the node must store it as ``cid``."""
+
+    async def put() -> CID:
+        return await node.put_block(data, DAG_CBOR)
+
+    stored = await with_retries(f"storing the {what}", put, give_up_after=give_up_after)
+    if stored != cid:
+        raise NodeError(f"node stored the {what} as {stored}, expected {cid}")
+    await with_retries(
+        f"pinning the {what}", lambda: node.pin(cid, recursive=False), give_up_after=give_up_after
+    )

@@ -7,12 +7,17 @@ cannot keep honest inputs waiting (a Byzantine-robust method would otherwise be 
 without a single bad gradient). Each input has a budget of attempts, after which it
 fails as unavailable; the waits between them are ``FETCH_RETRY``'s (the project's one
 backoff, ``node.Retry``), which Flower's strategy waits by too.
+
+In a stepped job each input has its step's rank (its index in the job's backward order):
+first attempts go to the step that comes first, so the output layer's step, which a
+backward pass finishes first, closes first.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -25,16 +30,22 @@ DEFAULT_ATTEMPTS: Final = 4
 FETCH_RETRY: Final = Retry(retries=DEFAULT_ATTEMPTS - 1, backoff=0.5, max_backoff=5.0)
 
 
+#: An input's key: ``(round, peer)``, or ``(round, peer, step)`` (``steps.Key``).
+Key = tuple[int, str] | tuple[int, str, str]
+
+
 @dataclass(order=True)
 class _Entry:
     ready_at: float
     attempt: int
+    rank: int  # the input's step in backward order: the first step's inputs go first
     seq: int
-    key: tuple[int, str] = field(compare=False)
+    key: Key = field(compare=False)
 
 
 class FetchPlan:
-    """A queue of inputs to fetch, keyed by (round, peer), with retry backoff and budgets."""
+    """A queue of inputs to fetch, keyed by (round, peer[, step]), with retry backoff and
+    budgets."""
 
     def __init__(
         self,
@@ -52,32 +63,41 @@ class FetchPlan:
         self.retry_workers = max(1, workers // 2)
         self._fresh: list[_Entry] = []  # first attempts, in arrival order
         self._later: list[_Entry] = []  # retries, by ready time
-        self._tried: dict[tuple[int, str], int] = {}  # attempts made so far
-        self._queued: set[tuple[int, str]] = set()
-        self._running: dict[tuple[int, str], int] = {}  # key -> its attempt number
+        self._tried: dict[Key, int] = {}  # attempts made so far
+        self._queued: set[Key] = set()
+        self._running: dict[Key, int] = {}  # key -> its attempt number
+        self._rank: dict[Key, int] = {}
         self._seq = itertools.count()
 
-    def add(self, key: tuple[int, str]) -> None:
-        """Queue a first attempt (no-op if the input is queued or being fetched)."""
+    def add(self, key: Key, rank: int = 0) -> None:
+        """Queue a first attempt (no-op if the input is queued or being fetched); a lower
+        ``rank`` (its step's index in backward order) goes first."""
         if key in self._queued or key in self._running:
             return
         self._queued.add(key)
-        heapq.heappush(self._fresh, _Entry(0.0, 0, next(self._seq), key))
+        self._rank[key] = rank
+        heapq.heappush(self._fresh, _Entry(0.0, 0, rank, next(self._seq), key))
 
-    def drop(self, key: tuple[int, str]) -> None:
+    def drop(self, key: Key) -> None:
         """Forget an input (its round moved on, or it settled)."""
         self._queued.discard(key)
         self._tried.pop(key, None)
+        if key not in self._running:
+            self._rank.pop(key, None)
 
     def drop_round(self, round_: int) -> None:
-        for key in [k for k in (*self._queued, *self._tried) if k[0] == round_]:
+        self.drop_where(lambda k: k[0] == round_)
+
+    def drop_where(self, which: Callable[[Key], bool]) -> None:
+        """Forget every queued or tried input whose key ``which`` takes (a closed step's)."""
+        for key in [k for k in (*self._queued, *self._tried) if which(k)]:
             self.drop(key)
 
     @property
     def running(self) -> int:
         return len(self._running)
 
-    def next(self, now: float) -> tuple[tuple[int, str] | None, float | None]:
+    def next(self, now: float) -> tuple[Key | None, float | None]:
         """The input to fetch now, if any; else when to look again (None: on news only)."""
         if len(self._running) < self.workers:
             while self._fresh:
@@ -97,17 +117,17 @@ class FetchPlan:
         heapq.heappop(self._later)
         return self._start(head), None
 
-    def _start(self, entry: _Entry) -> tuple[int, str]:
+    def _start(self, entry: _Entry) -> Key:
         self._queued.discard(entry.key)
         self._running[entry.key] = entry.attempt
         return entry.key
 
-    def finished(self, key: tuple[int, str]) -> None:
+    def finished(self, key: Key) -> None:
         """The attempt succeeded or failed for good: the input leaves the plan."""
         self._running.pop(key, None)
         self.drop(key)
 
-    def retry(self, key: tuple[int, str], now: float) -> float | None:
+    def retry(self, key: Key, now: float) -> float | None:
         """The attempt failed for a passing reason: when it will be tried again, or None
         when its budget is spent (the input then fails as unavailable)."""
         attempt = self._running.pop(key, 0) + 1
@@ -117,5 +137,6 @@ class FetchPlan:
             return None
         delay = next(itertools.islice(self.backoff.delays(), attempt - 1, None))
         self._queued.add(key)
-        heapq.heappush(self._later, _Entry(now + delay, attempt, next(self._seq), key))
+        rank = self._rank.get(key, 0)
+        heapq.heappush(self._later, _Entry(now + delay, attempt, rank, next(self._seq), key))
         return now + delay

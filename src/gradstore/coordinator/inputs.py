@@ -58,6 +58,7 @@ from ..format import (
     dtype_code,
     encode,
 )
+from ..job import StepConfig
 from ..node import Node
 from ..store import GradientStore
 from .binding import Claim, check_binding
@@ -159,11 +160,13 @@ async def verify_input(
     keep: ByteBudget,
     clip: bool,
     claim: Claim | None = None,
+    step: StepConfig | None = None,
 ) -> VerifiedInput:
     """One attempt at ``cid`` (see the module docstring).
 
-    ``claim``: what the announcement says of the document (None: not checked). Whatever
-    the document does wrong is a ``RefusedError``; only the node's failures pass through."""
+    ``claim``: what the announcement says of the document (None: not checked); ``step``:
+    the step whose tensors the document must hold (None: any). Whatever the document does
+    wrong is a ``RefusedError``; only the node's failures pass through."""
     with _as_refusal():
         start = time.perf_counter()
         size, root = await root_block(node, cid, store.limits, resolve_timeout_s)
@@ -184,7 +187,7 @@ async def verify_input(
                 raise RefusedError(Reason.TOO_LARGE, str(exc)) from None
             _check_claim(gradient, claim)
             schema, problem, norm = await asyncio.to_thread(
-                check_gradient, gradient, expected, clip
+                check_gradient, gradient, expected, clip, step
             )
             if problem is not None:
                 raise RefusedError.parse(problem)
@@ -295,14 +298,22 @@ def _check_claim(gradient: Gradient | CompressedGradient, claim: Claim | None) -
 
 
 def check_gradient(
-    gradient: Gradient | CompressedGradient, expected: Schema | None, clip: bool
+    gradient: Gradient | CompressedGradient,
+    expected: Schema | None,
+    clip: bool,
+    step: StepConfig | None = None,
 ) -> tuple[Schema, str | None, float | None]:
     """Schema, the reason the gradient cannot enter the round (or None), and its norm.
 
     A compressed input's schema is its dense tensors' (names, dtypes, shapes); its values
     are checked, and its norm taken, after decompression: each must come back within its
-    dtype, as ``get`` requires (else fedavg would overflow and cost the whole round)."""
+    dtype, as ``get`` requires (else fedavg would overflow and cost the whole round).
+    With a ``step``, every tensor must be one the step's selectors take."""
     schema = schema_of(gradient)
+    if step is not None:
+        problem = step_mismatch(schema, step)
+        if problem is not None:
+            return schema, problem, None
     if expected is not None and schema != expected:
         return (
             schema,
@@ -333,6 +344,27 @@ def check_gradient(
         if not all_finite(arr):  # by blocks: no bool array of the tensor's size
             return schema, _non_finite(name), None
     return schema, None, global_norm(gradient.tensors) if clip else None
+
+
+def step_mismatch(schema: Schema, step: StepConfig) -> str | None:
+    """Why a document of ``schema`` is not ``step``'s (None: it may be): a tensor the step's
+    selectors do not take, or no tensor at all (the step's ``[[schema]]``, or the schema
+    learned for it, then says which tensors exactly)."""
+    if step.covers_all:
+        return None
+    selectors = ", ".join(str(s) for s in step.tensors)
+    if not schema:
+        return reason_text(
+            Reason.SCHEMA_MISMATCH,
+            f"the document holds no tensor of step {step.name!r} ({selectors})",
+        )
+    for name, _, _ in schema:
+        if not step.covers(name):
+            return reason_text(
+                Reason.SCHEMA_MISMATCH,
+                f"tensor {name[:80]!r} is not one of step {step.name!r}'s ({selectors[:120]})",
+            )
+    return None
 
 
 def _non_finite(name: str) -> str:

@@ -7,6 +7,12 @@ for every announcement that arrived in the last few milliseconds, instead of one
 The coordinator acts on an accepted announcement (fetches it, acknowledges it) only once
 the batch that holds it is committed. Reads are for recovery and tools; they see only
 committed state. Use the journal as a context manager, or call ``close``.
+
+Steps: an input row names its step (``''`` in a job without steps), and a stepped round's
+steps each have a row in ``steps`` (closed with their aggregate and step record, or
+failed); the round's own row closes with the model-level output and the round/5 record. A
+journal written before steps existed (inputs without a step) is migrated when opened: its
+inputs become the implicit step's, and it recovers as before.
 """
 
 from __future__ import annotations
@@ -36,18 +42,36 @@ CREATE TABLE IF NOT EXISTS rounds (
     published INTEGER NOT NULL DEFAULT 0,
     stats TEXT                        -- JSON: counts, bytes fetched, seconds per stage
 );
+CREATE TABLE IF NOT EXISTS steps (
+    round INTEGER NOT NULL, step TEXT NOT NULL,
+    state TEXT NOT NULL,              -- closed | failed
+    output TEXT, record TEXT, reason TEXT,
+    published INTEGER NOT NULL DEFAULT 0,
+    stats TEXT,
+    PRIMARY KEY (round, step)
+);
+"""
+
+_INPUTS = """
 CREATE TABLE IF NOT EXISTS inputs (
     round INTEGER NOT NULL, peer TEXT NOT NULL, cid TEXT NOT NULL,
     num_samples INTEGER NOT NULL, message BLOB NOT NULL,
     state TEXT NOT NULL, reason TEXT, accepted_at REAL NOT NULL,
-    PRIMARY KEY (round, peer)
-);
+    step TEXT NOT NULL DEFAULT '',    -- '': the one step of a job without steps
+    PRIMARY KEY (round, step, peer)
+)
 """
+
+#: The columns of ``inputs`` before steps: a journal written then is migrated when opened.
+_INPUTS_V1 = "round, peer, cid, num_samples, message, state, reason, accepted_at"
+_INPUT_COLUMNS = f"{_INPUTS_V1.replace('message, ', '')}, step"
+#: The journal's schema version (SQLite ``user_version``): 2 has steps.
+VERSION = 2
 
 
 @dataclass(frozen=True)
 class InputRow:
-    """One accepted announcement and what became of it."""
+    """One accepted announcement and what became of it (``step`` None: a job without steps)."""
 
     round: int
     peer: str
@@ -56,6 +80,25 @@ class InputRow:
     state: str
     reason: str | None
     accepted_at: float = 0.0
+    step: str | None = None
+
+
+def _input(row: Any) -> InputRow:
+    r, peer, cid, num_samples, state, reason, accepted_at, step = row
+    return InputRow(r, peer, cid, num_samples, state, reason, accepted_at, step or None)
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """How one step of a stepped round ended, as journaled."""
+
+    round: int
+    step: str
+    state: str  # closed | failed
+    output: str | None
+    record: str | None
+    reason: str | None
+    published: bool
 
 
 @dataclass(frozen=True)
@@ -92,9 +135,32 @@ class Journal(Closing):
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.executescript(_SCHEMA)
+            self._migrate()
         except BaseException:
             self._db.close()
             raise
+
+    def _migrate(self) -> None:
+        """Make the ``inputs`` table, moving a journal's inputs from before steps into it
+        (the implicit step's), in one transaction."""
+        columns = [row[1] for row in self._db.execute("PRAGMA table_info(inputs)")]
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            if columns and "step" not in columns:  # written before steps existed
+                self._db.execute("ALTER TABLE inputs RENAME TO inputs_v1")
+                self._db.execute(_INPUTS)
+                self._db.execute(
+                    f"INSERT INTO inputs ({_INPUTS_V1}, step) "
+                    f"SELECT {_INPUTS_V1}, '' FROM inputs_v1"
+                )
+                self._db.execute("DROP TABLE inputs_v1")
+            else:
+                self._db.execute(_INPUTS)
+            self._db.execute(f"PRAGMA user_version = {VERSION}")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
 
     def close(self) -> None:
         """Commit what is queued, then close the file."""
@@ -208,58 +274,117 @@ class Journal(Closing):
         self._queue("UPDATE rounds SET published=1 WHERE round=?", (round_,))
 
     # -- inputs ------------------------------------------------------------------------
-    def accept(self, round_: int, peer: str, cid: str, num_samples: int, message: bytes) -> None:
-        """Queue an accepted announcement (the first one of a peer for a round wins)."""
+    def accept(
+        self,
+        round_: int,
+        peer: str,
+        cid: str,
+        num_samples: int,
+        message: bytes,
+        *,
+        step: str | None = None,
+    ) -> None:
+        """Queue an accepted announcement (the first one of a peer for a round, and step,
+        wins)."""
         self._queue(
-            "INSERT OR IGNORE INTO inputs VALUES (?, ?, ?, ?, ?, 'received', NULL, ?)",
-            (round_, peer, cid, num_samples, message, time.time()),
+            f"INSERT OR IGNORE INTO inputs ({_INPUTS_V1}, step) "
+            "VALUES (?, ?, ?, ?, ?, 'received', NULL, ?, ?)",
+            (round_, peer, cid, num_samples, message, time.time(), step or ""),
         )
 
     def set_input_state(
-        self, round_: int, peer: str, state: str, reason: str | None = None
+        self,
+        round_: int,
+        peer: str,
+        state: str,
+        reason: str | None = None,
+        *,
+        step: str | None = None,
     ) -> None:
         self._queue(
-            "UPDATE inputs SET state=?, reason=? WHERE round=? AND peer=?",
-            (state, reason, round_, peer),
+            "UPDATE inputs SET state=?, reason=? WHERE round=? AND peer=? AND step=?",
+            (state, reason, round_, peer, step or ""),
         )
 
     def inputs(self, round_: int) -> list[InputRow]:
+        """The inputs of ``round_`` (of every step), by peer."""
         rows = self._read(
-            "SELECT round, peer, cid, num_samples, state, reason, accepted_at FROM inputs "
-            "WHERE round=? ORDER BY peer",
+            f"SELECT {_INPUT_COLUMNS} FROM inputs WHERE round=? ORDER BY peer, step",
             (round_,),
         )
-        return [InputRow(*row) for row in rows]
+        return [_input(row) for row in rows]
 
     def inputs_from(self, round_: int) -> list[InputRow]:
-        """Inputs of ``round_`` and every later round, in (round, peer) order."""
+        """Inputs of ``round_`` and every later round, in (round, peer, step) order."""
         rows = self._read(
-            "SELECT round, peer, cid, num_samples, state, reason, accepted_at FROM inputs "
-            "WHERE round>=? ORDER BY round, peer",
+            f"SELECT {_INPUT_COLUMNS} FROM inputs WHERE round>=? ORDER BY round, peer, step",
             (round_,),
         )
-        return [InputRow(*row) for row in rows]
+        return [_input(row) for row in rows]
 
-    def message(self, round_: int, peer: str) -> bytes | None:
-        """The signed announcement accepted for ``peer`` in ``round_`` (its wire bytes)."""
-        rows = self._read("SELECT message FROM inputs WHERE round=? AND peer=?", (round_, peer))
+    def message(self, round_: int, peer: str, step: str | None = None) -> bytes | None:
+        """The signed announcement accepted for ``peer`` in ``round_`` (in ``step``): its
+        wire bytes."""
+        rows = self._read(
+            "SELECT message FROM inputs WHERE round=? AND peer=? AND step=?",
+            (round_, peer, step or ""),
+        )
         return None if not rows else bytes(rows[0][0])
 
-    def signatures(self, round_: int, peers: Iterable[str]) -> dict[str, tuple[int, bytes]]:
-        """Each peer's signed word for ``round_``, ``(sent_at, signature)`` of the announcement
-        kept here: the round record carries it (peers without one are left out)."""
+    def signatures(
+        self, round_: int, peers: Iterable[str], step: str | None = None
+    ) -> dict[str, tuple[int, bytes]]:
+        """Each peer's signed word for ``round_`` (``step``), ``(sent_at, signature)`` of the
+        announcement kept here: the record carries it (peers without one are left out)."""
         out = {}
         for peer in peers:
-            data = self.message(round_, peer)
+            data = self.message(round_, peer, step)
             if data is not None:
                 ann, sig = announcement_signature(data)
                 out[peer] = (ann.sent_at, sig)
         return out
 
-    def input(self, round_: int, peer: str) -> InputRow | None:
+    def input(self, round_: int, peer: str, step: str | None = None) -> InputRow | None:
         rows = self._read(
-            "SELECT round, peer, cid, num_samples, state, reason, accepted_at FROM inputs "
-            "WHERE round=? AND peer=?",
-            (round_, peer),
+            f"SELECT {_INPUT_COLUMNS} FROM inputs WHERE round=? AND peer=? AND step=?",
+            (round_, peer, step or ""),
         )
-        return None if not rows else InputRow(*rows[0])
+        return None if not rows else _input(rows[0])
+
+    # -- steps -------------------------------------------------------------------------
+    def close_step(self, round_: int, step: str, output: str, record: str) -> None:
+        self._queue(
+            "INSERT OR REPLACE INTO steps (round, step, state, output, record) "
+            "VALUES (?, ?, 'closed', ?, ?)",
+            (round_, step, output, record),
+        )
+
+    def fail_step(self, round_: int, step: str, reason: str) -> None:
+        self._queue(
+            "INSERT OR REPLACE INTO steps (round, step, state, reason) VALUES (?, ?, 'failed', ?)",
+            (round_, step, reason),
+        )
+
+    def mark_step_published(self, round_: int, step: str) -> None:
+        self._queue("UPDATE steps SET published=1 WHERE round=? AND step=?", (round_, step))
+
+    def set_step_stats(self, round_: int, step: str, stats: dict[str, Any]) -> None:
+        self._queue(
+            "UPDATE steps SET stats=? WHERE round=? AND step=?", (json.dumps(stats), round_, step)
+        )
+
+    def steps(self, round_: int) -> list[StepRow]:
+        """How each step of ``round_`` that is over ended (by step name)."""
+        rows = self._read(
+            "SELECT round, step, state, output, record, reason, published FROM steps "
+            "WHERE round=? ORDER BY step",
+            (round_,),
+        )
+        return [StepRow(r, s, st, o, rec, why, bool(p)) for r, s, st, o, rec, why, p in rows]
+
+    def step_stats(self, round_: int) -> dict[str, dict[str, Any]]:
+        """Each step's stats in ``round_`` (steps without stats are left out)."""
+        rows = self._read(
+            "SELECT step, stats FROM steps WHERE round=? AND stats IS NOT NULL", (round_,)
+        )
+        return {step: dict(json.loads(stats)) for step, stats in rows}

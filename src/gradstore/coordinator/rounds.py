@@ -1,10 +1,15 @@
-"""One round's book and its rules (when it closes, who is aggregated): pure, no I/O.
+"""One round's book (of one step) and its rules (when it closes, who is aggregated): pure, no I/O.
 
 Each expected peer moves pending -> received(cid) -> verified -> aggregated, or to
 failed(reason). The clock of a round starts at its first accepted announcement (not
 when the coordinator opened it), so a round nobody has started yet cannot time out while
 the peers are still getting ready. A round closes when every expected peer is settled,
 or at its deadline; it is aggregated if the quorum is verified, and fails otherwise.
+
+A stepped job (``[[steps]]``) keeps one book per (round, step), each with the step's own
+peers, and applies these rules to each book with the step's deadline and quorum; the steps
+of a round share its clock (``share_clock``). A job without steps has one book per round,
+whose ``step`` is None (its messages name no step).
 """
 
 from __future__ import annotations
@@ -53,15 +58,17 @@ class Slot:
 
 @dataclass
 class RoundBook:
-    """The state of one round: a slot per expected peer and the refusals to tell peers."""
+    """The state of one round (of one step): a slot per expected peer and the refusals to
+    tell peers. ``step`` is the step's name (None: the one step of a job without steps)."""
 
     round: int
     peers: tuple[str, ...]
     opened_at: float
-    started_at: float | None = None  # first accepted announcement
+    started_at: float | None = None  # first accepted announcement (of any step of the round)
     grace_until: float = 0.0  # after a restart: inputs are re-resolved until then
     slots: dict[str, Slot] = field(default_factory=dict)
     refusals: dict[str, str] = field(default_factory=dict)  # peer -> reason, told in statuses
+    step: str | None = None
 
     def __post_init__(self) -> None:
         if not self.slots:
@@ -112,6 +119,16 @@ class RoundBook:
             "verified": sum(s in (PeerState.VERIFIED, PeerState.AGGREGATED) for s in states),
             "failed": states.count(PeerState.FAILED),
         }
+
+
+def share_clock(books: Iterable[RoundBook]) -> None:
+    """The steps of one round share its clock: it starts at the first announcement accepted
+    in any of them, so a step nobody announced to still closes at its own deadline."""
+    books = list(books)
+    started = [b.started_at for b in books if b.started_at is not None]
+    if started:
+        for book in books:
+            book.started_at = min(started)
 
 
 @dataclass(frozen=True)

@@ -8,45 +8,38 @@ batches, and only then acknowledged and fetched); the dispatcher and its fetch a
 (``inputs.verify_input``), and the kernel's preparation; the status publisher (each
 changed round at most every ``STATUS_EVERY_S``); the beacon (what peers may have missed,
 re-signed, since pubsub drops messages and peers refuse stale ones); and the round loop,
-which opens a round, waits until it should close, and closes it (``closing.close_round``).
+which opens a round, closes each of its steps as soon as it is due (a job without steps:
+its one step, the round) and then ends the round (``closer``: ``closing.close_round``, and
+a stepped round's model-level output and round/5 record).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import Any, Final
 
 from ..aggregate import prepare
 from ..dag import CID
-from ..errors import (
-    AggregationError,
-    ConfigError,
-    CoordinatorError,
-    NodeError,
-    Reason,
-    RefusedError,
-)
+from ..errors import ConfigError, CoordinatorError, NodeError, Reason, RefusedError
 from ..format import Gradient
-from ..job import JobConfig, refuse_steps
-from ..messages import SigningKey, decode_record, encode_fitted
+from ..job import JobConfig
+from ..messages import SigningKey, encode_fitted
 from ..node import Node, follow
 from ..store import GradientStore
 from ._tasks import relay, until, unwrap
 from .admission import Verdict
-from .closing import DEFAULT_CLOSE_RETRY_S, Closed, close_round, with_retries
+from .closer import Closer
+from .closing import DEFAULT_CLOSE_RETRY_S
 from .fetch_plan import DEFAULT_ATTEMPTS
 from .inputs import ByteBudget, VerifiedInput, verify_input
 from .journal import Journal
 from .outcome import RoundOutcome, format_outcome
 from .progress import RoundProgress
-from .rounds import RoundBook
-from .state import CoordinatorState, Effects, FetchFailed, Judged, Key
+from .state import CoordinatorState, Effects, FetchFailed, Key
 
 log = logging.getLogger("gradstore.coordinator")
 
@@ -54,8 +47,8 @@ log = logging.getLogger("gradstore.coordinator")
 STATUS_EVERY_S: Final = 0.1
 
 
-class Coordinator:
-    """Runs the rounds of one job over one node."""
+class Coordinator(Closer):
+    """Runs the rounds of one job over one node (its steps' too: ``closer``)."""
 
     def __init__(
         self,
@@ -80,7 +73,6 @@ class Coordinator:
             raise ConfigError(
                 f"the key's id {key.did} is not the job's coordinator {config.coordinator}"
             )
-        refuse_steps(config, "the coordinator")
         self.config = config
         self.key = key
         self.node = node
@@ -131,6 +123,11 @@ class Coordinator:
     def progress(self) -> RoundProgress | None:
         """The open round's counts and time left (None when no round is open)."""
         return None if self._journal is None else self.state.progress(self.clock())
+
+    def stats(self) -> dict[str, Any]:
+        """The open round's steps (total, completed, pending, failed), the bytes held for
+        aggregation and the peers taking part (``CoordinatorState.stats``)."""
+        return self.state.stats()
 
     @property
     def journal(self) -> Journal:
@@ -193,105 +190,29 @@ class Coordinator:
                     await asyncio.gather(self._prepared, return_exceptions=True)
                 self._tg = None
 
-    async def _recover(self) -> None:
-        """Resume from the journal: head record, current round, unpublished results."""
-        journal = self.journal
-        rows = journal.rounds()
-        for r, cid, publish in self.state.recovered(rows, journal.get_meta("schema")):
-            read = partial(self.node.get_block, cid)
-            data = await with_retries(f"reading round record {cid}", read)
-            self.state.announce_result(decode_record(data, cid=cid), cid)
-            if publish:
-                await self._publish(self.state.result(self._stamp()))
-                journal.mark_published(r)
-        self.state.remember(journal.inputs_from(self.state.round))
-        journal.flush()
-        if rows:
-            job, run, r, head = self.config.job, self.run_id, self.round, self.head
-            log.info("resuming job %s run %s at round %d (head record %s)", job, run, r, head)
-
     # -- rounds ----------------------------------------------------------------------------
     async def _rounds(self, stop: asyncio.Event) -> None:
         count = self.config.rounds.count
         while (count == 0 or self.round < count) and not stop.is_set():
             row = self.journal.open_round(self.round, opened_at=self.clock())
-            book, effects = self.state.opened(row, self.journal.inputs(row.round), self.clock())
-            self._apply(effects)
-            while True:
+            self._apply(self.state.opened(row, self.journal.inputs(row.round), self.clock())[1])
+            steps: list[RoundOutcome] = []  # each step closes on its own, as soon as it is due
+            while not self.state.round_done(row.round):
                 if stop.is_set():
                     return  # stopped: the round stays open in the journal
                 self._news.clear()
-                check = self.state.should_close(book, now := self.clock())
-                if check.close:
-                    break
-                await until(self._news, None if check.wake_at is None else check.wake_at - now)
-            outcome = await self._close(book)
-            self.journal.set_stats(book.round, outcome.stats)
+                closing, wake = self.state.due(now := self.clock())
+                for book in closing:
+                    steps.append(await self._close_step(book))
+                if not closing:
+                    await until(self._news, None if wake is None else wake - now)
+            outcome = await self._finish_round(row.round, steps)
+            self.journal.set_stats(row.round, outcome.stats)
             await asyncio.to_thread(self.journal.flush)
             self.outcomes.append(outcome)
             log.info("%s", format_outcome(outcome))
             if self.on_round is not None:
                 self.on_round(outcome)
-
-    async def _close(self, book: RoundBook) -> RoundOutcome:
-        t_close = time.perf_counter()
-        r = book.round
-        for key in [k for k in self._attempts if k[0] == r]:
-            self._attempts[key].cancel()
-        judged = self.state.judge(book, self.clock())
-        self._apply(judged.effects)
-        if judged.failure is not None:
-            outcome = await self._fail(judged, judged.failure)
-        else:
-            try:
-                closed = await close_round(
-                    self.config,
-                    self.key,
-                    self.node,
-                    self.store,
-                    run=self.run_id,
-                    round_=r,
-                    inputs=judged.inputs,
-                    excluded=judged.excluded_cids,
-                    prev=self.head,
-                    announcements=self.journal.signatures(r, judged.verified),
-                    give_up_after=self.close_retry_s,
-                )
-            except AggregationError as exc:
-                outcome = await self._fail(judged, f"aggregation refused: {exc}")
-            else:
-                outcome = await self._closed(judged, closed, t_close)
-        effects = self._apply(self.state.forget(r, keep_pins=outcome.status == "closed"))
-        for cid in effects.unpin:
-            with contextlib.suppress(NodeError):
-                await self.node.unpin(cid)
-        # from the first accepted announcement (when the round's clock started) to the end
-        outcome.stats["started_s"] = round(self.clock() - (book.started_at or book.opened_at), 3)
-        return outcome
-
-    async def _closed(self, judged: Judged, closed: Closed, t_close: float) -> RoundOutcome:
-        r = judged.round
-        self._apply(self.state.close_succeeded(r, closed))
-        await asyncio.to_thread(self.journal.flush)  # durable before announcing
-        await self._publish(self.state.status(r, self._stamp()))  # its last word on each peer
-        self.state.announce_result(closed.record, closed.record_cid)
-        await self._publish(self.state.result(self._stamp()))
-        self.journal.mark_published(r)
-        stats = judged.stats | closed.stats
-        stats["publish_s"] = stats.pop("store_s", 0.0)
-        stats["close_s"] = round(time.perf_counter() - t_close, 3)
-        peers = tuple(i.peer for i in closed.record.inputs)
-        return RoundOutcome(
-            r, "closed", closed.output, closed.record_cid, peers, judged.excluded, None, stats
-        )
-
-    async def _fail(self, judged: Judged, reason: str) -> RoundOutcome:
-        r = judged.round
-        self._apply(self.state.close_failed(r, reason))
-        await asyncio.to_thread(self.journal.flush)
-        self.state.announce_failure(r, reason)
-        await self._publish(self.state.status(r, self._stamp(), failed=reason))
-        return RoundOutcome(r, "failed", None, None, (), judged.excluded, reason, judged.stats)
 
     # -- announcements -----------------------------------------------------------------------
     async def _read(self, sub: Any) -> None:
@@ -347,6 +268,7 @@ class Coordinator:
                     keep=self._keep,
                     clip=order.clip,
                     claim=order.claim,
+                    step=order.step,
                 )
         except RefusedError as exc:
             got = FetchFailed(exc.reason)
@@ -387,8 +309,8 @@ class Coordinator:
         """Repeat what peers may have missed, re-signed with a fresh time."""
         while True:
             self._apply(self.state.beacon())
-            await self._publish(self.state.result(self._stamp()))
-            await self._publish(self.state.failure(self._stamp()))
+            for msg in self.state.repeats(self._stamp()):
+                await self._publish(msg)
             self.state.log_refusals(self.clock())  # a flood's last counts, once it stopped
             await asyncio.sleep(self.rebroadcast_s)
 

@@ -15,6 +15,13 @@ Events, in the order a round sees them: ``recovered`` (journal rows after a rest
 ``fetched`` (an attempt verified, failed, or ended), ``judge`` (the round closes),
 ``close_succeeded`` / ``close_failed``, then ``announce_result`` / ``announce_failure``
 once that is durable, and ``forget``.
+
+Steps: a round has one book per step (``steps.JobSteps``; a job without steps has one, of
+step None), keyed by (round, step); inputs are keyed by (round, peer) or (round, peer,
+step) (``steps.Key``). Each step is judged and closed on its own (``due`` says which),
+with its own deadline, quorum and schema, and gives its inputs' memory back at once
+(``release_step``); a stepped round ends once every step closed or failed
+(``round_done``), with a round/5 record (``round_closed``).
 """
 
 from __future__ import annotations
@@ -22,9 +29,9 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import Counter, OrderedDict, deque
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
 
 from ..dag import CID
 from ..errors import MessageError, Reason, reason_text
@@ -36,11 +43,26 @@ from ..messages import (
     Result,
     RoundRecord,
     Status,
+    StepRecord,
     verify_message,
 )
 from ..messages.refusal_log import RefusalLog
-from .admission import TELL_WINDOW, AdmissionState, Verdict, admit
+from .admission import TELL_WINDOW, Admission, AdmissionState, Verdict, admit
 from .binding import Claim
+from .effects import (
+    Accept,
+    CloseRound,
+    CloseStep,
+    Effects,
+    FailRound,
+    FailStep,
+    FetchFailed,
+    Judged,
+    LearnSchema,
+    Order,
+    SetInput,
+    Write,
+)
 from .fetch_plan import DEFAULT_ATTEMPTS, FetchPlan
 from .inputs import VerifiedInput
 from .progress import RoundProgress
@@ -54,17 +76,37 @@ from .rounds import (
     judge,
     keep_majority_schema,
     schema_from_json,
+    share_clock,
     should_close,
 )
-from .statuses import result_of, status_of
+from .statuses import Announced, result_of, status_of
+from .steps import ByRound, JobSteps, Key, RoundBooks, StepName, input_key, key_step
 
 if TYPE_CHECKING:
     from .closing import Closed
-    from .journal import InputRow, Journal, RoundRow
+    from .journal import InputRow, RoundRow, StepRow
+
+__all__ = [
+    "PAST_ROUNDS",
+    "STRAY_STEPS",
+    "Accept",
+    "CloseRound",
+    "CloseStep",
+    "CoordinatorState",
+    "Effects",
+    "FailRound",
+    "FailStep",
+    "FetchFailed",
+    "Judged",
+    "Key",
+    "LearnSchema",
+    "Order",
+    "SetInput",
+    "StepDone",
+    "Write",
+]
 
 log = logging.getLogger("gradstore.coordinator")
-
-Key = tuple[int, str]  # (round, peer)
 
 #: Message digests remembered to drop exact replays before any work.
 SEEN_MESSAGES: Final = 1 << 16
@@ -78,113 +120,17 @@ RECENT_REFUSALS: Final = 256
 #: can still hear of fits, with room for the last closed ones.
 PAST_ROUNDS: Final = 4 * TELL_WINDOW
 
-
-# -- effects -----------------------------------------------------------------------------------
-class Write(Protocol):
-    """One journal row to queue (the journal writer, or the close, commits it)."""
-
-    def to(self, journal: Journal) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Accept:
-    """An accepted announcement, with its signed bytes."""
-
-    round: int
-    peer: str
-    cid: str
-    num_samples: int
-    message: bytes
-
-    def to(self, journal: Journal) -> None:
-        journal.accept(self.round, self.peer, self.cid, self.num_samples, self.message)
-
-
-@dataclass(frozen=True, slots=True)
-class SetInput:
-    """An input's new state (and why, when it failed)."""
-
-    round: int
-    peer: str
-    state: PeerState
-    reason: str | None = None
-
-    def to(self, journal: Journal) -> None:
-        journal.set_input_state(self.round, self.peer, self.state, self.reason)
-
-
-@dataclass(frozen=True, slots=True)
-class CloseRound:
-    round: int
-    output: str
-    record: str
-
-    def to(self, journal: Journal) -> None:
-        journal.close_round(self.round, self.output, self.record)
-
-
-@dataclass(frozen=True, slots=True)
-class FailRound:
-    round: int
-    reason: str
-
-    def to(self, journal: Journal) -> None:
-        journal.fail_round(self.round, self.reason)
-
-
-@dataclass(frozen=True, slots=True)
-class LearnSchema:
-    """The schema of the job's first aggregated round, which every later input must share."""
-
-    schema: Schema
-
-    def to(self, journal: Journal) -> None:  # written (and committed) at once
-        journal.set_meta("schema", [[n, d, list(s)] for n, d, s in self.schema])
-
-
-@dataclass
-class Effects:
-    """What the service does after an event: queue ``writes`` (in order), wake its tasks."""
-
-    writes: list[Write] = field(default_factory=list)  # journal rows (wake the writer)
-    statuses: bool = False  # a round's status changed: wake the status publisher
-    fetch: bool = False  # the fetch plan may start an attempt: wake the dispatcher
-    news: bool = False  # a round may be ready to close: wake the round loop
-    give_back: int = 0  # bytes of inputs no longer held, back to the keep budget
-    unpin: list[CID] = field(default_factory=list)  # inputs no aggregated round holds
-    prepare: Gradient | None = None  # get the aggregation kernel ready for inputs like this
+#: Step names the job does not have whose refusals (unknown-step) are told, per round.
+STRAY_STEPS: Final = 4
 
 
 @dataclass(frozen=True)
-class Order:
-    """What one fetch attempt verifies: an announced input and what it must bind to."""
+class StepDone:
+    """A step of the open round that is over: its result once closed, or why it failed."""
 
-    cid: CID
-    claim: Claim
-    schema: Schema | None  # the job's (configured or learned); None: any, the majority wins
-    clip: bool  # the job clips inputs: measure each input's norm
-
-
-@dataclass(frozen=True)
-class FetchFailed:
-    """An attempt that did not verify: for good (``passing=False``) or for now."""
-
-    reason: str
-    passing: bool = False
-
-
-@dataclass
-class Judged:
-    """A closing round: who it aggregates, who it excludes and why, or why it fails."""
-
-    round: int
-    verified: tuple[str, ...]  # canonical order (sorted by peer id)
-    inputs: list[VerifiedInput]  # the verified peers' inputs, in the same order
-    excluded: tuple[tuple[str, str], ...]  # (peer, why)
-    excluded_cids: list[tuple[str, str, str | None]]  # (peer, why, the CID it announced)
-    failure: str | None
-    stats: dict[str, Any]
-    effects: Effects
+    step: StepName
+    result: Announced | None = None
+    failed: str | None = None
 
 
 # -- the state ---------------------------------------------------------------------------------
@@ -200,6 +146,7 @@ class CoordinatorState:
         fetch_attempts: int = DEFAULT_ATTEMPTS,
     ) -> None:
         self.config = config
+        self.steps = JobSteps(config)
         #: after a restart past a round's deadline, how long its journaled inputs are
         #: resolved again before it is judged (default: the deadline, at most 30 s)
         self.restart_grace_s = (
@@ -208,52 +155,84 @@ class CoordinatorState:
         self.run_id = ""
         self.round = 0  # the open round; between two rounds, the next to open
         self.head: CID | None = None  # the last closed round's record
-        self.books: dict[int, RoundBook] = {}  # the open round and buffered ones
-        self.past: OrderedDict[int, RoundBook] = OrderedDict()  # for late peers (PAST_ROUNDS)
+        self.rounds: dict[int, RoundBooks] = {}  # the open round's books and buffered ones
+        self.past_rounds: OrderedDict[int, RoundBooks] = OrderedDict()  # for late peers
+        #: the books of a job without steps by round (live views of the two above)
+        self.books, self.past = ByRound(self.rounds), ByRound(self.past_rounds)
         self.announced: dict[Key, str] = {}  # the CID each peer announced, from the open round
         self.verified: dict[Key, VerifiedInput] = {}
         self.plan = FetchPlan(fetch_workers, attempts=fetch_attempts)
-        self.learned: Schema | None = None  # the schema of the first aggregated round
-        self.last_result: tuple[RoundRecord, str] | None = None  # the beacon repeats it
+        self.learned_steps: dict[StepName, Schema] = {}  # learned at each first aggregation
+        self.done: dict[tuple[int, StepName], StepDone] = {}  # the open round's steps over
+        self.last_result: Announced | None = None  # the beacon repeats it
         self.last_failure: tuple[int, str] | None = None  # and this, (round, reason)
+        self.step_results: dict[str, Announced] = {}  # each step's last result (repeated)
+        self.step_failures: dict[str, tuple[int, str]] = {}  # each step's last failure
         # never rebound, these three: the Coordinator shows the very objects
         self.refusals: Counter[str] = Counter()  # reason -> how many, for logs and tests
         self.recent_refusals: deque[tuple[str, str]] = deque(maxlen=RECENT_REFUSALS)
         self.refusal_log = RefusalLog()  # which refusals get a line of their own
         self.bytes_fetched = 0  # by the open round's verified inputs
         self.fetch_seconds = 0.0  # summed over its attempts
+        self._step_bytes: Counter[StepName] = Counter()  # bytes_fetched by step
         self._opened: int | None = None  # the round opened and not yet forgotten
         self._seen: OrderedDict[bytes, None] = OrderedDict()
         self._accepted: list[tuple[Announce, float]] = []  # queued in the journal
-        self._dirty: set[int] = set()  # rounds whose status is due
+        self._dirty: set[tuple[int, StepName]] = set()  # (round, step) whose status is due
         self._prepared = False  # the kernel is prepared once per run
-        self._configured: Schema | None = (
-            None
-            if config.schema is None
-            else tuple((t.name, t.dtype, t.shape) for t in config.schema)
-        )
+
+    @property
+    def learned(self) -> Schema | None:
+        """The schema learned at the first aggregated round of a job without steps."""
+        return self.learned_steps.get(None)
 
     @property
     def schema(self) -> Schema | None:
-        """The schema every input must have: the job's, or the one learned; None: not yet."""
-        return self._configured if self._configured is not None else self.learned
+        """The schema every input must have: the job's, or the one learned; None: not yet.
+        (A job without steps; ``schema_for`` gives a step's.)"""
+        return self.schema_for(None)
 
-    def book(self, round_: int) -> RoundBook | None:
-        """The book of ``round_``: open or buffered, else one of the past ones kept."""
-        return self.books.get(round_) or self.past.get(round_)
+    def schema_for(self, step: StepName) -> Schema | None:
+        """The schema every input to ``step`` must have: the job's ``[[schema]]`` cut to the
+        step's tensors, or the one learned for the step; None: not known yet."""
+        configured = self.steps.configured
+        if configured is not None:
+            return configured.get(step)
+        return self.learned_steps.get(step)
+
+    def book(self, round_: int, step: StepName = None) -> RoundBook | None:
+        """The book of ``step`` of ``round_``: open or buffered, else one of the past ones kept."""
+        for books in (self.rounds.get(round_), self.past_rounds.get(round_)):
+            if books is not None and step in books:
+                return books[step]
+        return None
+
+    def _round_books(self, round_: int, now: float) -> RoundBooks:
+        """The books of every step of ``round_``, made when it is first needed."""
+        books = self.rounds.get(round_)
+        if books is None:
+            books = self.rounds[round_] = self.steps.books(round_, now)
+        return books
 
     # -- recovery --------------------------------------------------------------------------
     def recovered(
-        self, rows: Sequence[RoundRow], schema: Any = None
+        self,
+        rows: Sequence[RoundRow],
+        schema: Any = None,
+        schemas: Mapping[str, Any] | None = None,
     ) -> list[tuple[int, CID, bool]]:
-        """Resume from the journal's round rows (and its learned ``schema`` meta).
+        """Resume from the journal's round rows (and its learned ``schema`` meta, or a
+        stepped job's learned ``schemas`` by step).
 
         Returns the round records to read again, in order, as ``(round, cid, publish)``:
         each closed round not yet published (then it is), and the last one, which the
         beacon repeats. Call ``announce_result`` with each record read.
         """
         if schema is not None:
-            self.learned = schema_from_json(schema)
+            self.learned_steps[None] = schema_from_json(schema)
+        for step, value in (schemas or {}).items():
+            if value is not None and step in self.steps.configs:
+                self.learned_steps[step] = schema_from_json(value)
         closed = [row for row in rows if row.state == "closed" and row.record]
         if closed:
             self.head = CID.parse(closed[-1].record or "")
@@ -271,10 +250,26 @@ class CoordinatorState:
             if not row.published or row is closed[-1]
         ]
 
+    def recovered_steps(self, rows: Iterable[StepRow]) -> list[tuple[str, CID, bool]]:
+        """Resume the open round's steps that were over before a restart: a failed one is
+        over again; a closed one's record is to read again, ``(step, cid, publish)``
+        (call ``announce_step_result`` with each, which marks the step closed)."""
+        again = []
+        for row in rows:
+            if row.round != self.round or row.step not in self.steps.configs:
+                continue
+            if row.state == "failed":
+                reason = row.reason or "failed"
+                self.done[row.round, row.step] = StepDone(row.step, failed=reason)
+                self.step_failures[row.step] = (row.round, reason)
+            elif row.state == "closed" and row.record:
+                again.append((row.step, CID.parse(row.record), not row.published))
+        return again
+
     def remember(self, inputs: Iterable[InputRow]) -> None:
         """The inputs journaled for the open round and later ones: a peer keeps its first CID."""
         for row in inputs:
-            self.announced[row.round, row.peer] = row.cid
+            self.announced[input_key(row.round, row.peer, row.step)] = row.cid
 
     # -- announcements ---------------------------------------------------------------------
     def admit(self, data: bytes, now: float) -> tuple[Verdict, Effects]:
@@ -301,8 +296,11 @@ class CoordinatorState:
             max_ahead=cfg.rounds.max_ahead,
             max_skew_ms=int(cfg.messages.max_clock_skew_s * 1000),
             announced=self.announced,
+            steps=self.steps.admission,
         )
         decision = admit(ann, state, int(now * 1000))
+        if decision.verdict is Verdict.ACCEPT and self._closed_step(ann):
+            decision = self._step_over(ann)
         if decision.verdict is Verdict.DUPLICATE:
             self.refusals[Reason.DUPLICATE] += 1
             return decision.verdict, Effects()
@@ -313,24 +311,49 @@ class CoordinatorState:
             return Verdict.DUPLICATE, Effects()
         if decision.verdict is Verdict.REFUSE:
             effects = Effects()
-            if decision.tell:
-                book = self.book(ann.round)
-                if book is None:  # a round long over, or far ahead: a small book to say so
-                    book = self._keep_past(RoundBook(ann.round, (), now))
-                if book.refuse(ann.peer, decision.text):
-                    effects.statuses = self._mark(ann.round)
+            book = self.book(ann.round, ann.step) if decision.tell else None
+            if decision.tell and book is None and self._may_tell(ann.round, ann.step):
+                # a round long over, or far ahead, or a step the job does not have: a small
+                # book to say so
+                book = self._keep_past_book(RoundBook(ann.round, (), now, step=ann.step))
+            if book is not None and book.refuse(ann.peer, decision.text):
+                effects.statuses = self._mark(ann.round, ann.step)
             detail = f"{ann.peer}: {decision.text}"
             return self._refused(decision.reason or Reason.REFUSED, detail, ann.peer, now), effects
-        self.announced[ann.round, ann.peer] = ann.cid
+        self.announced[input_key(ann.round, ann.peer, ann.step)] = ann.cid
         self._accepted.append((ann, now))
         return Verdict.ACCEPT, Effects(
-            writes=[Accept(ann.round, ann.peer, ann.cid, ann.num_samples, data)]
+            writes=[Accept(ann.round, ann.peer, ann.cid, ann.num_samples, data, ann.step)]
+        )
+
+    def _may_tell(self, round_: int, step: StepName) -> bool:
+        """Whether a refusal for ``step`` of ``round_`` may get a small book of its own: a
+        step the job does not have gets one for at most ``STRAY_STEPS`` names a round."""
+        if step in self.steps.configs:
+            return True
+        strays = [s for s in self.past_rounds.get(round_, {}) if s not in self.steps.configs]
+        return len(strays) < STRAY_STEPS
+
+    def _closed_step(self, ann: Announce) -> bool:
+        """Whether ``ann`` is for a step of a stepped job that closed while its round is open."""
+        return ann.step is not None and (ann.round, ann.step) in self.done
+
+    def _step_over(self, ann: Announce) -> Admission:
+        return Admission(
+            Verdict.REFUSE,
+            Reason.STALE_ROUND,
+            f"round {ann.round}'s step {ann.step!r} is over",
+            tell=True,
         )
 
     def _had(self, ann: Announce) -> bool:
-        """Whether ``ann`` repeats an input that a past round verified or aggregated."""
-        past = self.past.get(ann.round)
-        slot = None if past is None else past.slots.get(ann.peer)
+        """Whether ``ann`` repeats an input that a past round (or a step that is over)
+        verified or aggregated."""
+        r, step = ann.round, ann.step
+        book = self.past_rounds.get(r, {}).get(step)
+        if book is None and (r, step) in self.done:
+            book = self.rounds.get(r, {}).get(step)
+        slot = None if book is None else book.slots.get(ann.peer)
         return (
             slot is not None
             and slot.cid == ann.cid
@@ -364,94 +387,173 @@ class CoordinatorState:
         return batch
 
     def accepted(self, batch: Sequence[tuple[Announce, float]], now: float) -> Effects:
-        """``batch`` (from ``take_accepted``) is committed: enter each in its round's book."""
+        """``batch`` (from ``take_accepted``) is committed: enter each in its round's book
+        (its step's, in a stepped job)."""
         effects = Effects(news=bool(batch), fetch=bool(batch))
         for ann, at in batch:
-            if ann.round < self.round:
-                continue  # its round closed while the batch was committed
-            book = self.books.get(ann.round)
-            if book is None:
-                book = self.books[ann.round] = RoundBook(ann.round, self.config.peers, now)
+            if ann.round < self.round or (ann.round, ann.step) in self.done:
+                continue  # its round (or step) closed while the batch was committed
+            books = self._round_books(ann.round, now)
+            book = books[ann.step]
             if book.slots[ann.peer].state != PeerState.PENDING:
                 continue
             book.accept(ann.peer, ann.cid, ann.num_samples, at)
+            share_clock(books.values())
             log.info(
-                "round %d: %s announced %s (%d samples)",
+                "round %d%s: %s announced %s (%d samples)",
                 ann.round,
+                _of(ann.step),
                 ann.peer,
                 ann.cid,
                 ann.num_samples,
             )
             if ann.round == self.round:
-                self.plan.add((ann.round, ann.peer))
-            effects.statuses = self._mark(ann.round)
+                key = input_key(ann.round, ann.peer, ann.step)
+                self.plan.add(key, self.steps.rank[ann.step])
+            effects.statuses = self._mark(ann.round, ann.step)
         return effects
 
     # -- rounds ----------------------------------------------------------------------------
     def opened(
         self, row: RoundRow, inputs: Iterable[InputRow], now: float
     ) -> tuple[RoundBook, Effects]:
-        """Round ``row.round`` is open in the journal: its book, with the inputs accepted
-        before (buffered, or before a restart) to fetch again."""
+        """Round ``row.round`` is open in the journal: its books, with the inputs accepted
+        before (buffered, or before a restart) to fetch again. Returns the book of its
+        first step (a job without steps: its only one)."""
         r = row.round
         self.bytes_fetched, self.fetch_seconds = 0, 0.0
-        book = self.books.get(r)
-        if book is None:
-            book = self.books[r] = RoundBook(r, self.config.peers, now)
-        book.opened_at = row.opened_at
+        self._step_bytes.clear()
+        books = self._round_books(r, now)
+        for book in books.values():
+            book.opened_at = row.opened_at
         for inp in inputs:  # accepted before a restart
-            if inp.peer not in book.slots or book.slots[inp.peer].state != PeerState.PENDING:
-                continue
-            book.accept(inp.peer, inp.cid, inp.num_samples, inp.accepted_at)
+            into = books.get(inp.step)
+            slot = None if into is None else into.slots.get(inp.peer)
+            if into is None or slot is None or slot.state != PeerState.PENDING:
+                continue  # a step (or a step's peer) the job file no longer has
+            into.accept(inp.peer, inp.cid, inp.num_samples, inp.accepted_at)
             if inp.state == PeerState.FAILED:
-                book.fail(inp.peer, inp.reason or "failed")
-        if book.started_at is not None:  # buffered while the previous round was open
-            book.started_at = max(book.started_at, book.opened_at)
-        again = book.in_state(PeerState.RECEIVED)
-        for peer in again:
-            self.plan.add((r, peer))
-        deadline = book.deadline(self.config.rounds.deadline_s)
-        if again and deadline is not None and deadline <= now:
-            # restarted after the deadline: the journaled inputs get a grace period to be
-            # resolved again before the round is judged
-            book.grace_until = now + self.restart_grace_s
+                into.fail(inp.peer, inp.reason or "failed")
+            elif inp.state == PeerState.AGGREGATED and (r, inp.step) in self.done:
+                slot.state = PeerState.AGGREGATED
+        share_clock(books.values())
+        for step, book in books.items():
+            if book.started_at is not None:  # buffered while the previous round was open
+                book.started_at = max(book.started_at, book.opened_at)
+            if (r, step) in self.done:
+                continue  # closed or failed before a restart
+            received = book.in_state(PeerState.RECEIVED)
+            for peer in received:
+                self.plan.add(input_key(r, peer, step), self.steps.rank[step])
+            deadline = book.deadline(self.steps[step].deadline_s)
+            if received and deadline is not None and deadline <= now:
+                # restarted after the deadline: the journaled inputs get a grace period to
+                # be resolved again before the step is judged
+                book.grace_until = now + self.restart_grace_s
+            self._mark(r, step)
         self._opened = r
-        effects = Effects(statuses=self._mark(r), news=True, fetch=True)
+        effects = Effects(statuses=True, news=True, fetch=True)
+        first = next(iter(books.values()))
         log.info(
             "round %d open: %d/%d peers already announced",
             r,
-            book.counts()["received"],
-            len(book.slots),
+            sum(b.counts()["received"] for b in books.values()),
+            sum(len(b.slots) for b in books.values()),
         )
-        return book, effects
+        return first, effects
 
     def should_close(self, book: RoundBook, now: float) -> CloseCheck:
-        """Whether the open round closes now, else when to look again (``rounds.should_close``)."""
-        return should_close(book, self.config.rounds.deadline_s, now)
+        """Whether the open round (the step of ``book``) closes now, else when to look again
+        (``rounds.should_close``, with the step's deadline)."""
+        return should_close(book, self.steps[book.step].deadline_s, now)
+
+    def due(self, now: float) -> tuple[list[RoundBook], float | None]:
+        """The open round's steps that close now (in the job's order), and when to look
+        again for the others (None: only on news)."""
+        books = self.rounds.get(self.round)
+        if books is None or self._opened != self.round:
+            return [], None
+        closing: list[RoundBook] = []
+        wake: float | None = None
+        for step, book in books.items():
+            if (self.round, step) in self.done:
+                continue
+            check = self.should_close(book, now)
+            if check.close:
+                closing.append(book)
+            elif check.wake_at is not None:
+                wake = check.wake_at if wake is None else min(wake, check.wake_at)
+        return closing, wake
+
+    def round_done(self, round_: int) -> bool:
+        """Whether every step of ``round_`` closed or failed."""
+        return all((round_, step) in self.done for step in self.steps)
 
     def progress(self, now: float) -> RoundProgress | None:
-        """The open round's counts and time left (None between rounds)."""
-        book = self.books.get(self.round)
-        if book is None or self._opened != self.round:
+        """The open round's counts and time left (None between rounds); a stepped job's
+        are summed over its steps, with the next deadline of a step still pending."""
+        books = self.rounds.get(self.round)
+        if books is None or self._opened != self.round:
             return None
-        counts = book.counts()
-        deadline = book.deadline(self.config.rounds.deadline_s)
+        counts = Counter[str]()
+        deadlines: list[float] = []
+        quorum = 0
+        for step, book in books.items():
+            counts.update(book.counts())
+            quorum += self.steps[step].quorum
+            deadline = book.deadline(self.steps[step].deadline_s)
+            if deadline is not None and (self.round, step) not in self.done:
+                deadlines.append(deadline)
+        over = [d for (r, _), d in self.done.items() if r == self.round]
+        stats = self.stats()
         return RoundProgress(
-            round=book.round,
+            round=self.round,
             expected=counts["expected"],
             received=counts["received"],
             verified=counts["verified"],
             failed=counts["failed"],
-            quorum=self.config.rounds.quorum,
-            deadline_in=None if deadline is None else deadline - now,
+            quorum=quorum,
+            deadline_in=min(deadlines) - now if deadlines else None,
+            steps=len(self.steps) if self.steps.stepped else 0,
+            steps_closed=sum(d.failed is None for d in over) if self.steps.stepped else 0,
+            steps_failed=sum(d.failed is not None for d in over) if self.steps.stepped else 0,
+            peers=stats["peers"],
+            held_bytes=stats["bytes_held"],
         )
+
+    def stats(self) -> dict[str, Any]:
+        """Where the coordinator stands: the open round, its steps (total, completed,
+        pending, failed; a job without steps has one), the bytes of verified inputs held in
+        memory for aggregation (every step's, under one budget), and how many peers take
+        part in the round (an accepted announcement in any of its steps)."""
+        r = self.round
+        over = [d for (done_r, _), d in self.done.items() if done_r == r]
+        failed = sum(d.failed is not None for d in over)
+        books = self.rounds.get(r, {})
+        peers = {
+            p
+            for b in books.values()
+            for p, slot in b.slots.items()
+            if slot.state != PeerState.PENDING
+        }
+        return {
+            "round": r,
+            "steps": {
+                "total": len(self.steps),
+                "completed": len(over) - failed,
+                "pending": len(self.steps) - len(over),
+                "failed": failed,
+            },
+            "bytes_held": sum(v.nbytes for v in self.verified.values() if v.gradient is not None),
+            "peers": len(peers),
+        }
 
     # -- fetches ---------------------------------------------------------------------------
     def order(self, key: Key) -> Order | None:
-        """What fetching ``key`` verifies; None if its round is no longer the open one."""
-        r, peer = key
-        book = self.books.get(r)
-        if book is None or r != self.round:
+        """What fetching ``key`` verifies; None if its round (or step) is no longer open."""
+        r, peer, step = key[0], key[1], key_step(key)
+        book = self.rounds.get(r, {}).get(step)
+        if book is None or r != self.round or (r, step) in self.done:
             return None
         slot = book.slots[peer]
         assert slot.cid is not None
@@ -459,21 +561,31 @@ class CoordinatorState:
         claim = Claim(
             peer, r, cfg.job, slot.num_samples, self.run_id, cfg.inputs.require_bound_meta
         )
-        return Order(CID.parse(slot.cid), claim, self.schema, cfg.clip_input_norm is not None)
+        config = self.steps[step]
+        return Order(
+            CID.parse(slot.cid),
+            claim,
+            self.schema_for(step),
+            config.aggregation.clip_input_norm is not None,
+            config if self.steps.stepped else None,
+        )
 
     def fetched(
         self, key: Key, got: VerifiedInput | FetchFailed | None, seconds: float, now: float
     ) -> Effects:
         """An attempt ended: verified, failed (for good or for now), or with nothing (its
         round moved on, or it was cancelled). The fetch plan hears of it here only."""
-        r, peer = key
+        r, step = key[0], key_step(key)
         self.fetch_seconds += seconds
-        effects = Effects(statuses=self._mark(r), news=True, fetch=True)
+        effects = Effects(statuses=self._mark(r, step), news=True, fetch=True)
         if isinstance(got, FetchFailed) and got.passing:
-            book = self.book(r)
-            cid = book.slots[peer].cid if book is not None and peer in book.slots else None
+            book = self.book(r, step)
+            slot = None if book is None else book.slots.get(key[1])
+            cid = None if slot is None else slot.cid
             if self.plan.retry(key, now) is not None:
-                log.info("round %d: fetching %s failed (%s); will retry", r, cid, got.reason)
+                log.info(
+                    "round %d%s: fetching %s failed (%s); will retry", r, _of(step), cid, got.reason
+                )
                 return effects
             got = FetchFailed(
                 reason_text(
@@ -490,134 +602,204 @@ class CoordinatorState:
             self._settle_verified(key, got, effects)
         return effects
 
+    def _open_book(self, key: Key) -> RoundBook | None:
+        """The book ``key``'s input is for, if its round is open and its step not over."""
+        r, step = key[0], key_step(key)
+        if r != self.round or (r, step) in self.done:
+            return None
+        return self.rounds.get(r, {}).get(step)
+
     def _settle_failed(self, key: Key, reason: str, effects: Effects) -> None:
-        r, peer = key
-        book = self.books.get(r)
-        if r != self.round or book is None or book.slots[peer].state != PeerState.RECEIVED:
+        r, peer, step = key[0], key[1], key_step(key)
+        book = self._open_book(key)
+        if book is None or book.slots[peer].state != PeerState.RECEIVED:
             return
         book.fail(peer, reason)
-        effects.writes.append(SetInput(r, peer, PeerState.FAILED, reason))
-        log.warning("round %d: %s failed: %s", r, peer, reason)
+        effects.writes.append(SetInput(r, peer, PeerState.FAILED, reason, step))
+        log.warning("round %d%s: %s failed: %s", r, _of(step), peer, reason)
 
     def _settle_verified(self, key: Key, got: VerifiedInput, effects: Effects) -> None:
-        r, peer = key
-        book = self.books.get(r)
-        if r != self.round or book is None:  # the round moved on while it was verified
+        r, peer, step = key[0], key[1], key_step(key)
+        book = self._open_book(key)
+        if book is None:  # the round (or step) moved on while it was verified
             if got.gradient is not None:
                 effects.give_back += got.nbytes
             return
         self.verified[key] = got
         book.verify(peer, got.nbytes, got.schema)
         self.bytes_fetched += got.nbytes
-        effects.writes.append(SetInput(r, peer, PeerState.VERIFIED))
-        log.info("round %d: %s verified (%d bytes)", r, peer, got.nbytes)
+        self._step_bytes[step] += got.nbytes
+        effects.writes.append(SetInput(r, peer, PeerState.VERIFIED, None, step))
+        log.info("round %d%s: %s verified (%d bytes)", r, _of(step), peer, got.nbytes)
         if not self._prepared and isinstance(got.gradient, Gradient):
             self._prepared = True
             effects.prepare = got.gradient
 
     # -- closing ---------------------------------------------------------------------------
     def judge(self, book: RoundBook, now: float) -> Judged:
-        """The open round closes: inputs still in flight fail, repeated CIDs fail, inputs
-        off the majority schema fail (when the job has none yet); then the verdict."""
-        r = book.round
+        """The open round (the step of ``book``) closes: inputs still in flight fail,
+        repeated CIDs fail, inputs off the majority schema fail (when the job, or the
+        step, has none yet); then the verdict, with the step's quorum."""
+        r, step = book.round, book.step
         failed = cut_off(book)
-        self.plan.drop_round(r)
+        self.plan.drop_where(lambda k: k[0] == r and key_step(k) == step)
         failed += drop_duplicate_cids(book)
-        if self.schema is None:
+        if self.schema_for(step) is None:
             failed += keep_majority_schema(book)
         writes: list[Write] = [
-            SetInput(r, p, PeerState.FAILED, book.slots[p].reason) for p in failed
+            SetInput(r, p, PeerState.FAILED, book.slots[p].reason, step) for p in failed
         ]
-        verdict = judge(book, self.config.rounds.quorum)
+        verdict = judge(book, self.steps[step].quorum)
         stats: dict[str, Any] = {
             **book.counts(),
-            "bytes_fetched": self.bytes_fetched,
+            "bytes_fetched": self._step_bytes[step] if self.steps.stepped else self.bytes_fetched,
             "resolve_s": round(self.fetch_seconds, 3),
             "open_s": round(now - book.opened_at, 3),
         }
+        inputs = (
+            []
+            if verdict.failure
+            else [self.verified[input_key(r, p, step)] for p in verdict.verified]
+        )
         return Judged(
             round=r,
             verified=verdict.verified,
-            inputs=[] if verdict.failure else [self.verified[r, p] for p in verdict.verified],
+            inputs=inputs,
             excluded=verdict.excluded,
             excluded_cids=[(p, why, book.slots[p].cid) for p, why in verdict.excluded],
             failure=verdict.failure,
             stats=stats,
             effects=Effects(writes=writes),
+            step=step,
         )
 
-    def close_succeeded(self, round_: int, closed: Closed) -> Effects:
-        """The round's aggregate and record are stored: its journal rows (commit them, then
-        publish its status and ``announce_result``)."""
-        book = self.books[round_]
+    def close_succeeded(self, round_: int, closed: Closed, step: StepName = None) -> Effects:
+        """The round's (or step's) aggregate and record are stored: its journal rows (commit
+        them, then publish its status and ``announce_result`` / ``announce_step_result``)."""
+        book = self.rounds[round_][step]
         writes: list[Write] = []
         peers = [i.peer for i in closed.record.inputs]
         for peer in peers:
             book.slots[peer].state = PeerState.AGGREGATED
-            writes.append(SetInput(round_, peer, PeerState.AGGREGATED))
-        if self.schema is None:  # the first aggregated round fixes the job's schema
+            writes.append(SetInput(round_, peer, PeerState.AGGREGATED, None, step))
+        if self.schema_for(step) is None:  # the first aggregated round fixes the schema
             learned = book.slots[peers[0]].schema
             assert learned is not None
-            self.learned = learned
-            writes.append(LearnSchema(learned))
-        writes.append(CloseRound(round_, str(closed.output), str(closed.record_cid)))
+            self.learned_steps[step] = learned
+            writes.append(LearnSchema(learned, step))
+        output, record = str(closed.output), str(closed.record_cid)
+        if step is None:
+            writes.append(CloseRound(round_, output, record))
+        else:
+            writes.append(CloseStep(round_, step, output, record))
+        self.done[round_, step] = StepDone(step, result=Announced.of(closed.record, record))
         return Effects(writes=writes)
 
-    def close_failed(self, round_: int, reason: str) -> Effects:
-        """The round fails: its journal row (commit it, then ``announce_failure``)."""
-        return Effects(writes=[FailRound(round_, reason)])
+    def close_failed(self, round_: int, reason: str, step: StepName = None) -> Effects:
+        """The round (or step) fails: its journal row (commit it, then ``announce_failure``)."""
+        self.done[round_, step] = StepDone(step, failed=reason)
+        if step is None:
+            return Effects(writes=[FailRound(round_, reason)])
+        return Effects(writes=[FailStep(round_, step, reason)])
 
-    def announce_result(self, record: RoundRecord, cid: CID) -> None:
+    def round_steps(self, round_: int) -> list[StepDone]:
+        """How each step of a stepped ``round_`` ended, in the job's order."""
+        return [self.done[round_, step] for step in self.steps]
+
+    def round_closed(self, round_: int, output: CID, record: CID) -> Effects:
+        """A stepped round's model-level output and round/5 record are stored: its journal
+        row (commit it, then ``announce_result`` with ``round_result``)."""
+        return Effects(writes=[CloseRound(round_, str(output), str(record))])
+
+    def round_result(self, round_: int, output: CID, record: CID) -> Announced:
+        """What a stepped round's result says: its round/5 record and model-level output."""
+        closed = [d.result for d in self.round_steps(round_) if d.result is not None]
+        return Announced.of_steps(str(record), str(output), closed)
+
+    def announce_result(self, record: RoundRecord | Announced, cid: CID) -> None:
         """``record`` is durable: the head of the history, and the result the beacon repeats."""
         self.head = cid
-        self.last_result = (record, str(cid))
+        self.last_result = (
+            record if isinstance(record, Announced) else Announced.of(record, str(cid))
+        )
 
-    def announce_failure(self, round_: int, reason: str) -> None:
+    def announce_step_result(self, record: StepRecord, cid: CID) -> None:
+        """A step's record is durable: the beacon repeats its result; the step is over."""
+        done = Announced.of(record, str(cid))
+        self.step_results[record.step] = done
+        if record.round == self.round:
+            self.done[record.round, record.step] = StepDone(record.step, result=done)
+
+    def announce_failure(self, round_: int, reason: str, step: StepName = None) -> None:
         """The failure is durable: the beacon repeats it for late peers."""
-        self.last_failure = (round_, reason)
+        if step is None:
+            self.last_failure = (round_, reason)
+        else:
+            self.step_failures[step] = (round_, reason)
 
-    def forget(self, round_: int, *, keep_pins: bool) -> Effects:
-        """The round is over: drop its inputs (their pins too, unless it aggregated them),
-        keep its book for late peers, and move on to the next round."""
-        book = self.books.pop(round_)
-        items = [self.verified.pop(k) for k in [k for k in self.verified if k[0] == round_]]
+    def release_step(self, round_: int, step: StepName) -> Effects:
+        """A step is over: its inputs leave memory and give their bytes back at once (so the
+        steps still open may keep theirs), and those it did not aggregate are unpinned."""
+        return self._release(
+            [k for k in self.verified if k[0] == round_ and key_step(k) == step], True
+        )
+
+    def _release(self, keys: list[Key], keep_pins: bool) -> Effects:
+        items = [(key, self.verified.pop(key)) for key in keys]
         # one CID may be two inputs' (duplicate-cid): it stays pinned if either was aggregated
-        kept = {
-            i.cid.to_v1()
-            for i in items
-            if keep_pins and book.slots[i.peer].state == PeerState.AGGREGATED
-        }
+        kept = set()
+        for key, item in items:
+            book = self.book(key[0], key_step(key))
+            if (
+                keep_pins
+                and book is not None
+                and book.slots[item.peer].state == PeerState.AGGREGATED
+            ):
+                kept.add(item.cid.to_v1())
         effects = Effects()
         unpinned: set[CID] = set()
-        for item in items:
+        for _, item in items:
             if item.gradient is not None:
                 effects.give_back += item.nbytes
             cid = item.cid.to_v1()
             if cid not in kept and cid not in unpinned:
                 unpinned.add(cid)
                 effects.unpin.append(item.cid)
+        return effects
+
+    def forget(self, round_: int, *, keep_pins: bool) -> Effects:
+        """The round is over: drop its inputs (their pins too, unless it aggregated them),
+        keep its books for late peers, and move on to the next round."""
+        effects = self._release([k for k in self.verified if k[0] == round_], keep_pins)
+        books = self.rounds.pop(round_)
         for key in [k for k in self.announced if k[0] <= round_]:
             del self.announced[key]
-        self._keep_past(book)
+        for over in [k for k in self.done if k[0] <= round_]:
+            del self.done[over]
+        for book in books.values():
+            self._keep_past_book(book)
         self.round, self._opened = round_ + 1, None
         return effects
 
-    def _keep_past(self, book: RoundBook) -> RoundBook:
-        self.past[book.round] = book
-        self.past.move_to_end(book.round)
-        while len(self.past) > PAST_ROUNDS:
-            self.past.popitem(last=False)
+    def _keep_past_book(self, book: RoundBook) -> RoundBook:
+        self.past_rounds.setdefault(book.round, {})[book.step] = book
+        self.past_rounds.move_to_end(book.round)
+        while len(self.past_rounds) > PAST_ROUNDS:
+            self.past_rounds.popitem(last=False)
         return book
 
     # -- what peers hear -------------------------------------------------------------------
-    def _mark(self, round_: int) -> bool:
-        """The status of ``round_`` changed: it is due (coalesced). Returns True."""
-        self._dirty.add(round_)
+    def _mark(self, round_: int, step: StepName = None) -> bool:
+        """The status of ``round_`` (of its ``step``) changed: it is due (coalesced).
+        Returns True."""
+        self._dirty.add((round_, step))
         return True
 
-    def status(self, round_: int, sent_at: int, failed: str | None = None) -> Status | None:
-        """The status of ``round_`` now (None: no book of it is kept)."""
-        book = self.book(round_)
+    def status(
+        self, round_: int, sent_at: int, failed: str | None = None, step: StepName = None
+    ) -> Status | None:
+        """The status of ``round_`` (of its ``step``) now (None: no book of it is kept)."""
+        book = self.book(round_, step)
         if book is None:
             return None
         cfg = self.config
@@ -626,32 +808,66 @@ class CoordinatorState:
         )
 
     def due_statuses(self, sent_at: int) -> list[Status]:
-        """The statuses that changed since the last call, by round."""
-        rounds, self._dirty = sorted(self._dirty), set()
-        return [s for s in (self.status(r, sent_at) for r in rounds) if s is not None]
+        """The statuses that changed since the last call, by round (and step, in order)."""
+        rank = self.steps.rank
+        due = sorted(self._dirty, key=lambda rs: (rs[0], rank.get(rs[1], -1)))
+        self._dirty = set()
+        failed = {key: d.failed for key, d in self.done.items() if d.failed is not None}
+        return [
+            s
+            for s in (self.status(r, sent_at, failed.get((r, step)), step) for r, step in due)
+            if s is not None
+        ]
 
     def result(self, sent_at: int) -> Result | None:
         """The last result, re-stamped (None: no round closed yet)."""
         if self.last_result is None:
             return None
-        record, cid = self.last_result
-        return result_of(record, cid, self.config.roster, sent_at=sent_at)
+        return result_of(
+            self.last_result, self.last_result.record, self.config.roster, sent_at=sent_at
+        )
 
-    def failure(self, sent_at: int) -> Status | None:
-        """The last failed round's status, re-stamped (None: no round failed)."""
-        if self.last_failure is None:
+    def step_result(self, step: str, sent_at: int) -> Result | None:
+        """The last result of ``step``, re-stamped (None: it has not closed yet)."""
+        done = self.step_results.get(step)
+        if done is None:
             return None
-        r, reason = self.last_failure
-        book = self.past.get(r) or self.books.get(r) or RoundBook(r, (), 0.0)
+        return result_of(done, done.record, self.config.roster, sent_at=sent_at)
+
+    def failure(self, sent_at: int, step: StepName = None) -> Status | None:
+        """The last failed round's (or ``step``'s) status, re-stamped (None: none failed)."""
+        last = self.last_failure if step is None else self.step_failures.get(step)
+        if last is None:
+            return None
+        r, reason = last
+        book = self.book(r, step) or RoundBook(r, (), 0.0, step=step)
         cfg = self.config
         return status_of(
             book, cfg.roster, job=cfg.job, run=self.run_id, sent_at=sent_at, failed=reason
         )
 
+    def repeats(self, sent_at: int) -> list[Result | Status]:
+        """What the beacon repeats for peers that missed it: the last result and failure,
+        and each step's last result and failure (a stepped job)."""
+        out: list[Result | Status | None] = [self.result(sent_at), self.failure(sent_at)]
+        for step in self.steps:
+            if step is not None:
+                out += [self.step_result(step, sent_at), self.failure(sent_at, step)]
+        return [m for m in out if m is not None]
+
     def beacon(self) -> Effects:
-        """What the beacon repeats besides the last result and failure: the open round's
-        status, and that of every buffered round a peer already announced in."""
-        for r in sorted(self.books):
-            if r == self.round or self.books[r].started_at is not None:
-                self._mark(r)
+        """What the beacon repeats besides the last results and failures: the status of the
+        open round's steps still open, and that of every buffered round a peer already
+        announced in."""
+        for r in sorted(self.rounds):
+            for step, book in self.rounds[r].items():
+                if (r, step) in self.done:
+                    continue
+                if r == self.round or book.started_at is not None:
+                    self._mark(r, step)
         return Effects(statuses=bool(self._dirty))
+
+
+def _of(step: StepName) -> str:
+    """`` step NAME`` for a log line of a stepped job's step, else nothing."""
+    return "" if step is None else f" step {step}"

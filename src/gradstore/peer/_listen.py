@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Final, Self
 
 from ..dag import CID
-from ..errors import CoordinatorError, MessageError, NodeError
+from ..errors import CoordinatorError, MessageError, NodeError, Reason
 from ..job import JobConfig
 from ..messages import PeerLists, Result, Status, decode_lists, inline_lists, verify_message
 from ..messages.refusal_log import RefusalLog
@@ -122,7 +122,7 @@ class CoordinatorListener:
             if not self._fresh(parsed.sent_at):
                 continue
             if not self.view.knows(parsed.step):  # signed, but about no step of this job
-                if self._ignored.refused("unknown-step", None, time.monotonic()):
+                if self._ignored.refused(Reason.UNKNOWN_STEP, None, time.monotonic()):
                     log.warning(
                         "ignored a %s about step %r, which job %s does not have",
                         parsed.kind.value,
