@@ -106,6 +106,7 @@ def test_a_step_goes_out_named_in_its_signed_announcement_with_only_its_tensors(
             # announced in the job's order, each its own document
             cids = await p1.publish_steps(whole, 0, 3, wait=False)
             assert list(cids) == ["head", "embed"]
+            await c.announcement(lambda a: a.peer == keys[1].did and a.step == "embed")
             mine = [h for h in c.heard if h.msg.peer == keys[1].did]
             assert [h.msg.step for h in mine] == ["head", "embed"]
             assert [CID.parse(h.msg.cid) for h in mine] == list(cids.values())
