@@ -190,3 +190,22 @@ def test_peer_publish_and_await_steps_on_kubo(kubo_factory, tmp_path: Path) -> N
     assert body is not None and sorted(body) == sorted(STEP_TENSORS["body"])
     assert mine is not None and sorted(mine) == sorted(STEP_TENSORS["head"] + STEP_TENSORS["embed"])
     assert not (tmp_path / "p0.key.residual-steps-job").exists()
+
+
+def test_peer_publish_of_a_peer_in_no_step_is_refused_before_it_connects(
+    cli: Cli, tmp_path: Path
+) -> None:
+    from ..coordinator.harness import make_job
+
+    _, coord, keys = make_job(2)
+    dids = [k.did for k in keys]
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'job = "lonely"\ncoordinator = "{coord.did}"\npeers = ["{dids[0]}", "{dids[1]}"]\n'
+        f'[[steps]]\nname = "only"\ntensors = ["w"]\npeers = ["{dids[0]}"]\n'
+    )
+    keys[1].save(tmp_path / "p1.key")
+    grad = write_npz(tmp_path / "g.npz", w=np.ones(3, np.float32))
+    line = cli("peer", "publish", "--config", job, "--key", tmp_path / "p1.key", "--round", 0,
+               grad, "--api", unused_url()).one_error_line()  # fmt: skip
+    assert line == f"error: {dids[1]} is among the peers of no step of job 'lonely'"

@@ -22,7 +22,7 @@ from gradstore.dag import CID
 from gradstore.dag.cid import RAW
 from gradstore.errors import ConfigError, StepError, UncoveredTensorError
 from gradstore.format import Gradient
-from gradstore.job import JobConfig
+from gradstore.job import JobConfig, parse_job
 from gradstore.messages import SigningKey
 from gradstore.node import LocalNode
 from gradstore.peer import Peer, PeerSteps
@@ -218,3 +218,20 @@ def test_a_steps_document_names_its_step_after_todays_meta(tmp_path: Path) -> No
             assert doc.meta["step"] == "embed" and list(doc.tensors) == ["embed"]
 
     asyncio.run(go())
+
+
+def test_a_peer_in_no_step_publishes_no_steps(tmp_path: Path) -> None:
+    _, coord, keys = make_job(2)
+    config = parse_job(
+        {
+            "job": "lonely",
+            "coordinator": coord.did,
+            "peers": [k.did for k in keys],
+            "rounds": {"quorum": 1},
+            "steps": [{"name": "only", "tensors": ["w"], "peers": [keys[0].did]}],
+        }
+    )
+    g = Gradient({"w": np.ones(2, np.float32)})
+    raised = _nothing_sent(tmp_path, config, keys[1], lambda p: p.publish_steps(g, 0, 1))
+    assert isinstance(raised, StepError)
+    assert str(raised) == f"{keys[1].did} is among the peers of no step of job 'lonely'"

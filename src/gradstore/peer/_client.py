@@ -23,7 +23,6 @@ from ..errors import (
     CoordinatorError,
     Reason,
     RefusedError,
-    StepError,
     reason_detail,
 )
 from ..format import CompressedGradient, Gradient
@@ -134,9 +133,7 @@ class Peer(ResultListener):
         if not self.config.stepped:
             cid = await self.publish(gradient, round_, num_samples, wait=wait, timeout=timeout)
             return {DEFAULT_STEP: cid}
-        if not self.steps.mine:
-            raise StepError(f"{key.did} is among the peers of no step of job {self.config.job!r}")
-        parts = self.steps.cut_steps(gradient, [s.name for s in self.steps.mine])
+        parts = self.steps.cut_steps(gradient, self.steps.own())
         deadline = None if timeout is None else time.monotonic() + timeout
         await self._await_run(round_, timeout, deadline)
         sent: dict[str, tuple[_Input, str, int]] = {}

@@ -83,12 +83,18 @@ class PeerSteps:
             out[name] = _with_tensors(gradient, {n: gradient.tensors[n] for n in names})
         return out
 
+    def own(self) -> list[str]:
+        """This peer's steps by name, in the job's order; StepError when it is in none."""
+        if not self.mine:
+            raise StepError(f"{self.did} is among the peers of no step of job {self.config.job!r}")
+        return [s.name for s in self.mine]
+
     def mine_of(self, gradient: G) -> G:
         """``gradient`` without the tensors of steps this peer is not in (the same arrays),
         each of its steps checked complete (a job without steps: ``gradient`` itself)."""
         if not self.config.stepped:
             return gradient
-        parts = self.cut_steps(gradient, [s.name for s in self.mine])
+        parts = self.cut_steps(gradient, self.own())
         return _with_tensors(
             gradient, {n: a for part in parts.values() for n, a in part.tensors.items()}
         )
