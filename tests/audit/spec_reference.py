@@ -483,7 +483,16 @@ def encode_document(
     meta: dict[str, Any], tensors: Sequence[tuple[str, str, tuple[int, ...], bytes]],
     codec: dict[str, Any] | None = None,
 ) -> bytes:  # fmt: skip
-    """§2.2 (and §2.3 with ``codec``): the canonical bytes of a document."""
+    """§2.2 (and §2.3 with ``codec``): the canonical bytes of a document (its tensors sorted
+    by the UTF-8 bytes of their names)."""
+    return write_document(meta, sorted(tensors, key=lambda t: t[0].encode("utf-8")), codec)
+
+
+def write_document(
+    meta: dict[str, Any], ordered: Sequence[tuple[str, str, tuple[int, ...], bytes]],
+    codec: dict[str, Any] | None = None,
+) -> bytes:  # fmt: skip
+    """§2.2's layout of a document whose tensors are ``ordered`` (the caller sorts them)."""
     out = bytearray(b"\x84" if codec is not None else b"\x83")
     out += mp_str("format") + mp_str("gradstore/2" if codec is not None else "gradstore/1")
     out += mp_str("meta") + mp_meta(meta)
@@ -491,7 +500,6 @@ def encode_document(
         out += mp_str("codec") + mp_map_header(len(codec))
         for key, value in codec.items():  # name first, then the parameters in their order
             out += mp_str(key) + (mp_str(value) if isinstance(value, str) else mp_int(value))
-    ordered = sorted(tensors, key=lambda t: t[0].encode("utf-8"))
     out += mp_str("tensors") + mp_array_header(len(ordered))
     for name, dtype, shape, data in ordered:
         out += b"\x85" + mp_str("name") + mp_str(name) + mp_str("dtype") + mp_str(dtype)
@@ -1198,6 +1206,18 @@ def audit_round(get_block: GetBlock, record_cid: str) -> Audit | SteppedAudit:
     return rederive(get_block, node)
 
 
+def aggregate_meta(record: dict[str, Any]) -> dict[str, Any]:
+    """§6.10: the aggregate's meta; a step's aggregate also names its step (§9.4)."""
+    meta = {
+        "inputs": [cid_text(as_v1(i["gradient"].cid)) for i in record["inputs"]],
+        "job": record["job"], "kind": "aggregate", "method": record["method"],
+        "round": record["round"], "run": record["run"],
+    }  # fmt: skip
+    if record["type"] == STEP1:
+        meta["step"] = record["step"]
+    return meta
+
+
 def rederive(get_block: GetBlock, record: dict[str, Any]) -> Audit:
     """Re-derive a checked round/2-4 record's or step record's output (§4-§7, §9.2, §9.4)."""
     version, params, inputs = record["type"], record["params"], record["inputs"]
@@ -1305,13 +1325,7 @@ def rederive(get_block: GetBlock, record: dict[str, Any]) -> Audit:
     if any(math.isnan(v) or math.isinf(v) for v in values):
         raise SpecAuditError("aggregate", "the aggregate overflows its dtype")
 
-    meta = {  # §6.10
-        "inputs": [cid_text(as_v1(i["gradient"].cid)) for i in inputs],
-        "job": record["job"], "kind": "aggregate", "method": method,
-        "round": record["round"], "run": record["run"],
-    }  # fmt: skip
-    if step is not None:  # §9.4: a step's aggregate names its step
-        meta["step"] = step
+    meta = aggregate_meta(record)
     tensors, documents, at = {}, [], 0
     for (name, dtype, shape), size in zip(layout, sizes, strict=True):
         part = values[at : at + size]
@@ -1368,11 +1382,8 @@ def audit_stepped(get_block: GetBlock, node: dict[str, Any]) -> SteppedAudit:
             owner[t.name] = name
             parts.append((t.name, t.dtype, t.shape, bytes(t.data)))
         outputs.append(cid_text(as_v1(entry["output"].cid)))
-    meta = {
-        "job": node["job"], "kind": "model", "outputs": outputs, "round": node["round"],
-        "run": node["run"], "steps": list(steps),
-    }  # fmt: skip
-    model = file_cid(encode_document(meta, parts))
+    meta = model_meta(node, list(steps), outputs)
+    model = file_cid(model_document(meta, parts))
     if model != as_v1(node["output"].cid):
         raise SpecAuditError(
             "model-output",
@@ -1381,6 +1392,22 @@ def audit_stepped(get_block: GetBlock, node: dict[str, Any]) -> SteppedAudit:
         )
     order = sorted(owner, key=lambda n: n.encode("utf-8"))
     return SteppedAudit(node, model, steps, failed, meta, order)
+
+
+def model_meta(node: dict[str, Any], closed: list[str], outputs: list[str]) -> dict[str, Any]:
+    """§9.4: the model-level document's meta: the closed steps (record order) and their
+    aggregates' CIDs (base32 CIDv1 text)."""
+    return {
+        "job": node["job"], "kind": "model", "outputs": outputs, "round": node["round"],
+        "run": node["run"], "steps": closed,
+    }  # fmt: skip
+
+
+def model_document(
+    meta: dict[str, Any], parts: Sequence[tuple[str, str, tuple[int, ...], bytes]]
+) -> bytes:
+    """§9.4: the model-level document: the steps' tensors, copied, sorted by name (§2.2)."""
+    return encode_document(meta, parts)
 
 
 def exact_sum(values: Sequence[float]) -> Fraction:
