@@ -1364,7 +1364,7 @@ def audit_stepped(get_block: GetBlock, node: dict[str, Any]) -> SteppedAudit:
                 raise SpecAuditError("step-link", f"step {name}'s record has another {key}")
         if step["step"] != name:
             raise SpecAuditError("step-link", f"the round links step {step['step']!r} as {name!r}")
-        if as_v1(step["output"].cid) != as_v1(entry["output"].cid):
+        if step["output"] != entry["output"]:
             raise SpecAuditError("step-link", f"step {name}'s output is not the round's")
         steps[name] = rederive(get_block, step)
         # §9.4: the aggregate as stored (its CID is the step record's output, just re-derived)
