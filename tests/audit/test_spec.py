@@ -391,6 +391,10 @@ def test_the_reference_rederives_every_conformance_vector(
     result = ref.audit_round(getter(tmp_path), vector["record"])
     assert ref.cid_text(result.output) == vector["output"]
     assert result.record["coordinator"] == vector["coordinator"]
+    if isinstance(result, ref.SteppedAudit):  # and each step's aggregate, as listed
+        closed = {s["step"]: s["output"] for s in vector["steps"] if "failed" not in s}
+        assert {n: ref.cid_text(a.output) for n, a in result.steps.items()} == closed
+        assert result.failed == {s["step"]: s["failed"] for s in vector["steps"] if "failed" in s}
 
 
 # -- stepped rounds (docs/spec.md section 9) --------------------------------------------------
