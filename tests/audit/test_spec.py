@@ -102,6 +102,7 @@ def gradients(
 def audited(path: Path, done: Round) -> ref.Audit:
     """The reference's audit of ``done``; it must name the record's own output."""
     result = ref.audit_round(getter(path), str(done.record_cid))
+    assert isinstance(result, ref.Audit)
     assert ref.cid_text(result.output) == str(done.record.output.to_v1())
     return result
 

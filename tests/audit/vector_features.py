@@ -189,8 +189,8 @@ async def _describe_stepped(
             steps.append({"step": entry.step, "failed": entry.failed})
             continue
         _, step = await fetch_step_record(node, entry.record, entry.step)
-        covers, _ = await describe_aggregation(node, step)
-        steps.append({"step": entry.step, "selectors": list(step.tensors), **covers})
+        step_covers, _ = await describe_aggregation(node, step)
+        steps.append({"step": entry.step, "selectors": list(step.tensors), **step_covers})
     model = await GradientStore(node).get(record.output)
     closed = [s for s in steps if "failed" not in s]
     covers: dict[str, Any] = {
