@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -73,20 +75,59 @@ def test_put_with_a_residual_file_feeds_back_what_was_left_out(cli: Cli, tmp_pat
         assert saved[name].tobytes() == left[name].tobytes()
 
 
+@pytest.mark.parametrize("command", ["put", "peer publish"])
 @pytest.mark.parametrize(
-    ("argv", "match"),
+    ("spec", "match"),
     [
-        (["--compress", "zstd"], "unknown codec"),
-        (["--residual", "r.npz"], "add --compress"),
-        (["--compress", "topk:2"], "ratio"),
+        ("zstd", "unknown codec 'zstd'"),
+        ("topk:2", "the ratio must be in (0, 1], got 2"),
+        ("int8:0", "block"),
+        ("", "non-empty"),
     ],
 )
-def test_bad_compression_options_are_one_error_line(
-    cli: Cli, tmp_path: Path, argv: list[str], match: str
+def test_a_malformed_compress_spec_is_a_usage_error_before_anything_is_read(
+    cli: Cli, tmp_path: Path, command: str, spec: str, match: str
 ) -> None:
+    """Exit 2, as the README's table says of a malformed value, with argparse's usage and
+    the option named; the gradient (missing here), the job file and the node are not read."""
+    missing = tmp_path / "missing.npz"
+    job = ["--config", tmp_path / "job.toml", "--key", tmp_path / "k", "--round", "0"]
+    argv = [*command.split(), missing, *(job if command != "put" else [])]
+    r = cli(*argv, "--compress", spec, "--local", tmp_path / "node")
+    assert (r.code, r.out) == (2, ""), r.err
+    assert r.err.startswith(f"usage: gradstore {command} ")
+    last = r.err.splitlines()[-1]
+    assert last.startswith(f"gradstore {command}: error: argument --compress: "), last
+    assert match in last
+    assert not (tmp_path / "node").exists()
+
+
+def test_a_residual_without_compress_is_a_usage_error(cli: Cli, tmp_path: Path) -> None:
     src = write_npz(tmp_path / "g.npz", **_floats())
-    line = cli("put", src, *argv, "--local", tmp_path / "node").one_error_line()
-    assert match in line
+    r = cli("put", src, "--residual", tmp_path / "r.npz", "--local", tmp_path / "node")
+    assert "add --compress" in r.one_error_line(2)
+
+
+def test_put_compress_starts_openblas_with_one_thread(tmp_path: Path) -> None:
+    """--compress is checked while the command line is parsed, which loads NumPy: put still
+    starts its BLAS with one thread (it does no linear algebra), as without --compress."""
+    code = (
+        "import os, sys\n"
+        "from gradstore.cli import main\n"
+        "assert main(['put', sys.argv[1], '--compress', 'int8', '--local', sys.argv[2]]) == 0\n"
+        "print(os.environ.get('OPENBLAS_NUM_THREADS'))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    src = write_npz(tmp_path / "g.npz", **_floats())
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(src), str(tmp_path / "node")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=True,
+    )
+    assert proc.stdout.splitlines()[-1] == "1"
 
 
 def test_integer_tensors_cannot_be_compressed(cli: Cli, tmp_path: Path) -> None:
