@@ -56,6 +56,39 @@ def test_put_compressed_stores_the_compressed_document(
     assert r.code == 0 and "decompressed" in r.err
 
 
+def test_inspect_says_how_many_elements_each_topk_tensor_kept(cli: Cli, tmp_path: Path) -> None:
+    """topk:0.015 is k=61 of every 4096-element chunk: the header's k, not what a tensor
+    kept (issue 24: "k=61 for a tensor that kept 10"). Each tensor's own count is listed,
+    and it is what decompressing gives back."""
+    rng = np.random.default_rng(SEED)
+    arrays = {  # one short chunk; one short chunk of 10; a whole chunk and a short one
+        "fc.weight": rng.standard_normal((10, 64)).astype(np.float32),
+        "fc.bias": rng.standard_normal(10).astype(np.float32),
+        "big": rng.standard_normal(5000).astype(np.float32),
+    }
+    src, node = write_npz(tmp_path / "g.npz", **arrays), tmp_path / "node"
+    cid = cli("put", src, "--compress", "topk:0.015", "--local", node).line
+    text = cli("inspect", cid, "--local", node).out.splitlines()
+    assert "(topk:chunk=4096,k=61," in text[0]
+    assert text[1].split() == ["name", "dtype", "shape", "kept", "bytes"]
+    rows = {line.split()[0]: line for line in text[2:]}
+    assert " 10 of 640 " in rows["fc.weight"] and " 1 of 10 " in rows["fc.bias"]
+    assert " 75 of 5000 " in rows["big"]  # 61 + ceil(61 * 904 / 4096)
+    info = json.loads(cli("inspect", cid, "--local", node, "--json").out)
+    kept = {t["name"]: (t["kept"], t["elements"]) for t in info["tensors"]}
+    assert kept == {"big": (75, 5000), "fc.bias": (1, 10), "fc.weight": (10, 640)}
+    assert cli("get", cid, "-o", tmp_path / "back.npz", "--local", node, "--float64").code == 0
+    with np.load(tmp_path / "back.npz") as back:
+        assert {n: int(np.count_nonzero(back[n])) for n in back.files} == {
+            n: k for n, (k, _) in kept.items()
+        }
+    # a dense codec keeps every element: no column, and its JSON counts them all
+    dense = cli("put", src, "--compress", "int8", "--local", node).line
+    assert "kept" not in cli("inspect", dense, "--local", node).out
+    info = json.loads(cli("inspect", dense, "--local", node, "--json").out)
+    assert all(t["kept"] == t["elements"] for t in info["tensors"])
+
+
 def test_put_with_a_residual_file_feeds_back_what_was_left_out(cli: Cli, tmp_path: Path) -> None:
     node, residual = tmp_path / "node", tmp_path / "me.residual"
     first, second = _floats(1), _floats(2)
