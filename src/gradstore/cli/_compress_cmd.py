@@ -12,8 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..compress import compress, load_residual, parse_spec, save_residual, with_feedback
-from ..errors import CompressionError
 from ..format import CompressedGradient, Gradient
+from ._exit import UsageError
 
 
 def residual_next_to_key(key: str | Path, job: str, step: str | None = None) -> Path:
@@ -40,7 +40,7 @@ def compressed_update(
     one)."""
     if spec is None:
         if residual is not None:
-            raise CompressionError("--residual keeps what compression leaves out: add --compress")
+            raise UsageError("--residual keeps what compression leaves out: add --compress")
         return gradient, lambda: None
     codec = parse_spec(spec)
     path = Path(residual) if residual is not None else default_residual
