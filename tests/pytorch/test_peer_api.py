@@ -11,7 +11,7 @@ from gradstore.format import Gradient
 from gradstore.job import parse_job
 from gradstore.messages import SigningKey
 from gradstore.torch import TorchPeer, named_parameters, snapshot
-from gradstore.torch._peer import _matched
+from gradstore.torch._params import matched as _matched
 
 KEY = SigningKey.from_seed(bytes([7]) * 32)
 CONFIG = parse_job(

@@ -8,8 +8,10 @@ copies CUDA tensors to the host; ``from_gradient`` gives CPU tensors back.
 :class:`TorchPeer` publishes a model's ``.grad`` (or its delta) for a round and writes
 the round's aggregate back, with a synchronous face for loops that do not use asyncio.
 :func:`steps_from_module` derives a job's ``[[steps]]`` from a model (one per top-level child,
-or buckets by size), and :class:`StepStream` hands out each step's gradients while
-``loss.backward()`` still runs.
+or buckets by size), :class:`StepStream` hands out each step's gradients while
+``loss.backward()`` still runs, and ``TorchPeer.streaming`` (:class:`StreamedRound` for
+asyncio) puts and announces each as it comes and applies each step's aggregate as it
+arrives.
 """
 
 try:
@@ -20,15 +22,20 @@ except ImportError:
     raise MissingExtraError("torch", "gradstore.torch (PyTorch tensors)") from None
 
 from ._convert import CODES, from_gradient, numpy_to_tensor, tensor_to_numpy, to_gradient
-from ._peer import TorchPeer, named_parameters, snapshot
+from ._params import named_parameters, snapshot
+from ._peer import TorchPeer
 from ._steps import steps_from_module, steps_toml
 from ._stream import ReadyStep, StepStream, StepStreamError
+from ._streamed import StepsFailedError, StreamedRound, SyncStreamedRound
 
 __all__ = [
     "CODES",
     "ReadyStep",
     "StepStream",
     "StepStreamError",
+    "StepsFailedError",
+    "StreamedRound",
+    "SyncStreamedRound",
     "TorchPeer",
     "from_gradient",
     "named_parameters",

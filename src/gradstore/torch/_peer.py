@@ -20,7 +20,7 @@ and a federated one (each peer trains locally, the job averages the model deltas
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -34,26 +34,11 @@ from ..job import JobConfig, load_job
 from ..messages import SigningKey
 from ..node import Node, connect
 from ..peer import AggregateResult, Peer
-from ._convert import numpy_to_tensor, to_gradient
+from ._convert import to_gradient
+from ._params import Parameters, matched, named_parameters, same_names, write_grads
+from ._streamed import StreamedRound, SyncStreamedRound
 
 T = TypeVar("T")
-
-#: What gradients are taken from: a module, or its ``named_parameters()``-like pairs.
-Parameters = torch.nn.Module | Iterable[tuple[str, torch.Tensor]]
-
-
-def named_parameters(model: Parameters) -> dict[str, torch.Tensor]:
-    """The trainable parameters by name (``requires_grad``), in the module's order."""
-    pairs = model.named_parameters() if isinstance(model, torch.nn.Module) else model
-    params = {name: p for name, p in pairs if p.requires_grad}
-    if not params:
-        raise ValueError("the model has no trainable parameters")
-    return params
-
-
-def snapshot(model: Parameters) -> dict[str, torch.Tensor]:
-    """A copy of the trainable parameters: the base a federated round's delta is taken from."""
-    return {name: p.detach().clone() for name, p in named_parameters(model).items()}
 
 
 class TorchPeer:
@@ -148,6 +133,13 @@ class TorchPeer:
         """Store ``gradient`` (pinned), announce it for ``round_``, wait for the acknowledgement."""
         return self._run(lambda p: p.publish(gradient, round_, num_samples, timeout=self.timeout))
 
+    def publish_steps(self, gradient: Gradient, round_: int, num_samples: int) -> dict[str, CID]:
+        """Store and announce each of this peer's steps of a whole ``gradient`` (a stepped
+        job's, after backward), wait for each acknowledgement; each step's CID by name."""
+        return self._run(
+            lambda p: p.publish_steps(gradient, round_, num_samples, timeout=self.timeout)
+        )
+
     def await_result(self, round_: int) -> AggregateResult:
         """The round's aggregate, verified against the coordinator's signature and its CID."""
         return self._run(lambda p: p.await_result(round_, timeout=self.timeout))
@@ -166,17 +158,32 @@ class TorchPeer:
     def await_grads(self, model: Parameters, round_: int) -> AggregateResult:
         """Await the round's aggregate and write it into each parameter's ``.grad``."""
         result = self.await_result(round_)
-        params = named_parameters(model)
-        for _, p, value in _matched(params, result.gradient):
-            if p.grad is None:
-                p.grad = torch.empty_like(p)
-            p.grad.copy_(value)  # to the parameter's device and dtype
+        write_grads(named_parameters(model), result.gradient, "round's aggregate")
         return result
 
     def sync_grads(self, model: Parameters, round_: int, num_samples: int) -> AggregateResult:
         """publish_grads, then await_grads: after it, ``.grad`` is the round's aggregate."""
         self.publish_grads(model, round_, num_samples)
         return self.await_grads(model, round_)
+
+    def streaming(self, model: Parameters, round_: int, num_samples: int) -> SyncStreamedRound:
+        """A stepped job's data-parallel round streamed out of backward::
+
+            with peer.streaming(model, round_, num_samples=len(x)):
+                loss_fn(model(x), y).backward()   # each step put and announced when ready
+            optimizer.step()                      # .grad := each step's aggregate
+
+        Each step this peer is in is stored and announced as soon as autograd has its
+        gradients; each step's aggregate (every step's, this peer's or not) is written into
+        its parameters' ``.grad`` as it arrives, and leaving the block waits until all are.
+        ``StepsFailedError`` if steps failed: the others are applied, the failed ones'
+        ``.grad`` is None. The result is bit for bit ``sync_grads``'s for element-wise
+        methods; L2 clipping and krum see each step apart.
+        """
+        if self._loop is None or self._peer is None:
+            raise CoordinatorError("use the TorchPeer as `with TorchPeer(...) as peer` (or open())")
+        inner = StreamedRound(self._peer, model, round_, num_samples, timeout=self.timeout)
+        return SyncStreamedRound(self._loop, inner)
 
     # -- federated: model deltas ------------------------------------------------------------
 
@@ -185,7 +192,7 @@ class TorchPeer:
     ) -> CID:
         """Publish ``parameter - base`` for every trainable parameter (what local training moved)."""
         params = named_parameters(model)
-        _same_names(params, base, "base")
+        same_names(params, base, "base")
         delta = {name: p.detach() - base[name].to(p.device) for name, p in params.items()}
         return self.publish(to_gradient(delta, {"kind": "delta"}), round_, num_samples)
 
@@ -195,9 +202,9 @@ class TorchPeer:
         """Await the round's aggregate delta and set each parameter to ``base + delta``."""
         result = self.await_result(round_)
         params = named_parameters(model)
-        _same_names(params, base, "base")
+        same_names(params, base, "base")
         with torch.no_grad():
-            for name, p, value in _matched(params, result.gradient):
+            for name, p, value in matched(params, result.gradient):
                 p.copy_(base[name].to(p.device) + value.to(p.device, p.dtype))
         return result
 
@@ -207,28 +214,3 @@ class TorchPeer:
         """publish_delta, then apply_delta: after it, the parameters are the round's model."""
         self.publish_delta(model, base, round_, num_samples)
         return self.apply_delta(model, base, round_)
-
-
-def _same_names(params: Mapping[str, Any], other: Mapping[str, Any], what: str) -> None:
-    if params.keys() != other.keys():
-        missing = sorted(params.keys() - other.keys())
-        extra = sorted(other.keys() - params.keys())
-        raise ValueError(
-            f"the model's parameters and the {what} differ (missing {missing}, extra {extra})"
-        )
-
-
-def _matched(
-    params: Mapping[str, torch.Tensor], aggregate: Gradient
-) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
-    """(name, parameter, aggregate tensor) for every parameter; the aggregate must match exactly."""
-    _same_names(params, aggregate.tensors, "round's aggregate")
-    out = []
-    for name, p in params.items():
-        value = numpy_to_tensor(aggregate.tensors[name], name)
-        if tuple(value.shape) != tuple(p.shape):
-            raise ValueError(
-                f"parameter {name!r} has shape {tuple(p.shape)}, the aggregate {tuple(value.shape)}"
-            )
-        out.append((name, p, value))
-    return out

@@ -22,7 +22,7 @@ import torch
 from ..format import name_problem
 from ..job import MAX_STEPS
 from ..messages.schema import JOB_NAME
-from ._peer import Parameters, named_parameters
+from ._params import Parameters, named_parameters
 
 #: DDP's default bucket size (``bucket_cap_mb=25``, in MiB).
 BUCKET_BYTES: Final = 25 * 2**20

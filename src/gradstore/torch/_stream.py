@@ -26,7 +26,7 @@ from torch.utils.hooks import RemovableHandle
 
 from ..errors import GradstoreError
 from ..job import StepConfig, StepsPlan
-from ._peer import Parameters, named_parameters
+from ._params import Parameters, named_parameters
 
 
 class StepStreamError(GradstoreError, RuntimeError):
