@@ -1,0 +1,300 @@
+"""TorchPeer.streaming on real Kubo with a real coordinator (issue 19 part 7): two peers
+stream a stepped round out of backward. Each step is announced while backward still runs
+(the output layer's before backward reaches the first layer), each step's aggregate lands in
+``.grad`` bit for bit as a whole-gradient ``sync_grads`` of the same model and batches puts it
+there, and a failed step leaves its parameters' ``.grad`` None while the others are applied."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from gradstore.coordinator import Coordinator
+from gradstore.errors import MessageError, StepError
+from gradstore.job import JobConfig, parse_job
+from gradstore.messages import Announce, SigningKey, decode_message
+from gradstore.node import KuboDaemon, LocalNode
+from gradstore.peer import Peer
+from gradstore.torch import StepsFailedError, StreamedRound, TorchPeer, steps_from_module
+
+pytestmark = [pytest.mark.kubo, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+SEED = 11
+LR = 0.5
+SPLIT = (28, 20, 16)  #: each peer's share of the batch
+COORD = SigningKey.from_seed(bytes([90]) * 32)
+KEYS = sorted((SigningKey.from_seed(bytes([91 + i]) * 32) for i in range(3)), key=lambda k: k.did)
+
+
+def mlp() -> nn.Sequential:
+    """Three Linear layers (steps "4", "2", "0" by children), the same weights every call."""
+    model = nn.Sequential(
+        nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 3)
+    )
+    g = torch.Generator().manual_seed(SEED)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.rand(p.shape, generator=g) - 0.5)
+    return model
+
+
+def batch(index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Peer ``index``'s share of one fixed batch (``SPLIT``)."""
+    g = torch.Generator().manual_seed(SEED + 1)
+    x, y = torch.randn(sum(SPLIT), 8, generator=g), torch.randint(0, 3, (sum(SPLIT),), generator=g)
+    lo = sum(SPLIT[:index])
+    return x[lo : lo + SPLIT[index]], y[lo : lo + SPLIT[index]]
+
+
+def job(name: str, method: str, *, steps: list[dict[str, Any]] | None, rounds: int = 1,
+        peers: int = 2) -> JobConfig:  # fmt: skip
+    raw: dict[str, Any] = {
+        "job": f"{name}-{os.getpid()}-{time.monotonic_ns()}",
+        "coordinator": COORD.did,
+        "peers": [k.did for k in KEYS[:peers]],
+        "aggregation": {"method": method},
+        "rounds": {"count": rounds, "quorum": min(peers, 3), "deadline_s": 60},
+    }
+    if steps is not None:
+        raw["steps"] = steps
+    return parse_job(raw)
+
+
+@contextlib.contextmanager
+def coordinator(daemon: KuboDaemon, config: JobConfig, state: Path) -> Iterator[None]:
+    """The real Coordinator on its own event loop and thread, until its rounds are done."""
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+    failed: list[BaseException] = []
+
+    async def main() -> None:
+        async with daemon.node() as node:
+            c = Coordinator(config, COORD, node, state, rebroadcast_s=0.5, linger_s=0)
+            await c.run(stop)
+
+    def target() -> None:
+        try:
+            loop.run_until_complete(main())
+        except BaseException as exc:  # raised in the test's thread below
+            failed.append(exc)
+
+    thread = threading.Thread(target=target, name="test-coordinator")
+    thread.start()
+    try:
+        yield
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(60)
+        loop.close()
+    if failed:
+        raise failed[0]
+
+
+def peers(fn: Callable[[int], Any], n: int = 2) -> list[Any]:
+    """``fn(i)`` for each peer, all at once (each in a thread, as separate processes would)."""
+    with ThreadPoolExecutor(n) as pool:
+        runs = [pool.submit(fn, i) for i in range(n)]
+        return [run.result(timeout=300) for run in runs]
+
+
+def grads(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+def train(daemon: KuboDaemon, config: JobConfig, index: int, *, streamed: bool,
+          rounds: int) -> list[dict[str, torch.Tensor]]:  # fmt: skip
+    """One peer's loop: each round's ``.grad`` after the sync, then the final parameters."""
+    model, (x, y) = mlp(), batch(index)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    after: list[dict[str, torch.Tensor]] = []
+    with TorchPeer(config, KEYS[index], api=daemon.api_url, timeout=120,
+                   first_backoff_s=0.5) as peer:  # fmt: skip
+        for round_ in range(rounds):
+            optimizer.zero_grad()
+            if streamed:
+                with peer.streaming(model, round_, num_samples=len(x)) as s:
+                    nn.functional.cross_entropy(model(x), y).backward()
+                assert sorted(s.results) == sorted(st.name for st in config.steps)
+            else:
+                nn.functional.cross_entropy(model(x), y).backward()
+                peer.sync_grads(model, round_, num_samples=len(x))
+            after.append(grads(model))
+            optimizer.step()
+    after.append({name: p.detach().clone() for name, p in model.named_parameters()})
+    return after
+
+
+@pytest.mark.parametrize("method", ["fedavg", "median"])
+def test_a_streamed_round_is_bit_identical_to_a_whole_gradient_sync(
+    kubo: KuboDaemon, tmp_path: Path, method: str
+) -> None:
+    rounds = 2
+    steps = steps_from_module(mlp())
+    assert [s["name"] for s in steps] == ["4", "2", "0"]  # three steps, output side first
+    runs = {}
+    for streamed, config in (
+        (False, job("whole", method, steps=None, rounds=rounds, peers=3)),
+        (True, job("steps", method, steps=steps, rounds=rounds, peers=3)),
+    ):
+        with coordinator(kubo, config, tmp_path / f"state-{streamed}"):
+            run = partial(train, kubo, config, streamed=streamed, rounds=rounds)
+            runs[streamed] = peers(run, 3)
+    local = grads(_backward(mlp(), *batch(0)))
+    for i in range(3):
+        whole, streamed = runs[False][i], runs[True][i]
+        assert len(whole) == len(streamed) == rounds + 1
+        for k, (want, got) in enumerate(zip(whole, streamed, strict=True)):
+            assert want.keys() == got.keys() and len(want) == 6
+            for name in want:
+                assert torch.equal(want[name], got[name]), f"peer {i}, {k}: {name} differs"
+    # not vacuous: the aggregate replaced the local gradient, and every peer holds it
+    assert all(not torch.equal(local[n], runs[True][0][0][n]) for n in local)
+    assert all(torch.equal(runs[True][0][0][n], runs[True][i][0][n]) for n in local for i in (1, 2))
+
+
+def _backward(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> nn.Module:
+    nn.functional.cross_entropy(model(x), y).backward()
+    return model
+
+
+class Announcements:
+    """Every announcement on a job's gradients topic, heard on the node in its own thread."""
+
+    def __init__(self, daemon: KuboDaemon, topic: str) -> None:
+        self.daemon, self.topic = daemon, topic
+        self.heard: list[tuple[float, Announce]] = []
+        self.news = threading.Condition()
+        self._loop = asyncio.new_event_loop()
+        self._stop = asyncio.Event()
+        self._subscribed = threading.Event()
+        self._thread = threading.Thread(target=self._loop.run_until_complete, args=(self._watch(),))
+
+    def __enter__(self) -> Announcements:
+        self._thread.start()
+        assert self._subscribed.wait(30), "the watcher never subscribed"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(30)
+        self._loop.close()
+
+    async def _watch(self) -> None:
+        async with self.daemon.node() as node, node.subscribe(self.topic) as sub:
+            self._subscribed.set()
+            while not self._stop.is_set():
+                try:
+                    msg = await sub.get(timeout=0.2)
+                except TimeoutError:
+                    continue
+                with contextlib.suppress(MessageError):
+                    announce = decode_message(msg.data)
+                    if isinstance(announce, Announce):
+                        with self.news:
+                            self.heard.append((time.monotonic(), announce))
+                            self.news.notify_all()
+
+    def wait_for(self, peer: str, step: str, timeout: float) -> bool:
+        """Whether ``peer``'s announcement of ``step`` is heard within ``timeout`` seconds."""
+
+        def seen() -> bool:
+            return any(a.peer == peer and a.step == step for _, a in self.heard)
+
+        with self.news:
+            return self.news.wait_for(seen, timeout)
+
+
+def test_the_output_step_is_announced_before_backward_reaches_the_first_layer(
+    kubo: KuboDaemon, tmp_path: Path
+) -> None:
+    config = job("early", "fedavg", steps=steps_from_module(mlp()))
+    head = config.steps[0].name
+    assert head == "4"
+
+    def one(index: int, heard: Announcements) -> tuple[bool, bool, dict[str, float]]:
+        model, (x, y) = mlp(), batch(index)
+        first = model[0]
+        found: dict[str, bool] = {}
+
+        def at_first_layer(grad: torch.Tensor) -> None:
+            # autograd's thread, about to compute the first layer's gradients: wait here,
+            # holding backward up, until this peer's output step is on the wire
+            found["announced"] = heard.wait_for(KEYS[index].did, head, timeout=30)
+            found["first layer untouched"] = first.weight.grad is None
+
+        with (
+            TorchPeer(config, KEYS[index], api=kubo.api_url, timeout=120, first_backoff_s=0.5) as peer,
+            peer.streaming(model, 0, num_samples=len(x)) as s,
+        ):  # fmt: skip
+            hidden = first(x)
+            hidden.register_hook(at_first_layer)
+            nn.functional.cross_entropy(model[1:](hidden), y).backward()
+        return found["announced"], found["first layer untouched"], s.ready_at
+
+    with Announcements(kubo, config.gradients_topic) as heard, coordinator(kubo, config, tmp_path):
+        outcomes = peers(lambda i: one(i, heard))
+    for announced, untouched, ready_at in outcomes:
+        assert untouched
+        assert announced, "the output step was not announced while backward ran"
+        assert list(ready_at) == ["4", "2", "0"]  # handed out of backward in its order
+
+
+def test_a_failed_step_leaves_its_grad_none_and_the_others_applied(
+    kubo: KuboDaemon, tmp_path: Path
+) -> None:
+    """Step "4" needs all three peers and the third never comes: it fails at its deadline;
+    steps "2" and "0" (the two peers) close and are applied on both."""
+    steps = steps_from_module(mlp())
+    two = [k.did for k in KEYS[:2]]
+    steps[0].update(quorum=3, deadline_s=3.0)
+    for s in steps[1:]:
+        s["peers"] = two
+    config = job("failed", "fedavg", steps=steps, peers=3)
+
+    def one(index: int) -> tuple[StepsFailedError, nn.Module, dict[str, torch.Tensor]]:
+        model, (x, y) = mlp(), batch(index)
+        with (
+            TorchPeer(config, KEYS[index], api=kubo.api_url, timeout=120, first_backoff_s=0.5) as peer,
+            pytest.raises(StepsFailedError) as caught,
+            peer.streaming(model, 0, num_samples=len(x)),
+        ):  # fmt: skip
+            nn.functional.cross_entropy(model(x), y).backward()
+        return caught.value, model, grads(_backward(mlp(), x, y))
+
+    with coordinator(kubo, config, tmp_path):
+        outcomes = peers(one)
+    for error, model, local in outcomes:
+        assert list(error.failed) == ["4"] and error.step == "4"
+        assert sorted(error.results) == ["0", "2"]
+        assert re.search(r"1 step\(s\) failed \(step '4': ", str(error)), str(error)
+        assert model[4].weight.grad is None and model[4].bias.grad is None
+        applied = grads(model)
+        assert sorted(applied) == ["0.bias", "0.weight", "2.bias", "2.weight"]
+        n = sum(SPLIT[:2])
+        for name, value in applied.items():
+            mean = (SPLIT[0] * outcomes[0][2][name] + SPLIT[1] * outcomes[1][2][name]) / n
+            assert torch.allclose(value, mean, atol=1e-6), name
+            assert not torch.equal(value, local[name])  # the aggregate, not the local gradient
+    assert all(torch.equal(outcomes[0][1].get_parameter(n).grad, outcomes[1][1].get_parameter(n).grad)
+               for n in ("0.weight", "2.weight"))  # fmt: skip
+
+
+def test_streaming_needs_a_stepped_job(tmp_path: Path) -> None:
+    config = job("flat", "fedavg", steps=None)
+    peer = Peer(config, LocalNode(tmp_path), KEYS[0])
+    with pytest.raises(StepError, match="has no \\[\\[steps\\]\\]: there is nothing to stream"):
+        StreamedRound(peer, mlp(), 0, 10)
