@@ -6,6 +6,7 @@ there, and a failed step leaves its parameters' ``.grad`` None while the others 
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import contextlib
 import os
@@ -24,11 +25,17 @@ from torch import nn
 
 from gradstore.coordinator import Coordinator
 from gradstore.errors import MessageError, StepError
-from gradstore.job import JobConfig, parse_job
+from gradstore.job import JobConfig, load_job, parse_job
 from gradstore.messages import Announce, SigningKey, decode_message
 from gradstore.node import KuboDaemon, LocalNode
 from gradstore.peer import Peer
-from gradstore.torch import StepsFailedError, StreamedRound, TorchPeer, steps_from_module
+from gradstore.torch import (
+    StepsFailedError,
+    StreamedRound,
+    TorchPeer,
+    steps_from_module,
+    steps_toml,
+)
 
 pytestmark = [pytest.mark.kubo, pytest.mark.slow]
 
@@ -298,3 +305,35 @@ def test_streaming_needs_a_stepped_job(tmp_path: Path) -> None:
     peer = Peer(config, LocalNode(tmp_path), KEYS[0])
     with pytest.raises(StepError, match="has no \\[\\[steps\\]\\]: there is nothing to stream"):
         StreamedRound(peer, mlp(), 0, 10)
+
+
+def test_the_frameworks_page_streaming_example_runs_as_written(
+    kubo: KuboDaemon, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """docs/frameworks.md's example, read from the page and run in a folder holding the
+    job file it names (one peer, its model's steps) and alice.key, the node in $GRADSTORE_API."""
+    page = (ROOT / "docs" / "frameworks.md").read_text()
+    section = page.split("\n### Streaming a round out of backward\n", 1)[1]
+    example = re.search(r"^```python\n(.*?)^```$", section, re.S | re.M)
+    assert example is not None, "the section has no python example"
+    code = example.group(1)
+    namespace: dict[str, Any] = {"__name__": "example"}
+    model = nn.Sequential(
+        nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10)
+    )
+    alice = KEYS[0]
+    (tmp_path / "job.toml").write_text(
+        f'job = "example-{os.getpid()}-{time.monotonic_ns()}"\ncoordinator = "{COORD.did}"\n'
+        f'peers = ["{alice.did}"]\n[rounds]\ncount = 3\nquorum = 1\n\n'
+        + steps_toml(steps_from_module(model))
+    )
+    alice.save(tmp_path / "alice.key")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GRADSTORE_API", kubo.api_url)
+    with coordinator(kubo, load_job(tmp_path / "job.toml"), tmp_path / "state"):
+        exec(compile(code, "docs/frameworks.md", "exec"), namespace)
+    lines = capsys.readouterr().out.splitlines()
+    assert [line[:31] for line in lines] == [f"round {r}: steps applied in the " for r in range(3)]
+    assert all(sorted(ast.literal_eval(line.split("order ", 1)[1])) == ["0", "2", "4"] for line in lines)
+    assert all(p.grad is not None for p in namespace["model"].parameters())
