@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from gradstore.coordinator import Coordinator
-from gradstore.errors import MessageError, StepError
+from gradstore.errors import InvalidDocumentError, MessageError, StepError
 from gradstore.job import JobConfig, load_job, parse_job
 from gradstore.messages import Announce, SigningKey, decode_message
 from gradstore.node import KuboDaemon, LocalNode
@@ -340,3 +340,19 @@ def test_the_frameworks_page_streaming_example_runs_as_written(
         sorted(ast.literal_eval(line[len(prefix) - 1 :])) == ["0", "2", "4"] for line in lines
     )
     assert all(p.grad is not None for p in namespace["model"].parameters())
+
+
+def test_a_step_that_cannot_be_sent_is_raised_at_once(kubo: KuboDaemon) -> None:
+    """A gradient gradstore/1 cannot hold (complex64) is raised out of the block as soon as
+    its step comes out of backward, not once the step's deadline has passed."""
+    model = nn.Sequential(nn.Linear(4, 2, dtype=torch.complex64))
+    config = job("complex", "fedavg", steps=steps_from_module(model), peers=1)
+    x = torch.randn(3, 4, dtype=torch.complex64)
+    with TorchPeer(config, KEYS[0], api=kubo.api_url, timeout=120) as peer:
+        started = time.monotonic()
+        with (
+            pytest.raises(InvalidDocumentError, match="complex64"),
+            peer.streaming(model, 0, num_samples=len(x)),
+        ):
+            model(x).abs().square().mean().backward()
+        assert time.monotonic() - started < 10

@@ -133,13 +133,6 @@ class TorchPeer:
         """Store ``gradient`` (pinned), announce it for ``round_``, wait for the acknowledgement."""
         return self._run(lambda p: p.publish(gradient, round_, num_samples, timeout=self.timeout))
 
-    def publish_steps(self, gradient: Gradient, round_: int, num_samples: int) -> dict[str, CID]:
-        """Store and announce each of this peer's steps of a whole ``gradient`` (a stepped
-        job's, after backward), wait for each acknowledgement; each step's CID by name."""
-        return self._run(
-            lambda p: p.publish_steps(gradient, round_, num_samples, timeout=self.timeout)
-        )
-
     def await_result(self, round_: int) -> AggregateResult:
         """The round's aggregate, verified against the coordinator's signature and its CID."""
         return self._run(lambda p: p.await_result(round_, timeout=self.timeout))

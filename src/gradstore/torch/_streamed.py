@@ -110,6 +110,7 @@ class StreamedRound:
         self._publishing: dict[str, asyncio.Task[None]] = {}
         self._applying: list[asyncio.Task[None]] = []
         self._listening: asyncio.Task[None] | None = None
+        self._error: Exception | None = None  # the first error publishing a step
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def __aenter__(self) -> StreamedRound:
@@ -156,16 +157,14 @@ class StreamedRound:
         if listening is None:
             raise RuntimeError("start() the StreamedRound first")
         try:
-            while not listening.done():
-                watched = [listening, *(t for t in self._publishing.values() if not t.done())]
-                await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
-                self._raise_publish_errors()
+            await asyncio.wait([listening])  # a publishing error cancels it
+            if self._error is not None:
+                raise self._error
             listening.result()  # TimeoutError, CoordinatorError
             await asyncio.gather(*self._applying)
         except BaseException:
             await self.cancel()
             raise
-        self._raise_publish_errors()
         # every step has ended: an announcement still waiting for its verdict has no more
         # bearing on what this peer applies
         await self._stop(list(self._publishing.values()))
@@ -194,7 +193,7 @@ class StreamedRound:
     def _on_ready(self, ready: ReadyStep) -> None:
         if ready.name in self._mine:
             self._publishing[ready.name] = asyncio.create_task(
-                self._publish(ready), name=f"round-{self.round}-publish-{ready.name}"
+                self._publishing_step(ready), name=f"round-{self.round}-publish-{ready.name}"
             )
         self._ready[ready.name].set()
 
@@ -218,6 +217,16 @@ class StreamedRound:
             self.refused[name] = exc
             log.warning("round %d: %s", self.round, exc)
 
+    async def _publishing_step(self, ready: ReadyStep) -> None:
+        """``_publish``, an error other than a refusal stopping the round: ``wait`` raises it."""
+        try:
+            await self._publish(ready)
+        except Exception as exc:
+            if self._error is None:
+                self._error = exc
+            if self._listening is not None:
+                self._listening.cancel()
+
     async def _listen(self) -> None:
         async for item in self.peer.step_results(self.round, timeout=self.timeout):
             self._applying.append(asyncio.create_task(self._apply(item)))
@@ -239,12 +248,6 @@ class StreamedRound:
         write_grads(params, item.gradient, f"aggregate of step {name!r}")
         self.results[name] = item
         self.applied_at[name] = time.monotonic()
-
-    def _raise_publish_errors(self) -> None:
-        for task in self._publishing.values():
-            error = task.exception() if task.done() and not task.cancelled() else None
-            if error is not None:
-                raise error
 
     @staticmethod
     async def _stop(tasks: list[asyncio.Task[Any]]) -> None:
