@@ -25,7 +25,7 @@ round's figure is its slowest peer's; the table gives medians over --rounds roun
 best, and MB/s of model per median second. ratio = streamed / whole (target <= 0.75).
 
     .venv/bin/python -m benchmarks steps_stream
-    options: --peers 2 --layers 8 --width 1792 --batch 512 --rounds 5 --warmup 1 --json
+    options: --peers 2 --layers 8 --width 1792 --batch 2048 --rounds 5 --warmup 1 --json
 """
 
 from __future__ import annotations
@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peers", type=int, default=2, help="2-4 (default 2)")
     parser.add_argument("--layers", type=int, default=8, help="Linear layers = steps (default 8)")
     parser.add_argument("--width", type=int, default=1792)
-    parser.add_argument("--batch", type=int, default=512)
+    parser.add_argument("--batch", type=int, default=2048)
     parser.add_argument("--rounds", type=int, default=5, help="counted rounds per side")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, default=None,

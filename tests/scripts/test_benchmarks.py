@@ -3,6 +3,7 @@ importing the shared helpers as a package with no ``sys.path`` edits (issue 26).
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -75,3 +76,16 @@ def test_benchmarks_with_child_processes_run_at_their_smallest_size(kubo_binary,
     done = _runner(name, *args, "--kubo", str(kubo_binary), "--json", timeout=600)
     assert done.returncode == 0, done.stderr
     assert done.stdout.lstrip().startswith("{"), done.stdout
+
+
+@pytest.mark.slow
+def test_steps_stream_runs_at_its_smallest_size(kubo_binary):
+    """Its peers are spawned processes, its coordinators a thread: every side plays a round."""
+    done = _runner(
+        "steps_stream", "--width", "64", "--batch", "32", "--rounds", "1", "--warmup", "0",
+        "--kubo", str(kubo_binary), "--json", timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert sorted(data["sides"]) == ["stepped", "streamed", "whole"]
+    assert data["ratio"] > 0 and data["bytes"] == 8 * (64 * 64 + 64) * 4
