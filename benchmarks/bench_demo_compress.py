@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
-"""The demo with and without compression, same settings, side by side: bytes moved, accuracy.
+"""The demo with and without compression, same settings, side by side: input bytes, accuracy.
 
 Each configuration runs `gradstore demo` on one freshly started Kubo daemon (or --local)
 for every seed: once uncompressed and once with its compression spec, everything else
-equal (seed, peers, rounds, model). Each run's --summary-json gives ``bytes_moved`` (the
+equal (seed, peers, rounds, model). Each run's --summary-json gives ``input_bytes`` (the
 bytes of all documents the peers stored over the run) and ``accuracy`` (held-out, after
 the last round). A seed changes the data split, the initialisation and local SGD, and the
 accuracy of one seed is noisy (the held-out set is 359 images, 0.28 points each, and the
 uncompressed runs alone span about 3 points across seeds), so each row reports the mean
-and the worst difference over the seeds. Targets: at least 50x fewer bytes_moved, and the
+and the worst difference over the seeds. Targets: at least 50x fewer input_bytes, and the
 mean accuracy over the seeds within 2 points of the uncompressed runs' mean.
 
     .venv/bin/python -m benchmarks demo_compress [--seeds 0-7] [--rounds 20]
@@ -112,7 +112,7 @@ def main() -> None:
     rows = []
     out = []
     for (mode, model, extra), spec, runs in results:
-        ratios = [p["bytes_moved"] / c["bytes_moved"] for _, p, c in runs]
+        ratios = [p["input_bytes"] / c["input_bytes"] for _, p, c in runs]
         points = [100 * (c["accuracy"] - p["accuracy"]) for _, p, c in runs]
         plain_acc = statistics.mean(p["accuracy"] for _, p, _ in runs)
         packed_acc = statistics.mean(c["accuracy"] for _, _, c in runs)

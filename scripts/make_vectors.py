@@ -4,6 +4,8 @@
 Each vector is one round built by the coordinator's own code (tests/audit/rounds.py) on a
 LocalNode, exported as a CAR v1 whose root is the signed round record and whose blocks are
 the record, every input document and the aggregate (and, for a chain, the rounds before).
+A stepped round (tests/audit/stepped.py) holds its round/5 record, every step record with
+its inputs and aggregate, and the model-level document.
 Everything is fixed (seeds, keys, sent_at), so running this again gives the same bytes:
 
     python -m scripts.make_vectors            # rewrite tests/vectors/
@@ -32,10 +34,11 @@ from typing import Any, Final
 
 import numpy as np
 
-from gradstore.audit import fetch_record
+from gradstore.audit import fetch_any_record, fetch_step_record
 from gradstore.dag import CID, block_links, write_car
 from gradstore.dag.block import Block
 from gradstore.format import Gradient, numpy_dtype
+from gradstore.messages import RoundRecord, SteppedRoundRecord, StepRecord
 from gradstore.node import LocalNode
 
 try:  # the round builders live with the tests
@@ -48,7 +51,8 @@ try:  # the round builders live with the tests
         legacy_round,
         signed_round,
     )
-    from tests.audit.vector_features import describe
+    from tests.audit.stepped import Model, Stepped, stepped_round
+    from tests.audit.vector_features import describe, step_outputs
 except ModuleNotFoundError as error:  # run as a file: the repository root is not on the path
     if error.name != "tests":
         raise
@@ -64,7 +68,7 @@ FORMAT: Final = "gradstore/conformance-vectors/1"
 #: of 8 and 16 elements end part-way through it).
 SMALL: Final = {"layer.weight": (4, 6), "layer.bias": (6,)}
 
-Build = Callable[[LocalNode], Awaitable[Round]]
+Build = Callable[[LocalNode], Awaitable[Round | Stepped]]
 
 
 @dataclass(frozen=True)
@@ -218,6 +222,38 @@ def _chain() -> Build:
         return await signed_round(
             node, normal("chain/1", 3), [4, 4, 4], "mean", round_=1, prev=first.record_cid
         )
+
+    return build
+
+
+def _stepped_model() -> Model:
+    """Three steps of other methods over five peers (the last step over three of them), with
+    a bfloat16 and a float16 tensor and input clipping in the median step."""
+    every = peers(5)
+    some = every[0::2]
+    return Model(
+        shapes={"head.weight": (4, 6), "head.bias": (4,), "body.weight": (6, 5),
+                "body.norm": (5,), "embed.table": (10, 5)},
+        dtypes={"body.norm": dtype("bfloat16"), "embed.table": dtype("float16")},
+        peers=5,
+        steps=(
+            {"name": "head", "tensors": ["head.*"], "method": "krum", "byzantine": 1},
+            {"name": "body", "tensors": ["body.weight", "body.norm"], "method": "median",
+             "clip_input_norm": 4.0},
+            {"name": "embed", "tensors": ["embed.*"], "method": "weighted", "peers": some,
+             "weights": dict(zip(some, [0.5, 2.0, 1.25], strict=True))},
+        ),
+    )  # fmt: skip
+
+
+def _stepped(
+    model: Model, failed: dict[str, str] | None = None, after_round4: bool = False
+) -> Build:
+    async def build(node: LocalNode) -> Stepped:
+        if not after_round4:
+            return await stepped_round(node, model=model, failed=failed)
+        first = await signed_round(node, normal("steps/round-0", 3), [10, 20, 30], "mean")
+        return await stepped_round(node, 1, first.record_cid, model=model, failed=failed)
 
     return build
 
@@ -451,6 +487,20 @@ def vectors() -> list[Vector]:
             clip_input_norm=40.0,
         ),
     )
+    # stepped rounds (docs/spec.md section 9): round/5 records, their step records and
+    # model-level documents
+    add(
+        "steps-three-methods",
+        "a round/5 record of three steps: krum, median with clip_input_norm (a bfloat16 "
+        "tensor), weighted over three of the five peers (float16); the model-level document",
+        _stepped(_stepped_model()),
+    )
+    add(
+        "steps-failed-step-after-round4",
+        "round 1 of a chain whose round 0 is a round/4 record: a round/5 record of three steps "
+        "(fedavg, mean), the middle one failed, so the model holds the other two steps' tensors",
+        _stepped(Model(), {"mid": "quorum not met: 1 of 3 peers by the deadline"}, True),
+    )
     return v
 
 
@@ -469,6 +519,53 @@ async def _blocks(node: LocalNode, root: CID) -> list[Block]:
     return out
 
 
+def _inputs(record: RoundRecord | StepRecord) -> list[dict[str, Any]]:
+    return [
+        {
+            "peer": i.peer,
+            "cid": str(i.gradient),
+            "num_samples": i.num_samples,
+            "weight": i.weight,
+            "codec": None if i.codec is None else i.codec.fields(),
+        }
+        for i in record.inputs
+    ]
+
+
+def _excluded_entries(record: RoundRecord | StepRecord) -> list[dict[str, Any]]:
+    return [
+        {"peer": e.peer, "reason": e.reason, "cid": None if e.cid is None else str(e.cid)}
+        for e in record.excluded
+    ]
+
+
+async def _steps(node: LocalNode, cid: CID, record: SteppedRoundRecord) -> list[dict[str, Any]]:
+    """A round/5 record's steps as vectors.json lists them: a closed step's record, method,
+    inputs and output (with its tensors), or a failed step's reason."""
+    outputs = await step_outputs(node, cid)
+    out: list[dict[str, Any]] = []
+    for entry in record.steps:
+        if entry.record is None:
+            out.append({"step": entry.step, "failed": entry.failed})
+            continue
+        _, step = await fetch_step_record(node, entry.record, entry.step)
+        out.append(
+            {
+                "step": step.step,
+                "record": str(entry.record),
+                "record_type": step.type,
+                "tensors": list(step.tensors),
+                "method": step.method,
+                "params": step.params,
+                "inputs": _inputs(step),
+                "excluded": _excluded_entries(step),
+                "output": str(step.output),
+                "output_tensors": outputs[step.step],
+            }
+        )
+    return out
+
+
 async def make(vector: Vector, out: Path, scratch: Path) -> dict[str, Any]:
     """Build one vector in a fresh LocalNode, write its CAR, return its vectors.json entry."""
     node = LocalNode(scratch / vector.name)
@@ -482,9 +579,18 @@ async def make(vector: Vector, out: Path, scratch: Path) -> dict[str, Any]:
     chain = []
     prev = record.prev
     while prev is not None:  # the rounds before, newest first (all in the CAR)
-        _, earlier = await fetch_record(node, prev)
+        _, earlier = await fetch_any_record(node, prev)
         chain.append({"round": earlier.round, "record": str(prev), "output": str(earlier.output)})
         prev = earlier.prev
+    if isinstance(record, SteppedRoundRecord):
+        what: dict[str, Any] = {"steps": await _steps(node, built.record_cid, record)}
+    else:
+        what = {
+            "method": record.method,
+            "params": record.params,
+            "inputs": _inputs(record),
+            "excluded": _excluded_entries(record),
+        }
     return {
         "name": vector.name,
         "about": vector.about,
@@ -495,22 +601,7 @@ async def make(vector: Vector, out: Path, scratch: Path) -> dict[str, Any]:
         "job": record.job,
         "run": record.run,
         "round": record.round,
-        "method": record.method,
-        "params": record.params,
-        "inputs": [
-            {
-                "peer": i.peer,
-                "cid": str(i.gradient),
-                "num_samples": i.num_samples,
-                "weight": i.weight,
-                "codec": None if i.codec is None else i.codec.fields(),
-            }
-            for i in record.inputs
-        ],
-        "excluded": [
-            {"peer": e.peer, "reason": e.reason, "cid": None if e.cid is None else str(e.cid)}
-            for e in record.excluded
-        ],
+        **what,
         "prev": None if record.prev is None else str(record.prev),
         "history": chain,
         "output": str(record.output),

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
         NodeError,
         Reason,
         RefusedError,
+        StepError,
     )
     from .format import CompressedGradient, Gradient, Limits, decode, decode_any, encode
     from .node import KuboNode, LocalNode, Node
@@ -59,6 +60,7 @@ _ERRORS = (
     "NodeError",
     "Reason",
     "RefusedError",
+    "StepError",
 )
 _HOMES: dict[str, str] = {
     "CID": "dag",
@@ -109,6 +111,7 @@ __all__ = [
     "NodeError",
     "Reason",
     "RefusedError",
+    "StepError",
     "SyncGradientStore",
     "__version__",
     "decode",

@@ -21,8 +21,9 @@ GradstoreError
 │   └── TooManyInputsError            more inputs than a method takes in bounded memory
 ├── CoordinatorError                  a job or round cannot proceed
 │   ├── ConfigError (ValueError)      bad configuration: a job file, a key, a strategy's options
+│   │   └── StepError                 a step that is not the job's or the peer's, or lacks a tensor
 │   ├── RefusedError                  an input refused; carries ``code``, ``detail``, ``reason``
-│   ├── RoundFailedError              the coordinator says a round ended without an aggregate
+│   ├── RoundFailedError              the coordinator says a round (or a step) ended without an aggregate
 │   └── UncoveredTensorError          a tensor name no step of the job covers; names the ``tensor``
 ├── AuditError                        an independent re-check failed; carries the ``check`` name
 └── MissingExtraError (ImportError)   an optional extra is needed and not installed; names it
@@ -248,13 +249,27 @@ class ConfigError(CoordinatorError, ValueError):
     that is not the job's, a strategy's options. Nothing ran; fix it and start again."""
 
 
-class RoundFailedError(CoordinatorError):
-    """The coordinator's signed status says round ``round`` failed, for ``reason``."""
+class StepError(ConfigError):
+    """A call or a gradient that does not fit the job's steps: a step the job does not have
+    or the peer is not in, a stepped job's publish without a step (or a step in a job
+    without steps), or a gradient without one of the step's tensors (``tensor``)."""
 
-    def __init__(self, job: str, round_: int, reason: str) -> None:
+    def __init__(self, message: str, step: str | None = None, tensor: str | None = None) -> None:
+        self.step = step
+        self.tensor = tensor
+        super().__init__(message)
+
+
+class RoundFailedError(CoordinatorError):
+    """The coordinator's signed status says round ``round`` (or its ``step``) failed, for
+    ``reason``."""
+
+    def __init__(self, job: str, round_: int, reason: str, *, step: str | None = None) -> None:
         self.round = round_
         self.reason = reason
-        super().__init__(f"round {round_} of job {job} failed: {reason}")
+        self.step = step
+        what = f"round {round_} of job {job}"
+        super().__init__(f"{what if step is None else f'step {step!r} of {what}'} failed: {reason}")
 
 
 class RefusedError(CoordinatorError):
@@ -263,8 +278,8 @@ class RefusedError(CoordinatorError):
 
     Raised where an input is verified (the round kernel, Flower's strategy), and by a peer
     whose coordinator's signed status refused it: then ``job`` and ``round`` say which, and
-    the message says it was the coordinator. ``peer``, ``cid`` and ``node_id`` (a Flower
-    node) are given where they are known.
+    the message says it was the coordinator. ``peer``, ``cid``, ``node_id`` (a Flower
+    node) and ``step`` (of a stepped job) are given where they are known.
     """
 
     def __init__(
@@ -278,6 +293,7 @@ class RefusedError(CoordinatorError):
         job: str | None = None,
         cid: object = None,
         node_id: int | None = None,
+        step: str | None = None,
     ) -> None:
         self.code = code
         self.detail = detail
@@ -287,8 +303,10 @@ class RefusedError(CoordinatorError):
         self.job = job
         self.cid = None if cid is None else str(cid)
         self.node_id = node_id
+        self.step = step
         if job is not None and round_ is not None:
-            super().__init__(f"round {round_} of job {job}: the coordinator refused: {self.reason}")
+            where = f"round {round_} of job {job}" + ("" if step is None else f", step {step!r}")
+            super().__init__(f"{where}: the coordinator refused: {self.reason}")
         else:
             super().__init__(self.reason)
 
@@ -300,6 +318,7 @@ class RefusedError(CoordinatorError):
         peer: str | None = None,
         round_: int | None = None,
         job: str | None = None,
+        step: str | None = None,
     ) -> RefusedError:
         """The refusal a coordinator's status gives as ``reason``: its code read with
         ``Reason.of`` (``UNKNOWN`` for a code this version does not know), the text kept."""
@@ -310,6 +329,7 @@ class RefusedError(CoordinatorError):
             peer=peer,
             round_=round_,
             job=job,
+            step=step,
         )
 
     def about(
@@ -325,6 +345,7 @@ class RefusedError(CoordinatorError):
             job=self.job,
             cid=cid if cid is not None else self.cid,
             node_id=node_id if node_id is not None else self.node_id,
+            step=self.step,
         )
 
 

@@ -6,8 +6,12 @@ are implemented here, by the words of docs/spec.md, section by section (the § n
 below). It reads blocks through a ``get_block(cid_bytes) -> bytes`` function and checks
 every block's hash, the record's canonical form and signature, each round/4 input's peer
 signature, the input documents' canonical encoding, then recomputes the aggregate and its
-CID. It does not check every payload rule of a compressed document (§2.3's list of
-refusals) nor the decoder's size limits: it re-derives, it is not a hardened decoder.
+CID. A stepped round's round/5 record (§9) is audited step by step: each step record is
+fetched, checked against the round's link, re-derived as a round/4 record whose peers
+signed the step and whose documents hold exactly the step's tensors, and the model-level
+document is laid out from the steps' aggregates and its CID compared. It does not check
+every payload rule of a compressed document (§2.3's list of refusals) nor the decoder's
+size limits: it re-derives, it is not a hardened decoder.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import math
+import re
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -478,7 +483,16 @@ def encode_document(
     meta: dict[str, Any], tensors: Sequence[tuple[str, str, tuple[int, ...], bytes]],
     codec: dict[str, Any] | None = None,
 ) -> bytes:  # fmt: skip
-    """§2.2 (and §2.3 with ``codec``): the canonical bytes of a document."""
+    """§2.2 (and §2.3 with ``codec``): the canonical bytes of a document (its tensors sorted
+    by the UTF-8 bytes of their names)."""
+    return write_document(meta, sorted(tensors, key=lambda t: t[0].encode("utf-8")), codec)
+
+
+def write_document(
+    meta: dict[str, Any], ordered: Sequence[tuple[str, str, tuple[int, ...], bytes]],
+    codec: dict[str, Any] | None = None,
+) -> bytes:  # fmt: skip
+    """§2.2's layout of a document whose tensors are ``ordered`` (the caller sorts them)."""
     out = bytearray(b"\x84" if codec is not None else b"\x83")
     out += mp_str("format") + mp_str("gradstore/2" if codec is not None else "gradstore/1")
     out += mp_str("meta") + mp_meta(meta)
@@ -486,7 +500,6 @@ def encode_document(
         out += mp_str("codec") + mp_map_header(len(codec))
         for key, value in codec.items():  # name first, then the parameters in their order
             out += mp_str(key) + (mp_str(value) if isinstance(value, str) else mp_int(value))
-    ordered = sorted(tensors, key=lambda t: t[0].encode("utf-8"))
     out += mp_str("tensors") + mp_array_header(len(ordered))
     for name, dtype, shape, data in ordered:
         out += b"\x85" + mp_str("name") + mp_str(name) + mp_str("dtype") + mp_str(dtype)
@@ -801,13 +814,17 @@ def _cbor_item(buf: bytes, pos: int) -> tuple[Any, int]:
 
 
 def announcement_bytes(
-    job: str, run: str, round_: int, peer: str, cid: str, num_samples: int, sent_at: int
-) -> bytes:
-    """The nine-pair msgpack map a peer signs."""
+    job: str, run: str, round_: int, peer: str, cid: str, num_samples: int, sent_at: int,
+    step: str | None = None,
+) -> bytes:  # fmt: skip
+    """The msgpack map a peer signs: nine pairs, or ten with ``step`` right after ``round``
+    (§4, §9.1: a stepped job's announcement)."""
     pairs = [
         ("v", mp_int(2)), ("type", mp_str("announce")), ("job", mp_str(job)),
-        ("run", mp_str(run)), ("round", mp_int(round_)), ("peer", mp_str(peer)),
-        ("cid", mp_str(cid)), ("num_samples", mp_int(num_samples)), ("sent_at", mp_int(sent_at)),
+        ("run", mp_str(run)), ("round", mp_int(round_)),
+        *([("step", mp_str(step))] if step is not None else []),
+        ("peer", mp_str(peer)), ("cid", mp_str(cid)), ("num_samples", mp_int(num_samples)),
+        ("sent_at", mp_int(sent_at)),
     ]  # fmt: skip
     return mp_map_header(len(pairs)) + b"".join(mp_str(k) + v for k, v in pairs)
 
@@ -858,7 +875,7 @@ def norm_blocked_pairwise(tensors: Sequence[Sequence[float]]) -> float:
 
 
 def gradient_norm(tensors: Sequence[Sequence[float]], version: str) -> float:
-    if version == "gradstore/round/4":
+    if version in SIGNED:  # round/4 and the step records (§9.2: round/4's arithmetic)
         return norm_sequential([v for t in tensors for v in t])
     return norm_blocked_pairwise(tensors)
 
@@ -933,12 +950,39 @@ def krum_selection(
     )
 
 
-# -- §5 and §7: the record, its checks, and the re-derived output ---------------------------
+# -- §5, §7 and §9: the records, their checks, and the re-derived outputs ---------------------
+
+ROUND2, ROUND3, ROUND4 = "gradstore/round/2", "gradstore/round/3", "gradstore/round/4"
+ROUND5, STEP1 = "gradstore/round/5", "gradstore/step/1"
+#: Records whose inputs carry their peers' signatures and whose arithmetic is round/4's (§9.2).
+SIGNED = (ROUND4, STEP1)
+MAX_RECORD = 4 << 20
+
+ROUND_KEYS = frozenset(
+    {"type", "job", "run", "round", "method", "params", "inputs", "excluded", "output", "prev",
+     "coordinator", "sig"}
+)  # fmt: skip
+STEP_KEYS = ROUND_KEYS - {"prev"} | {"step", "tensors"}  # §9.2
+ROUND5_KEYS = frozenset({"type", "job", "run", "round", "steps", "output", "prev", "coordinator",
+                         "sig"})  # fmt: skip
+INPUT_KEYS = {
+    ROUND2: frozenset({"peer", "gradient", "num_samples", "weight"}),
+    ROUND3: frozenset({"peer", "gradient", "num_samples", "weight", "codec"}),
+    ROUND4: frozenset({"peer", "gradient", "num_samples", "weight", "codec", "sent_at",
+                       "peer_sig"}),
+}  # fmt: skip
+INPUT_KEYS[STEP1] = INPUT_KEYS[ROUND4]
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # job and step names (§5.2, §9)
+_CONTROLS = frozenset(
+    [*range(0x20), *range(0x7F, 0xA0), 0x061C, 0x200E, 0x200F, 0x2028, 0x2029,
+     *range(0x202A, 0x202F), *range(0x2066, 0x206A)]
+)  # fmt: skip
 
 
 @dataclass
 class Audit:
-    """What the reference re-derived for one record."""
+    """What the reference re-derived for one record (a round/2-4 record or a step record)."""
 
     record: dict[str, Any]
     output: bytes  # the recomputed output CID (binary)
@@ -946,34 +990,171 @@ class Audit:
     selected: tuple[int, ...] | None = None
 
 
-def fetch_record(get_block: GetBlock, record_cid: str) -> dict[str, Any]:
-    """§5: the record, hash- and signature-checked, in canonical DAG-CBOR."""
-    cid = parse_cid(record_cid)
+@dataclass
+class SteppedAudit:
+    """What the reference re-derived for a round/5 record (§9): each closed step's audit and
+    the failed steps' reasons, by step in the record's order, and the model-level document."""
+
+    record: dict[str, Any]
+    output: bytes  # the recomputed model-level document's CID (binary)
+    steps: dict[str, Audit]
+    failed: dict[str, str]
+    model_meta: dict[str, Any]
+    model_tensors: list[str]  # the model document's tensor names, in document order
+
+
+def tensor_name_ok(name: str) -> bool:
+    """§2.2's rule for a name: no control or bidi character, not absolute, no ``..`` segment."""
+    if not name or any(ord(c) in _CONTROLS for c in name):
+        return False
+    if name[0] in "/\\" or (len(name) > 2 and name[0].isascii() and name[0].isalpha()
+                            and name[1] == ":" and name[2] in "/\\"):  # fmt: skip
+        return False
+    return ".." not in re.split(r"[/\\]", name)
+
+
+def selector_ok(selector: Any) -> bool:
+    """§9.2: a tensor name without ``*``, or ``prefix.*`` (``prefix`` non-empty, no ``*``)."""
+    if not isinstance(selector, str):
+        return False
+    pattern = selector.endswith(".*") and len(selector) > 2
+    text = selector[:-1] if pattern else selector  # the name, or prefix.
+    return "*" not in text and tensor_name_ok(text)
+
+
+def selector_takes(selector: str, name: str) -> bool:
+    """§9.2: ``prefix.*`` takes every name starting with ``prefix.``; a name takes itself."""
+    if selector.endswith(".*") and len(selector) > 2:
+        return name.startswith(selector[:-1])
+    return name == selector
+
+
+def check_step_tensors(selectors: Sequence[str], names: Sequence[str], what: str) -> None:
+    """§9.2 ``step-tensors``: each name taken by a selector, each selector taking a name."""
+    for name in names:
+        if not any(selector_takes(s, name) for s in selectors):
+            raise SpecAuditError("step-tensors", f"{what} holds {name!r}, which no selector takes")
+    for s in selectors:
+        if not any(selector_takes(s, name) for name in names):
+            raise SpecAuditError("step-tensors", f"{what} holds no tensor that {s!r} takes")
+
+
+def fetch_node(get_block: GetBlock, cid: bytes, what: str) -> dict[str, Any]:
+    """§5.1: a record's block (dag-cbor, hash-checked, at most 4 MiB) decoded, in canonical
+    DAG-CBOR. Its keys and signature are checked by the caller, who knows its type."""
     if cid_parts(cid)[1] != DAG_CBOR:
-        raise SpecAuditError("record-cid", "a round record is dag-cbor")
+        raise SpecAuditError("record-cid", f"a {what} is dag-cbor")
     data = fetch_block(get_block, cid, "record-hash")
-    node = cbor_decode(data)
-    if cbor_encode(node) != data:
-        raise SpecAuditError("record-format", "not canonical DAG-CBOR")
-    keys = {"type", "job", "run", "round", "method", "params", "inputs", "excluded",
-            "output", "prev", "coordinator", "sig"}  # fmt: skip
-    if set(node) != keys or node["type"] not in (
-        "gradstore/round/2", "gradstore/round/3", "gradstore/round/4"
-    ):  # fmt: skip
-        raise SpecAuditError("record-format", f"keys {sorted(node)}, type {node.get('type')!r}")
-    input_keys = {"peer", "gradient", "num_samples", "weight"}
-    if node["type"] != "gradstore/round/2":
-        input_keys |= {"codec"}
-    if node["type"] == "gradstore/round/4":
-        input_keys |= {"sent_at", "peer_sig"}
-    for item in node["inputs"]:
-        if set(item) != input_keys or not isinstance(item["weight"], float):
-            raise SpecAuditError("record-format", f"an input has keys {sorted(item)}")
-    if [i["peer"] for i in node["inputs"]] != sorted(i["peer"] for i in node["inputs"]):
-        raise SpecAuditError("record-format", "inputs are not sorted by peer")
+    if len(data) > MAX_RECORD:
+        raise SpecAuditError("record-format", f"the {what} is over 4 MiB")
+    try:
+        node = cbor_decode(data)
+    except (ValueError, KeyError, IndexError, UnicodeDecodeError, struct.error) as exc:
+        raise SpecAuditError("record-format", f"the {what} is not DAG-CBOR: {exc}") from None
+    if not isinstance(node, dict) or cbor_encode(node) != data:
+        raise SpecAuditError("record-format", f"the {what} is not canonical DAG-CBOR")
+    return node
+
+
+def check_signature(node: dict[str, Any], what: str) -> None:
+    """§5.2, §9.2, §9.3: ``sig`` is the coordinator's over the node without ``sig``."""
+    try:
+        key = public_key(node["coordinator"])
+    except (ValueError, TypeError) as exc:
+        raise SpecAuditError("record-format", f"the {what}'s coordinator: {exc}") from None
     unsigned = {k: v for k, v in node.items() if k != "sig"}
-    if not ed25519_verify(public_key(node["coordinator"]), cbor_encode(unsigned), node["sig"]):
-        raise SpecAuditError("record-signature", "not signed by its coordinator")
+    if not isinstance(node["sig"], bytes) or not ed25519_verify(
+        key, cbor_encode(unsigned), node["sig"]
+    ):
+        raise SpecAuditError("record-signature", f"the {what} is not signed by its coordinator")
+
+
+def check_inputs(node: dict[str, Any]) -> None:
+    """§5.2: the input maps of the node's version, sorted by peer, no peer twice."""
+    keys = INPUT_KEYS[node["type"]]
+    if not isinstance(node["inputs"], list):
+        raise SpecAuditError("record-format", "inputs is not an array")
+    for item in node["inputs"]:
+        if (
+            not isinstance(item, dict)
+            or set(item) != keys
+            or not isinstance(item["weight"], float)
+            or not isinstance(item["gradient"], Link)
+        ):
+            raise SpecAuditError("record-format", f"an input is not a {node['type']} input")
+    peers = [i["peer"] for i in node["inputs"]]
+    if peers != sorted(set(peers)):
+        raise SpecAuditError("record-format", "inputs are not sorted by peer, each once")
+
+
+def check_round_node(node: dict[str, Any]) -> None:
+    """§5.2: a round/2, round/3 or round/4 node (exact keys), signed by its coordinator."""
+    if set(node) != ROUND_KEYS or node["type"] not in (ROUND2, ROUND3, ROUND4):
+        raise SpecAuditError("record-format", f"keys {sorted(node)}, type {node.get('type')!r}")
+    check_inputs(node)
+    check_signature(node, "round record")
+
+
+def check_step_node(node: dict[str, Any]) -> None:
+    """§9.2: a gradstore/step/1 node: round/4's keys without ``prev``, with the step's name
+    and selectors, at least one input; signed by its coordinator."""
+    if set(node) != STEP_KEYS or node["type"] != STEP1:
+        raise SpecAuditError("record-format", f"keys {sorted(node)}, type {node.get('type')!r}")
+    if not isinstance(node["step"], str) or not _NAME.fullmatch(node["step"]):
+        raise SpecAuditError("record-format", f"step name {node['step']!r}")
+    selectors = node["tensors"]
+    if (
+        not isinstance(selectors, list)
+        or not selectors
+        or not all(selector_ok(s) for s in selectors)
+        or len(set(selectors)) != len(selectors)
+    ):
+        raise SpecAuditError("record-format", f"tensors {selectors!r} are not selectors")
+    check_inputs(node)
+    if not node["inputs"]:
+        raise SpecAuditError("record-format", "a step record lists at least one input")
+    check_signature(node, "step record")
+
+
+def check_round5_node(node: dict[str, Any]) -> None:
+    """§9.3: a gradstore/round/5 node: a map per step (closed with its record and output
+    links, or failed with a reason), each name once, at least one closed; signed."""
+    if set(node) != ROUND5_KEYS or node["type"] != ROUND5:
+        raise SpecAuditError("record-format", f"keys {sorted(node)}, type {node.get('type')!r}")
+    steps = node["steps"]
+    if not isinstance(steps, list):
+        raise SpecAuditError("record-format", "steps is not an array")
+    for entry in steps:
+        closed = (
+            isinstance(entry, dict)
+            and set(entry) == {"step", "record", "output"}
+            and isinstance(entry["record"], Link)
+            and isinstance(entry["output"], Link)
+            and cid_parts(entry["record"].cid)[1] == DAG_CBOR
+        )
+        failed = (
+            isinstance(entry, dict)
+            and set(entry) == {"step", "failed"}
+            and isinstance(entry["failed"], str)
+            and entry["failed"] != ""
+        )
+        if not (closed or failed) or not _NAME.fullmatch(str(entry["step"])):
+            raise SpecAuditError("record-format", f"a step entry {entry!r:.100}")
+    names = [e["step"] for e in steps]
+    if len(set(names)) != len(names) or all("failed" in e for e in steps):
+        raise SpecAuditError("record-format", "steps: a name twice, or no step closed")
+    prev = node["prev"]
+    if not isinstance(node["output"], Link) or not (
+        prev is None or (isinstance(prev, Link) and cid_parts(prev.cid)[1] == DAG_CBOR)
+    ):
+        raise SpecAuditError("record-format", "output or prev is not a link")
+    check_signature(node, "round record")
+
+
+def fetch_record(get_block: GetBlock, record_cid: str) -> dict[str, Any]:
+    """§5: a round/2-4 record, hash- and signature-checked, in canonical DAG-CBOR."""
+    node = fetch_node(get_block, parse_cid(record_cid), "round record")
+    check_round_node(node)
     return node
 
 
@@ -1015,19 +1196,41 @@ def expected_weights(
     return [c / divisor for c in coefs]
 
 
-def audit_round(get_block: GetBlock, record_cid: str) -> Audit:
-    """Re-derive the round of ``record_cid`` (docs/spec.md §5-§7); SpecAuditError names a check."""
-    record = fetch_record(get_block, record_cid)
+def audit_round(get_block: GetBlock, record_cid: str) -> Audit | SteppedAudit:
+    """Re-derive the round of ``record_cid``: a round/2-4 record's output (docs/spec.md §5-§7),
+    or a round/5 record's steps and model-level document (§9). SpecAuditError names a check."""
+    node = fetch_node(get_block, parse_cid(record_cid), "round record")
+    if node.get("type") == ROUND5:
+        return audit_stepped(get_block, node)
+    check_round_node(node)
+    return rederive(get_block, node)
+
+
+def aggregate_meta(record: dict[str, Any]) -> dict[str, Any]:
+    """§6.10: the aggregate's meta; a step's aggregate also names its step (§9.4)."""
+    meta = {
+        "inputs": [cid_text(as_v1(i["gradient"].cid)) for i in record["inputs"]],
+        "job": record["job"], "kind": "aggregate", "method": record["method"],
+        "round": record["round"], "run": record["run"],
+    }  # fmt: skip
+    if record["type"] == STEP1:
+        meta["step"] = record["step"]
+    return meta
+
+
+def rederive(get_block: GetBlock, record: dict[str, Any]) -> Audit:
+    """Re-derive a checked round/2-4 record's or step record's output (§4-§7, §9.2, §9.4)."""
     version, params, inputs = record["type"], record["params"], record["inputs"]
+    step = record.get("step") if version == STEP1 else None
     n = len(inputs)
     if n == 0:
         raise SpecAuditError("inputs", "the record lists no input")
-    if version == "gradstore/round/4":  # §4: each count is the peer's own word
+    if version in SIGNED:  # §4: each count (and a step record's step) is the peer's own word
         for item in inputs:
             text = cid_text(as_v1(item["gradient"].cid))
             message = announcement_bytes(
                 record["job"], record["run"], record["round"], item["peer"], text,
-                item["num_samples"], item["sent_at"],
+                item["num_samples"], item["sent_at"], step,
             )  # fmt: skip
             if not ed25519_verify(public_key(item["peer"]), message, item["peer_sig"]):
                 raise SpecAuditError("input-signature", f"{item['peer']} did not sign {text}")
@@ -1038,16 +1241,21 @@ def audit_round(get_block: GetBlock, record_cid: str) -> Audit:
             doc = decode_document(data)
         except (ValueError, KeyError, UnicodeDecodeError) as exc:
             raise SpecAuditError("input-decode", str(exc)) from None
-        if version != "gradstore/round/2" and item["codec"] != doc.codec:
+        if version != ROUND2 and item["codec"] != doc.codec:
             raise SpecAuditError("input-codec", f"{item['codec']} != {doc.codec}")
         if "num_samples" in doc.meta and doc.meta["num_samples"] != item["num_samples"]:
             raise SpecAuditError("input-samples", f"{item['peer']}")
-        if version == "gradstore/round/4":
+        if version in SIGNED:  # §7
             own = {"job": record["job"], "run": record["run"], "round": record["round"],
                    "peer": item["peer"]}  # fmt: skip
+            if step is not None:
+                own["step"] = step
             for key, value in own.items():
                 if key in doc.meta and doc.meta[key] != value:
                     raise SpecAuditError("input-meta", f"{item['peer']}: {key}")
+        if step is not None:  # §9.2: the document holds exactly the step's tensors
+            names = [t.name for t in doc.tensors]
+            check_step_tensors(record["tensors"], names, f"the input of {item['peer']}")
         docs.append(doc)
     layout = [(t.name, t.dtype, t.shape) for t in docs[0].tensors]
     if any([(t.name, t.dtype, t.shape) for t in d.tensors] != layout for d in docs):
@@ -1093,7 +1301,7 @@ def audit_round(get_block: GetBlock, record_cid: str) -> Audit:
     clip_out = params.get("clip_output_norm")
     if clip_out is None:
         values = [round_to(d, v) for d, v in zip(dtypes, wide, strict=True)]
-    elif version == "gradstore/round/4":  # §6.8: the norm of the binary64 values, one rounding
+    elif version in SIGNED:  # §6.8: the norm of the binary64 values, one rounding
         norm = norm_sequential(wide)
         s = 1.0 if norm <= clip_out else clip_out / norm
         values = [round_to(d, v * s) for d, v in zip(dtypes, wide, strict=True)]
@@ -1112,16 +1320,12 @@ def audit_round(get_block: GetBlock, record_cid: str) -> Audit:
             if s == 1.0
             else [round_to(d, v * s) for d, v in zip(dtypes, rounded, strict=True)]
         )
-    if order_stat and (clip_out is None or version == "gradstore/round/4"):
+    if order_stat and (clip_out is None or version in SIGNED):
         values = [0.0 if v == 0 else v for v in values]  # §6.5: never -0.0
     if any(math.isnan(v) or math.isinf(v) for v in values):
         raise SpecAuditError("aggregate", "the aggregate overflows its dtype")
 
-    meta = {  # §6.10
-        "inputs": [cid_text(as_v1(i["gradient"].cid)) for i in inputs],
-        "job": record["job"], "kind": "aggregate", "method": method,
-        "round": record["round"], "run": record["run"],
-    }  # fmt: skip
+    meta = aggregate_meta(record)
     tensors, documents, at = {}, [], 0
     for (name, dtype, shape), size in zip(layout, sizes, strict=True):
         part = values[at : at + size]
@@ -1136,6 +1340,74 @@ def audit_round(get_block: GetBlock, record_cid: str) -> Audit:
             f"{cid_text(output)}",
         )
     return Audit(record, output, tensors, selected)
+
+
+def audit_stepped(get_block: GetBlock, node: dict[str, Any]) -> SteppedAudit:
+    """§9.3-§9.4: a round/5 record (keys, signature), each closed step's record fetched,
+    linked (``step-link``) and re-derived as a round/4 record with the step's rules, then
+    the model-level document laid out from the steps' aggregates and its CID compared."""
+    check_round5_node(node)
+    steps: dict[str, Audit] = {}
+    failed: dict[str, str] = {}
+    owner: dict[str, str] = {}
+    parts: list[tuple[str, str, tuple[int, ...], bytes]] = []
+    outputs: list[str] = []
+    for entry in node["steps"]:
+        name = entry["step"]
+        if "failed" in entry:
+            failed[name] = entry["failed"]
+            continue
+        step = fetch_node(get_block, entry["record"].cid, "step record")
+        check_step_node(step)
+        for key in ("job", "run", "round", "coordinator"):
+            if step[key] != node[key]:
+                raise SpecAuditError("step-link", f"step {name}'s record has another {key}")
+        if step["step"] != name:
+            raise SpecAuditError("step-link", f"the round links step {step['step']!r} as {name!r}")
+        if step["output"] != entry["output"]:
+            raise SpecAuditError("step-link", f"step {name}'s output is not the round's")
+        steps[name] = rederive(get_block, step)
+        # §9.4: the aggregate as stored (its CID is the step record's output, just re-derived)
+        try:
+            aggregate = decode_document(read_file(get_block, entry["output"].cid, "output-blocks"))
+        except (ValueError, KeyError, UnicodeDecodeError) as exc:
+            raise SpecAuditError("model-output", f"step {name}'s aggregate: {exc}") from None
+        names = [t.name for t in aggregate.tensors]
+        check_step_tensors(step["tensors"], names, f"step {name}'s output")
+        for t in aggregate.tensors:
+            if t.name in owner:
+                raise SpecAuditError(
+                    "step-tensors", f"{t.name!r} is in steps {owner[t.name]!r} and {name!r}"
+                )
+            owner[t.name] = name
+            parts.append((t.name, t.dtype, t.shape, bytes(t.data)))
+        outputs.append(cid_text(as_v1(entry["output"].cid)))
+    meta = model_meta(node, list(steps), outputs)
+    model = file_cid(model_document(meta, parts))
+    if model != as_v1(node["output"].cid):
+        raise SpecAuditError(
+            "model-output",
+            f"the record names {cid_text(as_v1(node['output'].cid))}, its steps' aggregates "
+            f"give {cid_text(model)}",
+        )
+    order = sorted(owner, key=lambda n: n.encode("utf-8"))
+    return SteppedAudit(node, model, steps, failed, meta, order)
+
+
+def model_meta(node: dict[str, Any], closed: list[str], outputs: list[str]) -> dict[str, Any]:
+    """§9.4: the model-level document's meta: the closed steps (record order) and their
+    aggregates' CIDs (base32 CIDv1 text)."""
+    return {
+        "job": node["job"], "kind": "model", "outputs": outputs, "round": node["round"],
+        "run": node["run"], "steps": closed,
+    }  # fmt: skip
+
+
+def model_document(
+    meta: dict[str, Any], parts: Sequence[tuple[str, str, tuple[int, ...], bytes]]
+) -> bytes:
+    """§9.4: the model-level document: the steps' tensors, copied, sorted by name (§2.2)."""
+    return encode_document(meta, parts)
 
 
 def exact_sum(values: Sequence[float]) -> Fraction:

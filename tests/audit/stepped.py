@@ -4,13 +4,15 @@ exactly the step's, its announcement naming the step), a step record per closed 
 model-level output assembled from the steps' outputs, and a round/5 record linking them.
 
 The pieces are separate functions so forgery tests can change one and re-sign the rest.
+A ``Model`` says what a round is built over (tensors, dtypes, steps, peers); ``DEFAULT`` is
+the three-step model most tests use.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -51,8 +53,33 @@ STEPS: Sequence[dict[str, Any]] = (
     {"name": "mid", "tensors": ["layer.weight", "layer.bias"], "method": "median"},
     {"name": "emb", "tensors": ["embed.*"], "method": "mean"},
 )
-PEERS = [key(i) for i in range(3)]
-SAMPLES = [10, 20, 30]
+
+
+@dataclass(frozen=True)
+class Model:
+    """What a stepped round is built over: the model's tensors (``dtypes``: a tensor's dtype,
+    float32 unless named), the job's steps (backward order; a step table may name its
+    ``peers``) and default ``aggregation``, and ``peers`` peers (``key(0)``...) whose sample
+    counts are 10, 20, 30, ..."""
+
+    shapes: Mapping[str, tuple[int, ...]] = field(default_factory=lambda: dict(SHAPES))
+    steps: Sequence[Mapping[str, Any]] = STEPS
+    dtypes: Mapping[str, Any] = field(default_factory=dict)
+    peers: int = 3
+    aggregation: Mapping[str, Any] = field(default_factory=lambda: {"method": "fedavg"})
+
+    @property
+    def keys(self) -> list[SigningKey]:
+        return [key(i) for i in range(self.peers)]
+
+    @property
+    def samples(self) -> list[int]:
+        return [10 * (i + 1) for i in range(self.peers)]
+
+
+DEFAULT = Model()
+PEERS = DEFAULT.keys
+SAMPLES = DEFAULT.samples
 
 
 @dataclass
@@ -73,15 +100,15 @@ class Stepped:
     config: JobConfig
 
 
-def stepped_job() -> JobConfig:
+def stepped_job(model: Model = DEFAULT) -> JobConfig:
     return parse_job(
         {
             "job": JOB,
             "coordinator": COORDINATOR.did,
-            "peers": [k.did for k in PEERS],
-            "aggregation": {"method": "fedavg"},
-            "rounds": {"count": 1, "quorum": len(PEERS), "deadline_s": 30},
-            "steps": [dict(s) for s in STEPS],
+            "peers": [k.did for k in model.keys],
+            "aggregation": dict(model.aggregation),
+            "rounds": {"count": 1, "quorum": model.peers, "deadline_s": 30},
+            "steps": [dict(s) for s in model.steps],
         }
     )
 
@@ -95,22 +122,31 @@ def announcement(
     return ann.sent_at, announcement_signature(encode_message(ann, k))[1]
 
 
-def step_tensors(step: StepConfig) -> list[str]:
-    return [name for name in SHAPES if step.covers(name)]
+def step_tensors(step: StepConfig, model: Model = DEFAULT) -> list[str]:
+    return [name for name in model.shapes if step.covers(name)]
 
 
 async def peer_documents(
-    node: Node, step: StepConfig, round_: int, seed: int, names: Sequence[str] | None = None
+    node: Node,
+    step: StepConfig,
+    round_: int,
+    seed: int,
+    names: Sequence[str] | None = None,
+    model: Model = DEFAULT,
 ) -> list[tuple[SigningKey, CID, int]]:
-    """Each peer's document for ``step`` (``names``: other tensors than the step's, for a
-    peer that lies), stored on ``node``: (peer key, CID, samples)."""
+    """Each of the step's peers' document for ``step`` (``names``: other tensors than the
+    step's, for a peer that lies), stored on ``node``: (peer key, CID, samples)."""
     rng = np.random.default_rng(seed)
     store = GradientStore(node)
     out = []
-    for k, samples in zip(PEERS, SAMPLES, strict=True):
+    for k, samples in zip(model.keys, model.samples, strict=True):
+        if k.did not in step.peers:
+            continue
         tensors = {
-            n: rng.standard_normal(SHAPES[n]).astype(np.float32)
-            for n in (names or step_tensors(step))
+            n: np.asarray(rng.standard_normal(model.shapes[n])).astype(
+                model.dtypes.get(n, np.float32)
+            )
+            for n in (names or step_tensors(step, model))
         }
         meta = {"kind": "gradient", "job": JOB, "round": round_, "peer": k.did, "step": step.name}
         out.append(
@@ -205,15 +241,26 @@ async def sign_round(node: Node, record: SteppedRoundRecord) -> CID:
 
 
 async def stepped_round(
-    node: Node, round_: int = 0, prev: CID | None = None, seed: int = 11
+    node: Node,
+    round_: int = 0,
+    prev: CID | None = None,
+    seed: int = 11,
+    model: Model = DEFAULT,
+    failed: Mapping[str, str] | None = None,
 ) -> Stepped:
-    """An honest stepped round of every step in ``STEPS``."""
-    config = stepped_job()
+    """An honest stepped round of every step of ``model``; the steps ``failed`` names failed
+    (no documents, no step record: the round/5 record gives the reason)."""
+    config = stepped_job(model)
     done: dict[str, StepDone] = {}
+    steps: list[tuple[str, StepDone | str]] = []
     for i, step in enumerate(config.steps):
-        documents = await peer_documents(node, step, round_, seed + i)
+        if failed and step.name in failed:
+            steps.append((step.name, failed[step.name]))
+            continue
+        documents = await peer_documents(node, step, round_, seed + i, model=model)
         done[step.name] = await sign_step(node, await close_step(node, step, round_, documents))
-    cid, record = await publish_round(node, round_, list(done.items()), prev)
+        steps.append((step.name, done[step.name]))
+    cid, record = await publish_round(node, round_, steps, prev)
     return Stepped(cid, record, done, config)
 
 

@@ -11,11 +11,13 @@ round/4 implementation) are what changes, never this test.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import dataclasses
 import json
 import math
 import struct
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,16 +29,41 @@ from gradstore.aggregate import AggregationParams, aggregate, global_norm
 from gradstore.aggregate._rounding import round_into
 from gradstore.aggregate.methods import trimmed_per_side
 from gradstore.audit import verify_round
-from gradstore.dag import CID
+from gradstore.dag import CID, RAW
 from gradstore.dag.builder import _leaves_inline, layout
 from gradstore.dag.chunker import chunks
 from gradstore.dag.cid import DAG_PB
+from gradstore.errors import AuditError
 from gradstore.format import Gradient, encode
-from gradstore.messages import Announce, SigningKey, encode_message
+from gradstore.job import Selector
+from gradstore.messages import (
+    Announce,
+    SigningKey,
+    announcement_signature,
+    encode_message,
+    model_meta,
+)
 from gradstore.node import LocalNode
+from gradstore.store import GradientStore, put_model
 
 from . import spec_reference as ref
-from .rounds import COORDINATOR, Round, key, legacy_round, put_record, signed_round
+from .rounds import COORDINATOR, JOB, RUN, Round, key, legacy_round, put_record, signed_round
+from .stepped import (
+    DEFAULT,
+    PEERS,
+    Model,
+    Stepped,
+    announcement,
+    close_step,
+    peer_documents,
+    publish_round,
+    replace_step,
+    resigned,
+    sign_round,
+    sign_step,
+    step_config,
+    stepped_round,
+)
 
 SHAPES = {"a/w": (6, 7), "b.bias": (13,), "é": (2, 2), "Z": ()}
 #: float64 and large enough that the norm rules of round/4 and round/2 give other clip
@@ -75,6 +102,7 @@ def gradients(
 def audited(path: Path, done: Round) -> ref.Audit:
     """The reference's audit of ``done``; it must name the record's own output."""
     result = ref.audit_round(getter(path), str(done.record_cid))
+    assert isinstance(result, ref.Audit)
     assert ref.cid_text(result.output) == str(done.record.output.to_v1())
     return result
 
@@ -364,3 +392,300 @@ def test_the_reference_rederives_every_conformance_vector(
     result = ref.audit_round(getter(tmp_path), vector["record"])
     assert ref.cid_text(result.output) == vector["output"]
     assert result.record["coordinator"] == vector["coordinator"]
+    if isinstance(result, ref.SteppedAudit):  # and each step's aggregate, as listed
+        closed = {s["step"]: s["output"] for s in vector["steps"] if "failed" not in s}
+        assert {n: ref.cid_text(a.output) for n, a in result.steps.items()} == closed
+        assert result.failed == {s["step"]: s["failed"] for s in vector["steps"] if "failed" in s}
+
+
+# -- stepped rounds (docs/spec.md section 9) --------------------------------------------------
+
+#: Five peers and four steps of other methods, dtypes and clippings (one of three peers only).
+METHODS = Model(
+    shapes={"out.bias": (7,), "out.weight": (7, 9), "mid.a": (9, 11), "mid.b": (11,),
+            "norm.g": (5,), "emb.table": (13, 5), "emb.pos": ()},
+    dtypes={"out.weight": np.float16, "mid.a": BF, "norm.g": F8, "emb.table": np.float64},
+    peers=5,
+    steps=(
+        {"name": "out", "tensors": ["out.*"], "method": "krum", "byzantine": 1,
+         "clip_input_norm": 3.0},
+        {"name": "mid", "tensors": ["mid.b", "mid.a"], "method": "trimmed_mean",
+         "trim_ratio": 0.2, "clip_output_norm": 0.5},
+        {"name": "norm", "tensors": ["norm.g"], "method": "multikrum", "byzantine": 1,
+         "select": 3},
+        {"name": "emb", "tensors": ["emb.*"], "method": "weighted",
+         "peers": [key(i).did for i in (0, 2, 4)],
+         "weights": {key(0).did: 0.5, key(2).did: 2.0, key(4).did: 1.25}},
+    ),
+)  # fmt: skip
+#: Two steps of 720 KB each: the model-level document is two leaves, its steps one each.
+LARGE_STEPS = Model(
+    shapes={"a.w": (180_000,), "b.w": (180_000,), "b.bias": (3,)},
+    steps=({"name": "b", "tensors": ["b.*"]}, {"name": "a", "tensors": ["a.w"]}),
+)
+STEPPED: dict[str, tuple[Model, dict[str, str]]] = {
+    "three-steps": (DEFAULT, {}),
+    "methods-dtypes-clipping": (METHODS, {}),
+    "a-failed-step": (DEFAULT, {"mid": "quorum not met"}),
+    "failed-first-step": (METHODS, {"out": "non-finite aggregate"}),
+}
+
+
+async def gradstore_check(node: LocalNode, cid: object) -> str:
+    """gradstore's own audit of a round: the check that fails, or "ok"."""
+    try:
+        await verify_round(node, cid, coordinator=COORDINATOR.did)  # type: ignore[arg-type]
+    except AuditError as exc:
+        return exc.check
+    return "ok"
+
+
+def reference_check(path: Path, cid: object) -> str:
+    """The reference's audit of a round: the check that fails, or "ok"."""
+    try:
+        ref.audit_round(getter(path), str(cid))
+    except ref.SpecAuditError as exc:
+        return exc.check
+    return "ok"
+
+
+def both_checks(path: Path, cid: object) -> tuple[str, str]:
+    """(the reference's, gradstore's) audit of a round on the node at ``path``."""
+    return reference_check(path, cid), asyncio.run(gradstore_check(LocalNode(path), cid))
+
+
+def audited_stepped(path: Path, done: Stepped) -> ref.SteppedAudit:
+    """The reference's audit of a stepped round: it must name the record's own outputs."""
+    result = ref.audit_round(getter(path), str(done.record_cid))
+    assert isinstance(result, ref.SteppedAudit)
+    assert ref.cid_text(result.output) == str(done.record.output.to_v1())
+    for name, step in done.steps.items():
+        assert ref.cid_text(result.steps[name].output) == str(step.record.output.to_v1())
+    return result
+
+
+@pytest.mark.parametrize("name", sorted(STEPPED))
+def test_the_reference_rederives_honest_stepped_rounds(tmp_path: Path, name: str) -> None:
+    model, failed = STEPPED[name]
+    done = asyncio.run(stepped_round(LocalNode(tmp_path), model=model, failed=failed))
+    assert done.record.type == "gradstore/round/5"
+    result = audited_stepped(tmp_path, done)
+    order = [s["name"] for s in model.steps]
+    assert list(result.steps) == [n for n in order if n not in failed]
+    assert result.failed == failed
+    assert result.model_meta["steps"] == list(result.steps)
+    gone = [step_config(done.config, f) for f in failed]
+    closed = [t for t in model.shapes if not any(step.covers(t) for step in gone)]
+    assert result.model_tensors == sorted(closed, key=lambda t: t.encode("utf-8"))
+    assert {r.record["method"] for r in result.steps.values()} == {
+        done.steps[n].record.method for n in result.steps
+    }
+    assert both_checks(tmp_path, done.record_cid)[1] == "ok"
+
+
+def test_the_reference_rederives_a_model_document_of_several_blocks(tmp_path: Path) -> None:
+    done = asyncio.run(stepped_round(LocalNode(tmp_path), model=LARGE_STEPS))
+    assert done.record.output.codec == DAG_PB  # two leaves under a node
+    assert all(s.record.output.codec != DAG_PB for s in done.steps.values())  # one leaf each
+    result = audited_stepped(tmp_path, done)
+    assert result.model_tensors == ["a.w", "b.bias", "b.w"]
+
+
+# Forged stepped rounds: each is honest but for one thing, which the reference (and
+# gradstore's own audit) must name.
+
+
+async def _parts(
+    node: LocalNode, outputs: list[CID]
+) -> list[tuple[str, str, tuple[int, ...], bytes]]:
+    """The tensors of the steps' aggregates (one block each), in the steps' order."""
+    parts = []
+    for cid in outputs:
+        assert cid.codec == RAW
+        doc = ref.decode_document(await node.get_block(cid))
+        parts += [(t.name, t.dtype, t.shape, bytes(t.data)) for t in doc.tensors]
+    return parts
+
+
+async def _forged_model(node: LocalNode, honest: Stepped, how: str) -> CID:
+    closed = [e for e in honest.record.steps if e.output is not None]
+    outputs = [e.output for e in closed if e.output is not None]
+    meta = model_meta(JOB, 0, [e.step for e in closed], outputs, run=RUN)
+    if how == "steps-sorted":  # the closed steps sorted by name, not in the record's order
+        pairs = sorted(zip(meta["steps"], meta["outputs"], strict=True))
+        meta = {**meta, "steps": [s for s, _ in pairs], "outputs": [o for _, o in pairs]}
+    elif how == "failed-step-named":
+        meta = {**meta, "steps": [e.step for e in honest.record.steps]}
+    elif how == "kind-aggregate":
+        meta = {**meta, "kind": "aggregate"}
+    else:  # the steps' tensors one step after the other, not sorted by name
+        data = ref.write_document(meta, await _parts(node, outputs))
+        return await node.put_block(data, RAW)
+    return await put_model(GradientStore(node), outputs, meta)
+
+
+async def _no_step_announcement(node: LocalNode, honest: Stepped) -> list[tuple[str, Any]]:
+    """Step mid's first input signed as a job without steps signs it: no ``step`` pair."""
+    mid = honest.steps["mid"].record
+    first = mid.inputs[0]
+    signer = next(k for k in PEERS if k.did == first.peer)
+    ann = Announce(JOB, RUN, 0, first.peer, str(first.gradient), first.num_samples, 5)
+    sig = announcement_signature(encode_message(ann, signer))[1]
+    moved = dataclasses.replace(first, sent_at=5, peer_sig=sig)
+    forged = resigned(mid, inputs=(moved, *mid.inputs[1:]))
+    return replace_step(honest, "mid", await sign_step(node, forged))
+
+
+async def _other_steps_announcement(node: LocalNode, honest: Stepped) -> list[tuple[str, Any]]:
+    mid = honest.steps["mid"].record
+    first = mid.inputs[0]
+    signer = next(k for k in PEERS if k.did == first.peer)
+    sent_at, sig = announcement(signer, first.gradient, first.num_samples, 0, "head")
+    moved = dataclasses.replace(first, sent_at=sent_at, peer_sig=sig)
+    forged = resigned(mid, inputs=(moved, *mid.inputs[1:]))
+    return replace_step(honest, "mid", await sign_step(node, forged))
+
+
+async def _aggregate_without_step(node: LocalNode, honest: Stepped) -> list[tuple[str, Any]]:
+    """Step mid's aggregate written with a round's meta (no ``step``), its record naming it."""
+    mid = honest.steps["mid"].record
+    store = GradientStore(node)
+    real = await store.get(mid.output)
+    meta = {k: v for k, v in real.meta.items() if k != "step"}
+    output = await store.put(Gradient(real.tensors, meta))
+    return replace_step(honest, "mid", await sign_step(node, resigned(mid, output=output)))
+
+
+async def _other_steps_inputs(node: LocalNode, honest: Stepped) -> list[tuple[str, Any]]:
+    """Step mid over documents of head's tensors; head said to have failed."""
+    mid = step_config(honest.config, "mid")
+    wrong = await peer_documents(node, mid, 0, 99, names=["fc.bias", "fc.weight"])
+    steps = replace_step(
+        honest, "mid", await sign_step(node, await close_step(node, mid, 0, wrong))
+    )
+    steps[0] = ("head", "quorum not met")
+    return steps
+
+
+async def _tensor_in_two_steps(node: LocalNode, honest: Stepped) -> list[tuple[str, Any]]:
+    mid = step_config(honest.config, "mid")
+    wider = dataclasses.replace(mid, tensors=(*mid.tensors, Selector("fc.bias")))
+    docs = await peer_documents(node, wider, 0, 98, names=["fc.bias", "layer.bias", "layer.weight"])
+    return replace_step(
+        honest, "mid", await sign_step(node, await close_step(node, wider, 0, docs))
+    )
+
+
+FORGED_STEPS = {
+    "announcement-without-step": (_no_step_announcement, "input-signature"),
+    "announced-for-another-step": (_other_steps_announcement, "input-signature"),
+    "aggregate-meta-without-step": (_aggregate_without_step, "output-cid"),
+    "inputs-of-another-step": (_other_steps_inputs, "step-tensors"),
+    "tensor-in-two-steps": (_tensor_in_two_steps, "step-tensors"),
+}
+
+
+@pytest.mark.parametrize(
+    "how", ["steps-sorted", "failed-step-named", "kind-aggregate", "tensors-in-step-order"]
+)
+def test_a_forged_model_level_document_fails_model_output(tmp_path: Path, how: str) -> None:
+    async def main() -> CID:
+        node = LocalNode(tmp_path)
+        honest = await stepped_round(node, failed={"mid": "quorum not met"})
+        forged = dataclasses.replace(honest.record, output=await _forged_model(node, honest, how))
+        return await sign_round(node, forged)
+
+    assert both_checks(tmp_path, asyncio.run(main())) == ("model-output", "model-output")
+
+
+@pytest.mark.parametrize("how", sorted(FORGED_STEPS))
+def test_a_forged_step_fails_the_reference(tmp_path: Path, how: str) -> None:
+    """Each forgery is signed by the coordinator, its model-level output assembled from the
+    steps it names (or the honest one where they cannot be assembled)."""
+    build, check = FORGED_STEPS[how]
+
+    async def main() -> CID:
+        node = LocalNode(tmp_path)
+        honest = await stepped_round(node)
+        steps = await build(node, honest)
+        model = honest.record.output if how == "tensor-in-two-steps" else None
+        cid, _ = await publish_round(node, 0, steps, model=model)
+        return cid
+
+    assert both_checks(tmp_path, asyncio.run(main())) == (check, check)
+
+
+def test_a_step_record_of_another_round_fails_step_link(tmp_path: Path) -> None:
+    async def main() -> tuple[CID, CID]:
+        node = LocalNode(tmp_path)
+        first = await stepped_round(node, round_=0)
+        second = await stepped_round(node, round_=1, prev=first.record_cid, seed=21)
+        steps = replace_step(second, "head", first.steps["head"])  # itself honest
+        cid, _ = await publish_round(node, 1, steps, prev=first.record_cid)
+        return second.record_cid, cid
+
+    honest, forged = asyncio.run(main())
+    assert both_checks(tmp_path, honest) == ("ok", "ok")
+    assert both_checks(tmp_path, forged) == ("step-link", "step-link")
+
+
+def _in_step_order(
+    meta: dict[str, Any], parts: list[tuple[str, str, tuple[int, ...], bytes]]
+) -> bytes:
+    return ref.write_document(meta, parts)
+
+
+def _with_failed_steps(node: dict[str, Any], closed: list[str], outputs: list[str]) -> Any:
+    return {
+        **ORIGINAL_MODEL_META(node, closed, outputs),
+        "steps": [e["step"] for e in node["steps"]],
+    }
+
+
+ORIGINAL_MODEL_META = ref.model_meta
+ORIGINAL_ANNOUNCEMENT = ref.announcement_bytes
+ORIGINAL_AGGREGATE_META = ref.aggregate_meta
+#: A reference that reads section 9 otherwise than it says (the attribute it replaces, by
+#: what), and the check an honest round then fails: what makes these tests honest.
+MISREADINGS: dict[str, tuple[str, Any, str]] = {
+    "model-tensors-in-step-order": ("model_document", _in_step_order, "model-output"),
+    "model-meta-names-failed-steps": ("model_meta", _with_failed_steps, "model-output"),
+    "model-meta-without-outputs": (
+        "model_meta",
+        lambda node, closed, outputs: {
+            k: v for k, v in ORIGINAL_MODEL_META(node, closed, outputs).items() if k != "outputs"
+        },
+        "model-output",
+    ),
+    "announcement-without-step": (
+        "announcement_bytes",
+        lambda *args: ORIGINAL_ANNOUNCEMENT(*args[:7]),
+        "input-signature",
+    ),
+    "aggregate-meta-without-step": (
+        "aggregate_meta",
+        lambda record: {k: v for k, v in ORIGINAL_AGGREGATE_META(record).items() if k != "step"},
+        "output-cid",
+    ),
+}
+
+
+@pytest.mark.parametrize("misreading", sorted(MISREADINGS))
+def test_a_reference_that_misreads_section_9_fails_an_honest_round(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, misreading: str
+) -> None:
+    attribute, replacement, check = MISREADINGS[misreading]
+    done = asyncio.run(stepped_round(LocalNode(tmp_path), failed={"mid": "quorum not met"}))
+    assert reference_check(tmp_path, done.record_cid) == "ok"
+    monkeypatch.setattr(ref, attribute, replacement)
+    assert reference_check(tmp_path, done.record_cid) == check
+
+
+def test_the_reference_imports_the_standard_library_only() -> None:
+    """It is a stranger's auditor: nothing of gradstore, NumPy or multiformats."""
+    tree = ast.parse(Path(ref.__file__).read_text("utf-8"))
+    names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
+             for a in n.names}  # fmt: skip
+    names |= {n.module.split(".")[0] for n in ast.walk(tree)
+              if isinstance(n, ast.ImportFrom) and n.module}  # fmt: skip
+    assert names and names <= set(sys.stdlib_module_names) | {"__future__"}, names

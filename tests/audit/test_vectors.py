@@ -1,5 +1,6 @@
 """The conformance vectors in tests/vectors: every one audits, says truly what it covers, and
-together they cover every method, dtype, codec and record version (tests/vectors/README.md)."""
+together they cover every method, dtype, codec and record version, stepped rounds' round/5
+and step records included (tests/vectors/README.md)."""
 
 from __future__ import annotations
 
@@ -15,17 +16,17 @@ from typing import Any
 import pytest
 
 from gradstore.aggregate.methods import REGISTRY
-from gradstore.audit import verify_history, verify_round
+from gradstore.audit import SteppedRoundReport, verify_history, verify_round
 from gradstore.cli import main as gradstore_main
 from gradstore.dag import CID, RAW, CarReader, block_links, write_car
 from gradstore.dag.block import Block
 from gradstore.errors import AuditError, IntegrityError
 from gradstore.format import CODECS, FLOATS, VALUE_FORMATS
 from gradstore.format.codecs import INDEX_BITS
-from gradstore.messages import RECORD_TYPES
+from gradstore.messages import RECORD_TYPE_STEPPED, RECORD_TYPES, STEP_RECORD_TYPE
 from gradstore.node import KuboDaemon, LocalNode, Node
 
-from .vector_features import describe
+from .vector_features import describe, step_outputs
 
 ROOT = Path(__file__).resolve().parents[2]
 VECTORS = ROOT / "tests" / "vectors"
@@ -52,8 +53,22 @@ REQUIRED_TAGS = frozenset(
         "mixed-dtypes",
         "scalar-tensor",
         "empty-tensor",
+        "failed-step",
+        "mixed-methods",
     }
 )
+
+
+def aggregations(vector: dict[str, Any]) -> list[dict[str, Any]]:
+    """The covers of each aggregation a vector holds: its round's, or its closed steps'."""
+    covers = vector["covers"]
+    if covers["record_type"] != RECORD_TYPE_STEPPED:
+        return [covers]
+    return [c for c in covers["steps"] if "failed" not in c]
+
+
+def closed_steps(vector: dict[str, Any]) -> list[dict[str, Any]]:
+    return [s for s in vector.get("steps", []) if "failed" not in s]
 
 
 def car_pieces(path: Path, size: int = 1 << 16) -> Iterator[bytes]:
@@ -80,6 +95,17 @@ async def check(node: Node, vector: dict[str, Any]) -> None:
             f"vectors.json expects {vector['output']}",
         )
     assert report.record.type == vector["record_type"]
+    if isinstance(report, SteppedRoundReport):  # each step re-derived, as vectors.json says
+        steps = closed_steps(vector)
+        assert [(s.record.step, str(s.record_cid), str(s.record.output)) for s in report.steps] == [
+            (s["step"], s["record"], s["output"]) for s in steps
+        ]
+        assert [[str(i.gradient) for i in s.record.inputs] for s in report.steps] == [
+            [i["cid"] for i in s["inputs"]] for s in steps
+        ]
+        failed = [(s["step"], s["failed"]) for s in vector["steps"] if "failed" in s]
+        assert list(report.failed) == failed
+        return
     assert [str(i.gradient) for i in report.record.inputs] == [i["cid"] for i in vector["inputs"]]
 
 
@@ -138,8 +164,10 @@ def test_a_vector_imported_into_kubo_audits_there(kubo: KuboDaemon, name):
 
 
 def _input_leaf(vector: dict[str, Any], blocks: list[Block]) -> Block:
-    """A raw leaf of the first input document (the document itself when it is one block)."""
-    first = CID.parse(vector["inputs"][0]["cid"])
+    """A raw leaf of the first input document (the document itself when it is one block); of
+    a stepped round, the last step's."""
+    inputs = closed_steps(vector)[-1]["inputs"] if "steps" in vector else vector["inputs"]
+    first = CID.parse(inputs[0]["cid"])
     if first.codec == RAW:
         return next(b for b in blocks if b.cid == first)
     root = next(b for b in blocks if b.cid == first)
@@ -147,7 +175,7 @@ def _input_leaf(vector: dict[str, Any], blocks: list[Block]) -> Block:
     return next(b for b in blocks if b.cid == leaf)
 
 
-@pytest.mark.parametrize("name", ["method-median", "multiblock-mean-clip"])
+@pytest.mark.parametrize("name", ["method-median", "multiblock-mean-clip", "steps-three-methods"])
 def test_a_flipped_byte_in_an_input_block_fails(tmp_path, name):
     """A CAR whose input block was altered is refused on import; the same block altered on
     the auditor's disk fails the audit naming the input."""
@@ -226,21 +254,26 @@ def test_vectors_json_says_what_each_car_holds(tmp_path, name):
         covers, output_tensors = await describe(node, record)
         assert covers == vector["covers"]
         assert output_tensors == vector["output_tensors"]
+        if vector["record_type"] == RECORD_TYPE_STEPPED:
+            outputs = await step_outputs(node, record)
+            assert outputs == {s["step"]: s["output_tensors"] for s in closed_steps(vector)}
 
     asyncio.run(main())
 
 
 def test_the_vectors_cover_every_method_dtype_codec_and_record_version():
     """Adding a method, dtype, codec or record version without a vector fails here."""
-    covers = [v["covers"] for v in DOCUMENT["vectors"]]
+    rounds = [v["covers"] for v in DOCUMENT["vectors"]]
+    covers = [c for v in DOCUMENT["vectors"] for c in aggregations(v)]
     params = [p for c in covers for p in c["codec_params"]]
     assert {c["method"] for c in covers} >= set(REGISTRY)
     assert {d for c in covers for d in c["dtypes"]} >= set(FLOATS)
     assert {n for c in covers for n in c["codecs"]} >= {*CODECS, "dense"}
     assert {p["values"] for p in params if p["name"] == "topk"} >= set(VALUE_FORMATS)
     assert {p["index"] for p in params if p["name"] == "topk"} >= set(INDEX_BITS)
-    assert {c["record_type"] for c in covers} >= set(RECORD_TYPES)
-    assert {t for c in covers for t in c["tags"]} >= REQUIRED_TAGS
+    versions = {c["record_type"] for c in [*rounds, *covers]}
+    assert versions >= {*RECORD_TYPES, RECORD_TYPE_STEPPED, STEP_RECORD_TYPE}
+    assert {t for c in [*rounds, *covers] for t in c["tags"]} >= REQUIRED_TAGS
     for method in ("median", "trimmed_mean"):  # both parities of the order statistics
         assert {c["count"] for c in covers if c["method"] == method} == {"even", "odd"}
     cars = sorted(p.name for p in VECTORS.glob("*.car"))

@@ -2,7 +2,9 @@
 
 ``scripts/make_vectors.py`` writes :func:`describe`'s answer into tests/vectors/vectors.json;
 tests/audit/test_vectors.py derives it again from each CAR and checks that the two agree and
-that the vectors together cover every method, dtype, codec and record version.
+that the vectors together cover every method, dtype, codec and record version. A stepped
+round (round/5) is described step record by step record (each as a round/4 record is) and
+by its model-level document.
 """
 
 from __future__ import annotations
@@ -22,11 +24,11 @@ from gradstore.aggregate import (
     aggregate_streamed,
     compressed_source,
 )
-from gradstore.audit import aggregate_meta, fetch_record
-from gradstore.audit._round import record_params
+from gradstore.audit import fetch_any_record, fetch_step_record
+from gradstore.audit._checks import output_meta, record_params
 from gradstore.dag import CID, RAW, file_cid
 from gradstore.format import CompressedGradient, Gradient, dtype_code, encode
-from gradstore.messages import RoundRecord
+from gradstore.messages import RoundRecord, SteppedRoundRecord, StepRecord
 from gradstore.node import Node
 from gradstore.store import GradientStore
 
@@ -97,7 +99,9 @@ def _tensor_facts(output: Gradient) -> list[dict[str, Any]]:
 
 
 async def _aggregate(
-    record: RoundRecord, docs: Sequence[Gradient | CompressedGradient], norm_sum: NormSum
+    record: RoundRecord | StepRecord,
+    docs: Sequence[Gradient | CompressedGradient],
+    norm_sum: NormSum,
 ) -> tuple[dict[str, np.ndarray[Any, Any]], AggregationInfo]:
     """The record's aggregation over ``docs`` as the coordinator runs it, with ``norm_sum``."""
     params = AggregationParams.from_record(record.method, record.params, norm_sum)
@@ -124,7 +128,7 @@ def _selection(info: AggregationInfo) -> dict[str, Any] | None:
 
 
 async def _clipping(
-    record: RoundRecord,
+    record: RoundRecord | StepRecord,
     docs: Sequence[Gradient | CompressedGradient],
     info: AggregationInfo,
     tensors: dict[str, np.ndarray[Any, Any]],
@@ -156,15 +160,66 @@ def _bytes(array: np.ndarray[Any, Any]) -> bytes:
 
 
 async def describe(node: Node, record_cid: CID) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """``(covers, output_tensors)`` of the round at ``record_cid``, from its blocks on ``node``."""
-    _, record = await fetch_record(node, record_cid)
+    """``(covers, output_tensors)`` of the round at ``record_cid``, from its blocks on ``node``
+    (of a stepped round: its steps' covers and its model-level document's tensors)."""
+    _, record = await fetch_any_record(node, record_cid)
+    if isinstance(record, SteppedRoundRecord):
+        return await _describe_stepped(node, record)
+    return await describe_aggregation(node, record)
+
+
+async def step_outputs(node: Node, record_cid: CID) -> dict[str, list[dict[str, Any]]]:
+    """Each closed step's ``output_tensors`` (its aggregate's), by step, of a round/5 record."""
+    _, record = await fetch_any_record(node, record_cid)
+    assert isinstance(record, SteppedRoundRecord)
+    store = GradientStore(node)
+    return {
+        entry.step: _tensor_facts(await store.get(entry.output))
+        for entry in record.steps
+        if entry.output is not None
+    }
+
+
+async def _describe_stepped(
+    node: Node, record: SteppedRoundRecord
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    steps: list[dict[str, Any]] = []
+    for entry in record.steps:
+        if entry.record is None:
+            steps.append({"step": entry.step, "failed": entry.failed})
+            continue
+        _, step = await fetch_step_record(node, entry.record, entry.step)
+        step_covers, _ = await describe_aggregation(node, step)
+        steps.append({"step": entry.step, "selectors": list(step.tensors), **step_covers})
+    model = await GradientStore(node).get(record.output)
+    closed = [s for s in steps if "failed" not in s]
+    covers: dict[str, Any] = {
+        "record_type": record.type,
+        "steps": steps,
+        "methods": sorted({s["method"] for s in closed}),
+        "failed_steps": len(steps) - len(closed),
+        "model": {
+            "tensors": len(model.tensors),
+            "dtypes": sorted({str(dtype_code(a.dtype)) for a in model.tensors.values()}),
+            "multi_block": record.output.codec != RAW,
+        },
+        "prev": None if record.prev is None else str(record.prev),
+    }
+    covers["tags"] = stepped_tags(covers)
+    return covers, _tensor_facts(model)
+
+
+async def describe_aggregation(
+    node: Node, record: RoundRecord | StepRecord
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``(covers, output_tensors)`` of one aggregation: a round/2-4 record or a step record."""
     store = GradientStore(node)
     docs = [await store.get_any(i.gradient) for i in record.inputs]
     output = await store.get(record.output)
     inputs = [_float64(d) for d in docs]
     tensors, info = await _aggregate(record, docs, record_params(record).norm_sum)
-    if file_cid(encode(Gradient(tensors, aggregate_meta(record)))) != record.output.to_v1():
-        raise ValueError(f"{record_cid}: the aggregation here does not give the record's output")
+    if file_cid(encode(Gradient(tensors, output_meta(record)))) != record.output.to_v1():
+        raise ValueError(f"{record.output}: the aggregation here does not give the record's output")
     codecs = [_codec(d) for d in docs]
     specs = {repr(sorted(c.items())): c for c in codecs if c is not None}
     shapes = [np.shape(a) for a in inputs[0].values()]
@@ -183,7 +238,7 @@ async def describe(node: Node, record_cid: CID) -> tuple[dict[str, Any], list[di
         "signed_zeros": _zeros(inputs),
         "selection": _selection(info),
         "excluded": len(record.excluded),
-        "prev": None if record.prev is None else str(record.prev),
+        "prev": None if isinstance(record, StepRecord) or record.prev is None else str(record.prev),
         "tensors": {
             "count": len(shapes),
             "scalar": any(s == () for s in shapes),
@@ -216,5 +271,17 @@ def tags(covers: dict[str, Any]) -> list[str]:
         "prev": covers["prev"] is not None,
         "scalar-tensor": covers["tensors"]["scalar"],
         "empty-tensor": covers["tensors"]["empty"],
+    }
+    return sorted(name for name, on in have.items() if on)
+
+
+def stepped_tags(covers: dict[str, Any]) -> list[str]:
+    """The flat feature names of a stepped round's ``covers`` (its steps have their own)."""
+    have = {
+        "stepped": True,
+        "failed-step": covers["failed_steps"] > 0,
+        "mixed-methods": len(covers["methods"]) > 1,
+        "multi-block-model": covers["model"]["multi_block"],
+        "prev": covers["prev"] is not None,
     }
     return sorted(name for name, on in have.items() if on)

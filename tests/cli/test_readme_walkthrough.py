@@ -13,6 +13,9 @@ what works. What the test changes, and only that:
   taken and nothing leaves the machine;
 - right after ``ipfs daemon &``, the script waits until the daemon answers (a person
   reads "Daemon is ready"), and at the end the daemon is shut down if still running.
+
+A CID the README shows in a line's comment (``# bafkreihwj2xx…r7qo4``, abridged) is what
+that line prints: ``examples/make_gradients.py`` writes the same files every time.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -28,10 +32,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytestmark = [pytest.mark.kubo, pytest.mark.slow]
+from gradstore.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 CID = re.compile(r"baf[a-z2-7]{50,}")
+SHOWN = re.compile(r"(baf[a-z2-7]{6,})…([a-z2-7]{3,})")  # an abridged CID: head…tail
 
 
 def walkthrough_commands(readme: str) -> list[str]:
@@ -75,6 +80,49 @@ def _cids(text: str) -> list[str]:
     return [line for line in text.splitlines() if CID.fullmatch(line.strip())]
 
 
+def shown_cids(line: str) -> list[tuple[str, str]]:
+    """The abridged CIDs a README line's comment shows, as (head, tail)."""
+    _, hash_, comment = line.partition("#")
+    return SHOWN.findall(comment) if hash_ else []
+
+
+def _agree(shown: list[tuple[str, str]], printed: list[str]) -> bool:
+    return len(shown) == len(printed) and all(
+        cid.startswith(head) and cid.endswith(tail)
+        for (head, tail), cid in zip(shown, printed, strict=True)
+    )
+
+
+def test_the_readmes_cids_are_what_its_commands_print_for_the_example_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No node needed: the example files, then each walkthrough line that shows a CID
+    (``gradstore cid``; ``ipfs add --only-hash`` is ``gradstore cid --raw``)."""
+    commands = walkthrough_commands((ROOT / "README.md").read_text())
+    showing = [line for line in commands if shown_cids(line)]
+    assert any(line.startswith("gradstore cid ") for line in showing), showing
+    monkeypatch.chdir(tmp_path)
+    subprocess.run([sys.executable, ROOT / "examples" / "make_gradients.py"], check=True)
+    for line in commands:
+        words = shlex.split(line, comments=True)
+        if words[:2] == ["gradstore", "encode"]:
+            assert main(words[1:]) == 0
+        if not shown_cids(line):
+            continue
+        if words[:2] == ["gradstore", "cid"]:
+            argv = words[1:]
+        elif words[:3] == ["ipfs", "add", "--only-hash"]:
+            argv = ["cid", "--raw", words[-1]]
+        else:
+            pytest.fail(f"a README line shows a CID this test cannot check: {line}")
+        capsys.readouterr()
+        assert main(argv) == 0
+        printed = capsys.readouterr().out.split()
+        assert _agree(shown_cids(line), printed), (line, printed)
+
+
+@pytest.mark.kubo
+@pytest.mark.slow
 def test_the_readme_walkthrough_runs_as_typed(tmp_path: Path, kubo_binary: Path) -> None:
     binary = kubo_binary  # the fixture skips without Kubo, and fails under CI
     commands = walkthrough_commands((ROOT / "README.md").read_text())
@@ -136,4 +184,8 @@ def test_the_readme_walkthrough_runs_as_typed(tmp_path: Path, kubo_binary: Path)
     by_cmd = {line.split("#")[0].strip(): _cids(text) for line, text in printed.items()}
     assert by_cmd["gradstore cid alice.npz"] == by_cmd["ipfs add --only-hash -Q alice.doc"]
     assert len(by_cmd["gradstore cid alice.npz"]) == 1
+    # and both print the CID the README shows
+    for line, text in printed.items():
+        if shown_cids(line):
+            assert _agree(shown_cids(line), _cids(text)), (line, text)
     assert by_cmd['ipfs cat "$aggregate" | ipfs add --only-hash -Q'] == [aggregate]

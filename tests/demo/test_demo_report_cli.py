@@ -6,6 +6,8 @@ import argparse
 import asyncio
 import io
 import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -31,7 +33,7 @@ REC = CID.hash(DAG_CBOR, b"record")
 
 def _result(rounds=2):
     rows = [
-        RoundRow(r, 1.5 - r / 10, 0.8 + r / 100, AGG, REC, 73_344, 0.25, 20_000)
+        RoundRow(r, 1.5 - r / 10, 0.8 + r / 100, AGG, REC, 20_000, 73_344, 0.25)
         for r in range(rounds)
     ]
     return DemoResult(
@@ -41,8 +43,19 @@ def _result(rounds=2):
 
 def test_table_row_lines_up_with_the_header():
     row = format_row(_result().rows[1])
-    assert row.split() == ["1", "1.4000", "81.00%", str(AGG), "73.3", "kB", "0.25"]
+    assert row.split() == ["1", "1.4000", "81.00%", str(AGG), "20.0", "kB", "73.3", "kB", "0.25"]
+    assert table_header().split()[-3:] == ["inputs", "traffic", "seconds"]
     assert len(row) == len(table_header())
+
+
+def test_the_readmes_demo_output_has_the_table_and_summary_keys_the_demo_prints():
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("\n## The demo\n", 1)[1].split("\n## ", 1)[0]
+    header = next(line for line in section.splitlines() if line.startswith("round "))
+    assert header == table_header()
+    keys = summary(_result()).keys()
+    named = re.findall(r"`([a-z_]+)`", section.split("--summary-json PATH", 1)[1][:200])
+    assert named and set(named) <= keys, named
 
 
 def test_format_bytes():
@@ -64,7 +77,8 @@ def test_summary_json_has_the_promised_keys(tmp_path):
         "rounds": 2,
         "accuracy": 0.81,
         "loss": 1.4,
-        "bytes_moved": 40_000,  # the documents the peers stored over the run
+        "input_bytes": 40_000,  # the documents the peers stored over the run
+        "traffic_bytes": 146_688,  # and every document put to or fetched from the node
         "compress": None,
         "head_record": str(REC),
         "coordinator": "did:key:z6Mk",

@@ -91,7 +91,10 @@ def test_every_round_leaves_a_signed_record_chained_to_the_previous(tmp_path):
     assert all(
         r.coordinator == key.did and r.method == "fedavg" and len(r.inputs) == 2 for r in recs
     )
-    assert all(row.record.codec == DAG_CBOR and row.bytes_moved > 0 for row in result.rows)
+    assert all(
+        row.record.codec == DAG_CBOR and row.traffic_bytes > row.input_bytes > 0
+        for row in result.rows
+    )
     assert [r.output for r in recs] == [row.aggregate for row in result.rows]
 
 

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from ._argtypes import add_max_bytes
+from ._help import examples
 from ._lazy import lazy
 from ._nodes import add_node_options, add_timeout_option
 
@@ -16,19 +17,32 @@ def register(sub: Any) -> None:
         help="re-check what a coordinator published: a gradient, a round, a job's history",
         description="Independent re-checks. Each exits 0 when every check holds, and 1 with "
         "'error: check NAME failed: ...' naming the first that does not.",
+        epilog=examples(
+            'gradstore audit round "$record" --config job.toml',
+            'gradstore audit history "$record" --coordinator did:key:z6Mk...',
+            'gradstore audit cid "$aggregate"',
+        ),
     )
     asub = audit.add_subparsers(dest="audit_command", metavar="CHECK", required=True)
 
     p = asub.add_parser(
-        "cid", help="fetch a gradient, check every block, decode strictly, re-derive its CID"
+        "cid",
+        help="fetch a gradient, check every block, decode strictly, re-derive its CID",
+        epilog=examples(
+            'gradstore audit cid "$aggregate"              # a round\'s output, or any gradient',
+        ),
     )
-    p.add_argument("cid")
+    p.add_argument("cid", help="the gradient's CID")
     _common(p)
     p.set_defaults(run=lazy("_audit_cmds", "cmd_audit_cid"))
 
     p = asub.add_parser(
         "round",
         help="check a round record's signature, re-fetch its inputs, recompute, compare the output",
+        epilog=examples(
+            'gradstore audit round "$record" --config job.toml        # pinned to the job file',
+            'gradstore audit round "$record" --coordinator did:key:z6Mk... --api http://127.0.0.1:5001',
+        ),
     )
     p.add_argument("record", help="round record CID")
     _pins(p)
@@ -38,6 +52,10 @@ def register(sub: Any) -> None:
     p = asub.add_parser(
         "history",
         help="verify every round along the prev links from a record (same job, same coordinator)",
+        epilog=examples(
+            'gradstore audit history "$record" --config job.toml',
+            'gradstore audit history "$record" --coordinator did:key:z6Mk... --allow-gaps',
+        ),
     )
     p.add_argument("head", help="the newest round record's CID")
     p.add_argument(

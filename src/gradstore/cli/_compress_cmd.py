@@ -12,14 +12,20 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..compress import compress, load_residual, parse_spec, save_residual, with_feedback
-from ..errors import CompressionError
 from ..format import CompressedGradient, Gradient
+from ._exit import UsageError
 
 
-def residual_next_to_key(key: str | Path, job: str) -> Path:
-    """``KEY.residual-JOB`` in the key's folder (the job name made safe for a file name)."""
+def residual_next_to_key(key: str | Path, job: str, step: str | None = None) -> Path:
+    """``KEY.residual-JOB`` in the key's folder (the job name made safe for a file name), and
+    ``KEY.residual-JOB@STEP`` for one step of a stepped job (``@`` is in no job or step name)."""
     path = Path(key)
-    return path.with_name(f"{path.name}.residual-{re.sub(r'[^A-Za-z0-9._-]', '_', job)}")
+    name = f"{path.name}.residual-{_safe(job)}"
+    return path.with_name(name if step is None else f"{name}@{_safe(step)}")
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)
 
 
 def compressed_update(
@@ -34,7 +40,7 @@ def compressed_update(
     one)."""
     if spec is None:
         if residual is not None:
-            raise CompressionError("--residual keeps what compression leaves out: add --compress")
+            raise UsageError("--residual keeps what compression leaves out: add --compress")
         return gradient, lambda: None
     codec = parse_spec(spec)
     path = Path(residual) if residual is not None else default_residual

@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from . import _exit
+from ._help import examples
 from ._method_args import add_method_options
 from ._nodes import add_node_options
 
@@ -44,6 +45,11 @@ def register(sub: Any) -> None:
             "prints the coordinator's did and, at the end, the `gradstore audit history` "
             "command that re-derives every round. Needs the demo extra: "
             "pip install 'gradstore[demo]'."
+        ),
+        epilog=examples(
+            "gradstore demo                                   # 4 peers, 20 rounds, federated",
+            "gradstore demo --local demo-node --compress topk:0.027,values=2bit",
+            "gradstore demo --mode data-parallel --method median --plot demo.png",
         ),
     )
     p.add_argument("--peers", type=_positive_int, default=4, help="number of peers (default 4)")

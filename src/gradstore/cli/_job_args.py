@@ -6,19 +6,29 @@ from typing import Any
 
 from ._argtypes import byte_count
 from ._compress_args import add_compress_options
+from ._help import examples
 from ._lazy import lazy
-from ._method_args import METHOD_CHOICES, add_method_options
+from ._method_args import METHOD_CHOICES, PARAMETER_OPTIONS, add_method_options
 from ._nodes import add_node_options, add_timeout_option
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser(
-        "keygen", help="create an Ed25519 identity (file mode 0600); prints its did:key"
+        "keygen",
+        help="create an Ed25519 identity (file mode 0600); prints its did:key",
+        epilog=examples("gradstore keygen --out alice.key          # prints did:key:z6Mk..."),
     )
     p.add_argument("--out", required=True, help="key file to create (never overwritten)")
     p.set_defaults(run=lazy("_job_cmds", "cmd_keygen"))
 
-    p = sub.add_parser("coordinator", help="run a job's coordinator until its rounds are done")
+    p = sub.add_parser(
+        "coordinator",
+        help="run a job's coordinator until its rounds are done",
+        epilog=examples(
+            "gradstore coordinator --config job.toml --key coord.key",
+            "gradstore coordinator --config job.toml --key coord.key --state ./state -v",
+        ),
+    )
     p.add_argument("--config", required=True, help="job file (TOML)")
     p.add_argument("--key", required=True, help="the coordinator's key file")
     p.add_argument(
@@ -30,25 +40,62 @@ def register(sub: Any) -> None:
     add_node_options(p)
     p.set_defaults(run=lazy("_coordinator_cmd", "cmd_coordinator"))
 
-    peer = sub.add_parser("peer", help="act as one of a job's peers")
+    peer = sub.add_parser(
+        "peer",
+        help="act as one of a job's peers: publish a gradient, await a round's aggregate",
+        epilog=examples(
+            "gradstore peer publish --config job.toml --key alice.key --round 0 alice.npz",
+            "gradstore peer await --config job.toml --round 0 -o aggregate.npz",
+        ),
+    )
     psub = peer.add_subparsers(dest="peer_command", metavar="ACTION", required=True)
     p = psub.add_parser(
-        "publish", help="store a gradient, announce it, wait for the coordinator's ack"
+        "publish",
+        help="store a gradient, announce it, wait for the coordinator's ack",
+        epilog=examples(
+            "gradstore peer publish --config job.toml --key alice.key --round 0 \\\n"
+            "    --num-samples 100 alice.npz",
+            "gradstore peer publish --config job.toml --key alice.key --round 1 \\\n"
+            "    --compress topk:0.027,values=2bit alice.npz",
+            "gradstore peer publish --config job.toml --key alice.key --round 0 \\\n"
+            "    --step head alice.npz            # a job with [[steps]]: one step",
+        ),
     )
     p.add_argument("gradient", help="gradient as .npz or .safetensors")
     p.add_argument("--config", required=True, help="job file (TOML)")
     p.add_argument("--key", required=True, help="this peer's key file")
-    p.add_argument("--round", type=int, required=True)
-    p.add_argument("--num-samples", type=int, default=1)
+    p.add_argument("--round", type=int, required=True, help="the round (from 0)")
+    p.add_argument(
+        "--step",
+        metavar="NAME",
+        default=None,
+        help="a job with [[steps]]: publish only this step (the file's other steps' tensors are "
+        "left out); without it, every step of this peer is announced, one line STEP CID each",
+    )
+    p.add_argument("--num-samples", type=int, default=1, help="fedavg's weight (default 1)")
     p.add_argument("--no-wait", action="store_true", help="return after the first announcement")
     p.add_argument("--timeout", type=float, default=None, help="give up after S seconds")
     add_node_options(p)
     add_compress_options(p, peer=True)
     p.set_defaults(run=lazy("_job_cmds", "cmd_peer_publish"))
 
-    p = psub.add_parser("await", help="wait for a round's result, verify and save the aggregate")
+    p = psub.add_parser(
+        "await",
+        help="wait for a round's result, verify and save the aggregate",
+        epilog=examples(
+            "gradstore peer await --config job.toml --round 0 -o aggregate.npz",
+            "gradstore peer await --config job.toml --round 0 --step head -o head.npz",
+        ),
+    )
     p.add_argument("--config", required=True, help="job file (TOML)")
-    p.add_argument("--round", type=int, required=True)
+    p.add_argument("--round", type=int, required=True, help="the round (from 0)")
+    p.add_argument(
+        "--step",
+        metavar="NAME",
+        default=None,
+        help="a job with [[steps]]: wait for this step's aggregate only (without it: the "
+        "round's model-level output, once every step has ended)",
+    )
     p.add_argument(
         "-o",
         "--output",
@@ -62,13 +109,24 @@ def register(sub: Any) -> None:
     p = sub.add_parser(
         "aggregate",
         help="aggregate .npz/.safetensors gradients offline with the coordinator's code",
-        epilog="sum/mean/fedavg/weighted over large float32/float64 tensors run a numba-compiled "
-        "kernel that gives the NumPy path's exact bits; GRADSTORE_NUMBA=0 turns it off.",
+        description="Aggregate gradients with the coordinator's code, bit for bit what a round "
+        "with these inputs would publish. sum/mean/fedavg/weighted over large float32/float64 "
+        "tensors run a numba-compiled kernel that gives the NumPy path's exact bits; "
+        "GRADSTORE_NUMBA=0 turns it off.",
+        epilog=examples(
+            "gradstore aggregate --method fedavg alice.npz bob.npz --num-samples 100 50 -o avg.npz",
+            "gradstore aggregate --method median a.npz b.npz c.npz -o median.npz",
+        ),
     )
     p.add_argument(
         "inputs", nargs="*", help="gradients as .npz or .safetensors, in canonical order"
     )
-    p.add_argument("-o", "--output", required=True)
+    p.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        help="file to write: .safetensors by its extension, else .npz",
+    )
     p.add_argument(
         "--method",
         required=True,
@@ -80,21 +138,30 @@ def register(sub: Any) -> None:
     # they take strings, and _split_lists gives the non-numeric tail back to the inputs.
     p.add_argument("--num-samples", nargs="+", default=None, metavar="N", help="one per input")
     p.add_argument("--weights", nargs="+", default=None, metavar="W", help="one per input")
-    p.add_argument("--trim-ratio", type=float, default=None)
-    p.add_argument("--byzantine", type=int, default=None)
-    p.add_argument("--select", type=int, default=None)
-    p.add_argument("--clip-input-norm", type=float, default=None)
-    p.add_argument("--clip-output-norm", type=float, default=None)
+    for option, kind, metavar, text in PARAMETER_OPTIONS:
+        p.add_argument(option, type=kind, default=None, metavar=metavar, help=text)
     p.set_defaults(run=lazy("_job_cmds", "cmd_aggregate"))
 
-    job = sub.add_parser("job", help="job files")
+    job = sub.add_parser(
+        "job",
+        help="write a job file (job init)",
+        epilog=examples(
+            "gradstore job init --coordinator coord.key --peer alice.key --peer bob.key",
+        ),
+    )
     jsub = job.add_subparsers(dest="job_command", metavar="ACTION", required=True)
     p = jsub.add_parser(
         "init",
         help="write a job file from the coordinator's and peers' key files (or did:keys)",
         description="Write a job file whose ids come from key files (or did:key strings), "
         "checked as the coordinator checks it. Edit it afterwards for anything else "
-        "([[schema]], [messages], more [limits]).",
+        "([[schema]], [messages], more [limits], [[steps]]).",
+        epilog=examples(
+            "gradstore job init --name walkthrough --coordinator coord.key \\\n"
+            "    --peer alice.key --peer bob.key",
+            "gradstore job init --coordinator coord.key --peer alice.key --peer did:key:z6Mk... \\\n"
+            "    --method median --rounds 10 -o job.toml --force",
+        ),
     )
     p.add_argument(
         "--coordinator", required=True, metavar="KEY|DID", help="the coordinator's key file or id"
@@ -124,12 +191,30 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--deadline", type=float, default=60.0, metavar="S", help="seconds per round (default 60)"
     )
-    p.add_argument("--max-gradient-bytes", type=byte_count, default=None, metavar="N")
+    p.add_argument(
+        "--max-gradient-bytes",
+        type=byte_count,
+        default=None,
+        metavar="N",
+        help="[limits] max_gradient_bytes: the coordinator refuses inputs whose document is "
+        "larger (default 1 GiB); N may end in KiB, MiB, GiB or TiB",
+    )
     p.set_defaults(run=lazy("_job_init", "cmd_job_init"))
 
-    rnd = sub.add_parser("round", help="inspect round records")
+    rnd = sub.add_parser(
+        "round",
+        help="inspect round records",
+        epilog=examples('gradstore round show "$record"'),
+    )
     rsub = rnd.add_subparsers(dest="round_command", metavar="ACTION", required=True)
-    p = rsub.add_parser("show", help="a round record as JSON, with each peer's status")
+    p = rsub.add_parser(
+        "show",
+        help="a round record as JSON, with each peer's status",
+        epilog=examples(
+            'gradstore round show "$record"                 # $record: what peer await printed',
+            'gradstore round show "$record" --state gradstore-state/walkthrough',
+        ),
+    )
     p.add_argument("record", help="round record CID")
     p.add_argument(
         "--state",

@@ -12,12 +12,11 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ..aggregate import AggregationParams, aggregate
-from ..dag import CID
 from ..files import load_gradient
 from ..format import Gradient
 from ..job import load_job
 from ..messages import SigningKey
-from ..peer import Peer
+from ..peer import Peer, PeerSteps
 from . import _exit
 from ._exit import UsageError
 from ._nodes import node_from_args
@@ -38,45 +37,62 @@ def cmd_peer_publish(args: argparse.Namespace) -> int:
 
     config = load_job(args.config)
     key = SigningKey.load(args.key)
+    steps = PeerSteps(config, key.did)  # a key outside the job is refused here
     gradient = load_gradient(args.gradient)
+    # what this peer sends, cut and checked before anything goes out: in a stepped job one
+    # step (--step), or all of this peer's steps (the file's other tensors are left out)
+    one = args.step is not None or not config.stepped
+    mine = steps.cut(gradient, steps.check(args.step)) if one else steps.mine_of(gradient)
     # --compress: the residual is replaced once the coordinator verified the input
     document, taken = compressed_update(
         args.compress,
         args.residual,
-        gradient,
-        default_residual=residual_next_to_key(args.key, config.job),
+        mine,
+        default_residual=residual_next_to_key(args.key, config.job, args.step),
     )
 
-    async def run() -> CID:
+    async def run() -> list[str]:
         node = node_from_args(args)
         try:
             async with Peer(config, node, key) as peer:
-                return await peer.publish(
+                if one:
+                    cid = await peer.publish(
+                        document,
+                        args.round,
+                        args.num_samples,
+                        step=args.step,
+                        wait=not args.no_wait,
+                        timeout=args.timeout,
+                    )
+                    return [str(cid)]
+                cids = await peer.publish_steps(
                     document,
                     args.round,
                     args.num_samples,
                     wait=not args.no_wait,
                     timeout=args.timeout,
                 )
+                return [f"{step} {cid}" for step, cid in cids.items()]
         finally:
             await node.aclose()
 
-    cid = asyncio.run(run())
+    lines = asyncio.run(run())
     taken()
-    print(cid)
+    print("\n".join(lines))
     return _exit.SUCCESS
 
 
 def cmd_peer_await(args: argparse.Namespace) -> int:
     config = load_job(args.config)
-    check_target(args.output)  # before waiting for the round, not after
+    PeerSteps(config, None).known(args.step)  # before waiting for the round, not after
+    check_target(args.output)
 
     async def run() -> Any:
         node = node_from_args(args)
         try:
             # awaiting needs no key: results are verified against the job's coordinator
             async with Peer(config, node) as peer:
-                return await peer.await_result(args.round, timeout=args.timeout)
+                return await peer.await_result(args.round, step=args.step, timeout=args.timeout)
         finally:
             await node.aclose()
 

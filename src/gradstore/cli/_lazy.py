@@ -32,8 +32,8 @@ def lazy(module: str, name: str, *, blas: bool = True) -> Command:
     """
 
     def run(args: argparse.Namespace) -> int:
-        if not blas and "numpy" not in sys.modules:
-            os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+        if not blas:
+            one_blas_thread()
         if "httpx" not in sys.modules:
             sys.modules.setdefault(_HTTPX_CLI, None)  # type: ignore[arg-type]
         command: Command = getattr(importlib.import_module(f"{__package__}.{module}"), name)
@@ -41,6 +41,13 @@ def lazy(module: str, name: str, *, blas: bool = True) -> Command:
 
     run.__name__ = run.__qualname__ = name
     return run
+
+
+def one_blas_thread() -> None:
+    """Start NumPy's OpenBLAS with one thread when NumPy is imported from now on (unless
+    ``OPENBLAS_NUM_THREADS`` is set): for what does no linear algebra (see ``lazy``)."""
+    if "numpy" not in sys.modules:
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
 class LazyChoices(Sequence[str]):

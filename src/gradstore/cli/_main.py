@@ -10,6 +10,7 @@ from typing import Any
 from .._version import __version__
 from ..errors import GradstoreError
 from . import _audit_args, _demo_cmd, _exit, _job_args, _store_args
+from ._help import HelpFormatter, examples, group_commands, parsers
 from ._text import printable
 
 Command = Callable[[argparse.Namespace], int]
@@ -42,6 +43,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = _Parser(
         prog="gradstore",
         description="Content-addressed gradient store on IPFS.",
+        epilog=examples(
+            "gradstore put alice.npz                      # store a gradient; prints its CID",
+            'gradstore get "$cid" -o copy.npz             # fetch, verify every block, decode',
+            "gradstore demo                               # train across 4 peers, end to end",
+            then="Run 'gradstore COMMAND --help' for a command's options and examples.",
+        ),
     )
     parser.add_argument("--version", action="version", version=f"gradstore {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
@@ -58,7 +65,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     else:
         for register in _REGISTRARS:
             register(sub)
+        group_commands(parser, sub)
     _add_debug_everywhere(parser)
+    for each in parsers(parser):
+        each.formatter_class = HelpFormatter  # keeps the examples' lines as written
     return parser
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from ._argtypes import add_max_bytes
 from ._compress_args import add_compress_options
+from ._help import examples
 from ._lazy import lazy
 from ._nodes import add_node_options, add_timeout_option
 
@@ -16,7 +17,12 @@ from ._nodes import add_node_options, add_timeout_option
 
 def register(sub: Any) -> None:
     p = sub.add_parser(
-        "encode", help="write the gradstore/1 document of an .npz or .safetensors file"
+        "encode",
+        help="write the gradstore/1 document of an .npz or .safetensors file",
+        epilog=examples(
+            "gradstore encode alice.npz -o alice.doc                # its CID: ipfs add --only-hash",
+            "gradstore encode model.safetensors -o model.doc --meta round=3",
+        ),
     )
     p.add_argument("input", help="gradient as .npz or .safetensors")
     p.add_argument("-o", "--output", required=True, help="document file to write")
@@ -28,6 +34,11 @@ def register(sub: Any) -> None:
         "decode",
         help="turn a document back into an .npz or .safetensors file (a compressed one: "
         "decompressed, to each tensor's declared dtype)",
+        epilog=examples(
+            "gradstore decode alice.doc -o alice.npz",
+            "gradstore decode alice.doc -o alice.safetensors         # by the extension",
+            "gradstore decode packed.doc -o exact.npz --float64      # a compressed one, exactly",
+        ),
     )
     p.add_argument("input", help="document file")
     p.add_argument(
@@ -41,7 +52,13 @@ def register(sub: Any) -> None:
     p.set_defaults(run=lazy("_file_cmds", "cmd_decode", blas=False))
 
     p = sub.add_parser(
-        "cid", help="CID of a gradient's document (or of any file with --raw), no node needed"
+        "cid",
+        help="CID of a gradient's document (or of any file with --raw), no node needed",
+        epilog=examples(
+            "gradstore cid alice.npz                # the CID `gradstore put alice.npz` prints",
+            "gradstore cid alice.npz --meta round=3",
+            "gradstore cid --raw alice.doc          # as `ipfs add --only-hash -Q alice.doc`",
+        ),
     )
     p.add_argument("input", help="gradient as .npz or .safetensors (or any file with --raw)")
     p.add_argument(
@@ -52,7 +69,13 @@ def register(sub: Any) -> None:
     p.set_defaults(run=lazy("_file_cmds", "cmd_cid", blas=False))
 
     p = sub.add_parser(
-        "put", help="store an .npz or .safetensors gradient on the node, pinned; prints its CID"
+        "put",
+        help="store an .npz or .safetensors gradient on the node, pinned; prints its CID",
+        epilog=examples(
+            "gradstore put alice.npz                                    # the node: see --api",
+            "gradstore put alice.npz --meta round=3 --local ./node      # the embedded node",
+            "gradstore put alice.npz --compress topk:0.015,values=int8 --residual alice.res",
+        ),
     )
     p.add_argument("input", help="gradient as .npz or .safetensors")
     _add_meta(p)
@@ -66,8 +89,13 @@ def register(sub: Any) -> None:
         "get",
         help="fetch, verify and decode a gradient into an .npz or .safetensors file (a "
         "compressed one: decompressed, to each tensor's declared dtype)",
+        epilog=examples(
+            'gradstore get "$cid" -o copy.npz',
+            'gradstore get "$cid" -o copy.safetensors --timeout 0     # wait for ever',
+            'gradstore get "$cid" -o - > copy.npz                     # to stdout',
+        ),
     )
-    p.add_argument("cid")
+    p.add_argument("cid", help="the gradient's CID (what put printed)")
     p.add_argument(
         "-o",
         "--output",
@@ -81,16 +109,26 @@ def register(sub: Any) -> None:
     p.set_defaults(run=lazy("_store_cmds", "cmd_get", blas=False))
 
     p = sub.add_parser(
-        "verify", help="check every block of a CID and that it is a canonical gradstore/1 document"
+        "verify",
+        help="check every block of a CID and that it is a canonical gradstore/1 document",
+        epilog=examples(
+            'gradstore verify "$cid"',
+            'gradstore verify "$cid" --api http://127.0.0.1:5001 --max-bytes 4GiB',
+        ),
     )
-    p.add_argument("cid")
+    p.add_argument("cid", help="the gradient's CID")
     add_node_options(p)
     add_timeout_option(p)
     add_max_bytes(p)
     p.set_defaults(run=lazy("_store_cmds", "cmd_verify", blas=False))
 
     p = sub.add_parser(
-        "inspect", help="names, dtypes, shapes, sizes and meta of a CID or document file"
+        "inspect",
+        help="names, dtypes, shapes, sizes and meta of a CID or document file",
+        epilog=examples(
+            'gradstore inspect "$cid"',
+            "gradstore inspect alice.doc --json",
+        ),
     )
     p.add_argument("target", help="a CID or a document file")
     p.add_argument("--json", action="store_true", help="machine-readable output")

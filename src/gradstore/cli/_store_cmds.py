@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import sys
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from ._progress import ByteProgressBar
 from ._text import printable
 
 if TYPE_CHECKING:
-    from ..format import DocumentHeader
+    from ..format import Codec, DocumentHeader
     from ..node import Node
 
 T = TypeVar("T")
@@ -224,22 +225,28 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _header_json(source: str, header: DocumentHeader) -> dict[str, Any]:
+    """``inspect --json``; a compressed document's tensors also say how many ``elements``
+    they have and how many of them the payload ``kept`` (fewer for top-k)."""
+    tensors = []
+    for t in header.tensors:
+        entry: dict[str, Any] = {
+            "name": t.name,
+            "dtype": t.dtype,
+            "shape": list(t.shape),
+            "nbytes": t.nbytes,
+            "offset": t.offset,
+        }
+        if header.codec is not None:
+            entry["elements"] = math.prod(t.shape)
+            entry["kept"] = header.codec.kept_elements(entry["elements"])
+        tensors.append(entry)
     return {
         "source": source,
         "format": header.format,
         "codec": None if header.codec is None else header.codec.fields(),
         "size": header.size,
         "meta": header.meta,
-        "tensors": [
-            {
-                "name": t.name,
-                "dtype": t.dtype,
-                "shape": list(t.shape),
-                "nbytes": t.nbytes,
-                "offset": t.offset,
-            }
-            for t in header.tensors
-        ],
+        "tensors": tensors,
     }
 
 
@@ -264,7 +271,19 @@ def _print_header(source: str, header: DocumentHeader) -> None:
     names = [printable(t.name) for t in header.tensors]  # the format refuses controls already
     width = max([len("name"), *map(len, names)])
     dwidth = max([len("dtype"), *(len(t.dtype) for t in header.tensors)])  # "float8_e4m3fn"
-    out.write(f"  {'name':<{width}}  {'dtype':<{dwidth}}  {'shape':<20}  bytes\n")
-    for name, t in zip(names, header.tensors, strict=True):
+    # top-k's k counts per chunk: what each tensor kept is its own column
+    sparse = header.codec if header.codec is not None and header.codec.sparse else None
+    kept = [] if sparse is None else [_kept(sparse, t.shape) for t in header.tensors]
+    kwidth = max([len("kept"), *map(len, kept)])
+    kept_title = f"{'kept':<{kwidth}}  " if kept else ""
+    out.write(f"  {'name':<{width}}  {'dtype':<{dwidth}}  {'shape':<20}  {kept_title}bytes\n")
+    for i, (name, t) in enumerate(zip(names, header.tensors, strict=True)):
         shape = "(" + ", ".join(map(str, t.shape)) + ("," if len(t.shape) == 1 else "") + ")"
-        out.write(f"  {name:<{width}}  {t.dtype:<{dwidth}}  {shape:<20}  {t.nbytes}\n")
+        kept_cell = f"{kept[i]:<{kwidth}}  " if kept else ""
+        out.write(f"  {name:<{width}}  {t.dtype:<{dwidth}}  {shape:<20}  {kept_cell}{t.nbytes}\n")
+
+
+def _kept(codec: Codec, shape: tuple[int, ...]) -> str:
+    """``10 of 640``: the elements a sparse codec kept of a tensor's."""
+    count = math.prod(shape)
+    return f"{codec.kept_elements(count)} of {count}"

@@ -11,7 +11,8 @@ from typing import Any, TextIO
 from ._run import DemoResult, RoundRow
 
 _HEADER = (
-    f"{'round':>5}  {'loss':>8}  {'accuracy':>8}  {'aggregate':<59}  {'moved':>9}  {'seconds':>7}"
+    f"{'round':>5}  {'loss':>8}  {'accuracy':>8}  {'aggregate':<59}  {'inputs':>9}  "
+    f"{'traffic':>9}  {'seconds':>7}"
 )
 
 
@@ -26,7 +27,8 @@ def format_bytes(n: int) -> str:
 
 
 def table_header() -> str:
-    """The column titles of the per-round table (accuracy is on the held-out set)."""
+    """The column titles of the per-round table: accuracy on the held-out set, ``inputs``
+    and ``traffic`` as ``RoundRow.input_bytes`` and ``traffic_bytes`` count them."""
     return _HEADER
 
 
@@ -34,7 +36,8 @@ def format_row(row: RoundRow) -> str:
     """One table line; ``round`` is the round number in the job's records (from 0)."""
     return (
         f"{row.round:>5}  {row.loss:>8.4f}  {row.accuracy:>8.2%}  {row.aggregate!s:<59}  "
-        f"{format_bytes(row.bytes_moved):>9}  {row.seconds:>7.2f}"
+        f"{format_bytes(row.input_bytes):>9}  {format_bytes(row.traffic_bytes):>9}  "
+        f"{row.seconds:>7.2f}"
     )
 
 
@@ -70,8 +73,9 @@ class DemoProgressBar:
 
 def summary(result: DemoResult) -> dict[str, Any]:
     """The summary JSON: mode, aggregation method, rounds, final held-out accuracy and loss,
-    the bytes of all documents the peers stored over the run (``bytes_moved``), the
-    compression spec, the head record, the coordinator's did and the node."""
+    the run's ``input_bytes`` and ``traffic_bytes`` (the rounds' sums, as ``RoundRow``
+    counts them), the compression spec, the head record, the coordinator's did and the
+    node."""
     last = result.rows[-1] if result.rows else None
     return {
         "mode": result.config.mode,
@@ -79,7 +83,8 @@ def summary(result: DemoResult) -> dict[str, Any]:
         "rounds": len(result.rows),
         "accuracy": None if last is None else last.accuracy,
         "loss": None if last is None else last.loss,
-        "bytes_moved": sum(row.bytes_stored for row in result.rows),
+        "input_bytes": sum(row.input_bytes for row in result.rows),
+        "traffic_bytes": sum(row.traffic_bytes for row in result.rows),
         "compress": result.config.compress,
         "head_record": None if result.head_record is None else str(result.head_record),
         "coordinator": result.coordinator,

@@ -159,10 +159,11 @@ class DemoConfig:
 class RoundRow:
     """One finished round: the global model's training loss and held-out accuracy after it.
 
-    ``bytes_moved`` counts document bytes through the node: every input put by its
-    peer and fetched by the coordinator, the aggregate put by the coordinator and
-    fetched by every peer. ``bytes_stored`` counts only the input documents the peers
-    stored (what compression shrinks; the aggregate is dense).
+    ``input_bytes``: the bytes of the input documents the peers stored, one each (what
+    compression shrinks). ``traffic_bytes``: the document bytes put to or fetched from the
+    node, each input put by its peer and fetched by the coordinator, the aggregate (dense,
+    whatever the inputs) put by the coordinator and fetched by every peer; so compressed
+    inputs shrink it far less. Neither counts round records or pubsub messages.
     """
 
     round: int
@@ -170,9 +171,9 @@ class RoundRow:
     accuracy: float
     aggregate: CID
     record: CID
-    bytes_moved: int
+    input_bytes: int
+    traffic_bytes: int
     seconds: float
-    bytes_stored: int = 0
 
 
 @dataclass
@@ -340,12 +341,12 @@ async def _train(
                         accuracy=accuracy(model, params, data.x_test, data.y_test),
                         aggregate=first.aggregate,
                         record=first.record,
+                        input_bytes=sum(m.input_bytes for m in moved),
                         # every input put and fetched once, the aggregate put once and
                         # fetched by every peer
-                        bytes_moved=sum(2 * m.input_bytes + m.aggregate_bytes for m in moved)
+                        traffic_bytes=sum(2 * m.input_bytes + m.aggregate_bytes for m in moved)
                         + first.aggregate_bytes,
                         seconds=time.perf_counter() - start,
-                        bytes_stored=sum(m.input_bytes for m in moved),
                     )
                 )
                 if on_round is not None:

@@ -154,6 +154,11 @@ class Codec(metaclass=_ByName):
         full, rest = divmod(count, self.group)
         return full * self.record_nbytes(self.group) + (self.record_nbytes(rest) if rest else 0)
 
+    def kept_elements(self, count: int) -> int:
+        """How many of a tensor's ``count`` elements its payload holds: every one, but for a
+        sparse codec (top-k: the ones it kept; the others decompress to +0.0)."""
+        return count
+
     def span(self, count: int, start: int, stop: int) -> tuple[int, int, int]:
         """``(first, lo, hi)``: payload bytes ``lo..hi`` hold the records of elements
         ``start..stop``, the first of which begins at element ``first``."""

@@ -105,6 +105,12 @@ class TopK(Codec):
         """How many of a chunk's ``length`` elements it keeps: ceil(k * length / chunk)."""
         return (self.k * length + self.chunk - 1) // self.chunk
 
+    def kept_elements(self, count: int) -> int:
+        """``k`` of every whole chunk of a tensor of ``count`` elements, and ``kept(L)`` of
+        its last L < ``chunk`` (what ``k`` alone, a per-chunk count, does not say)."""
+        full, rest = divmod(count, self.chunk)
+        return full * self.k + self.kept(rest)
+
     def header_nbytes(self) -> int:
         """Bytes before a record's values: none (bf16), a scale (int8), two levels (2bit)."""
         return _HEADER[self.values]

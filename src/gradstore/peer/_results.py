@@ -1,0 +1,183 @@
+"""What a round gives a peer: its result (or each step's) with the aggregate fetched and
+verified, awaited from the coordinator's signed messages; and applying an aggregate.
+
+A result stamped before the peer began to listen may be a replay from an earlier run; the
+coordinator re-sends its results with fresh stamps, so only those stamped since count.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..dag import CID
+from ..errors import RoundFailedError
+from ..format import Gradient
+from ..job import JobConfig
+from ..node import Node
+from ..store import GradientStore
+from ._listen import DEFAULT_COORDINATOR_TIMEOUT_S, CoordinatorListener
+from ._steps import known_step
+from ._view import Outcome
+
+
+@dataclass(frozen=True)
+class AggregateResult:
+    """A round's verified result: the coordinator's signed message and the fetched aggregate.
+
+    With ``step`` (a stepped job), one step's: ``cid`` its aggregate, ``record`` its step
+    record. A stepped round's own result (step None) has the model-level output as ``cid``
+    and its round/5 record as ``record``.
+    """
+
+    round: int
+    cid: CID
+    record: CID
+    peers: tuple[str, ...]
+    gradient: Gradient
+    step: str | None = None
+
+
+@dataclass(frozen=True)
+class StepFailed:
+    """A step of a round that ended without an aggregate, and why (``step_results`` yields
+    it; step None: the round of a job without steps)."""
+
+    round: int
+    step: str | None
+    reason: str
+
+
+class ResultListener(CoordinatorListener):
+    """A ``CoordinatorListener`` that awaits a round's result, or each of its steps', and
+    fetches the aggregates from its node."""
+
+    def __init__(
+        self,
+        config: JobConfig,
+        node: Node,
+        *,
+        coordinator_timeout_s: float = DEFAULT_COORDINATOR_TIMEOUT_S,
+        clock: Callable[[], float] = time.time,
+        listener: CoordinatorListener | None = None,
+    ) -> None:
+        super().__init__(
+            config,
+            node,
+            coordinator_timeout_s=coordinator_timeout_s,
+            clock=clock,
+            listener=listener,
+        )
+        self.store = GradientStore(node, limits=config.limits)
+
+    async def await_result(
+        self, round_: int, *, step: str | None = None, timeout: float | None = None
+    ) -> AggregateResult:
+        """Wait for the round's signed result (or, in a stepped job, its ``step``'s), then
+        fetch and verify the aggregate.
+
+        Without ``step``, a stepped round's result is the model-level output (every closed
+        step's tensors) and its round/5 record. Raises ``RoundFailedError`` as soon as the
+        coordinator's status says the round (or the step) failed, and ``CoordinatorError``
+        when the coordinator is silent for ``coordinator_timeout_s``.
+        """
+        step = known_step(self.config, step)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        # a result stamped before we began to listen may be a replay from an earlier run;
+        # the coordinator re-sends its last result with a fresh stamp, so wait for that one
+        since_ms = self._listening_since_ms
+
+        def known() -> bool:
+            return self.view.outcome(round_, since_ms, step).known
+
+        if not await self._wait(known, None, deadline):
+            raise TimeoutError(
+                f"no result for round {round_}{of_step(step)} of job {self.config.job} "
+                f"within {timeout}s"
+            )
+        outcome = self.view.outcome(round_, since_ms, step)
+        if outcome.result is None:
+            raise RoundFailedError(self.config.job, round_, outcome.failed or "failed", step=step)
+        return await self._fetch(round_, step, outcome)
+
+    async def step_results(
+        self, round_: int, *, timeout: float | None = None
+    ) -> AsyncIterator[AggregateResult | StepFailed]:
+        """Each step's result of ``round_`` as the step ends, in the order they end: an
+        ``AggregateResult`` (with its aggregate fetched and verified) for a step that closed,
+        a ``StepFailed`` for one that failed, so one failed step hides no other. It yields
+        every step of the job, not only this peer's (applying the round needs every
+        step's aggregate), and stops once each has ended.
+
+        A job without steps yields its round's result (or failure, step None) once.
+        ``TimeoutError`` if no further step ends within ``timeout`` of the call;
+        ``CoordinatorError`` as ``await_result``.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        since_ms = self._listening_since_ms
+        if not self.config.stepped:
+            try:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                yield await self.await_result(round_, timeout=left)
+            except RoundFailedError as exc:
+                yield StepFailed(round_, None, exc.reason)
+            return
+        done: set[str] = set()
+
+        def ended() -> list[tuple[str, Outcome]]:
+            return [e for e in self.view.steps_ended(round_, since_ms) if e[0] not in done]
+
+        while len(done) < len(self.view.steps):
+            if not await self._wait(lambda: bool(ended()), None, deadline):
+                waiting = [s for s in self.view.steps if s not in done]
+                raise TimeoutError(
+                    f"round {round_} of job {self.config.job}: steps {waiting} did not end "
+                    f"within {timeout}s"
+                )
+            for step, outcome in ended():
+                done.add(step)
+                if outcome.result is None:
+                    yield StepFailed(round_, step, outcome.failed or "failed")
+                else:
+                    yield await self._fetch(round_, step, outcome)
+
+    async def _fetch(self, round_: int, step: str | None, outcome: Outcome) -> AggregateResult:
+        """The closed round's (or step's) result with its aggregate fetched from the node."""
+        result = outcome.result
+        assert result is not None
+        gradient = await self.store.get(result.cid)
+        return AggregateResult(
+            round_,
+            CID.parse(result.cid),
+            CID.parse(result.record),
+            self.config.roster.members(outcome.peers),
+            gradient,
+            step,
+        )
+
+
+def of_step(step: str | None) -> str:
+    """What a message about a step adds after its round (nothing without a step)."""
+    return "" if step is None else f", step {step!r}"
+
+
+def apply(
+    params: Mapping[str, np.ndarray], aggregate: Gradient, lr: float
+) -> dict[str, np.ndarray]:
+    """A plain SGD step: ``params - lr * aggregate`` for every tensor (names and shapes must match)."""
+    missing = set(params) ^ set(aggregate.tensors)
+    if missing:
+        raise ValueError(f"parameters and aggregate differ in tensors: {sorted(missing)}")
+    out: dict[str, np.ndarray] = {}
+    for name, value in params.items():
+        grad = aggregate.tensors[name]
+        if grad.shape != value.shape:
+            raise ValueError(
+                f"tensor {name!r}: parameter shape {value.shape} != aggregate shape {grad.shape}"
+            )
+        step = np.asarray(value, dtype=np.float64) - lr * np.asarray(grad, dtype=np.float64)
+        out[name] = step.astype(value.dtype)
+    return out
