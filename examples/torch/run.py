@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import copy
 import io
 import os
 import secrets
@@ -67,7 +68,10 @@ class DigitsCNN(torch.nn.Module):
         return self.fc(h.flatten(1))
 
 
-def digits(peers: int, seed: int) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], Any, Any]:
+Shard = tuple[torch.Tensor, torch.Tensor]
+
+
+def digits(peers: int, seed: int) -> tuple[list[Shard], torch.Tensor, torch.Tensor]:
     """Each peer's shard (x, y), and the held-out x, y: pixels scaled to [0, 1]."""
     x_all, y_all = load_digits(return_X_y=True)
     x = torch.tensor(x_all / 16.0, dtype=torch.float32)
@@ -97,14 +101,13 @@ def train_locally(
 
 
 def peer_loop(
-    index: int, job: Path, key: Path, api: str, args: argparse.Namespace,
-    shard: tuple[torch.Tensor, torch.Tensor], on_round: Callable[[int, torch.nn.Module, Any], None],
-) -> str:  # fmt: skip
-    """One peer: the same initial model as every peer, its own shard, ``args.rounds`` rounds.
+    index: int, job: Path, key: Path, api: str, args: argparse.Namespace, initial: DigitsCNN,
+    shard: Shard, on_round: Callable[[int, torch.nn.Module, Any], None],
+) -> tuple[str, torch.nn.Module]:  # fmt: skip
+    """One peer: its copy of the job's initial model, its own shard, ``args.rounds`` rounds.
 
-    Returns the last round's record CID."""
-    torch.manual_seed(args.seed)  # the job's initial model: every peer starts from the same one
-    model = DigitsCNN()
+    Returns the last round's record CID and the model."""
+    model = copy.deepcopy(initial)  # every peer starts from the same model
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     generator = torch.Generator().manual_seed(args.seed * 1000 + index)  # this peer's batches
     x, y = shard
@@ -117,7 +120,7 @@ def peer_loop(
             record = str(result.record)
             if index == 0:
                 on_round(round_, model, result)
-    return record
+    return record, model
 
 
 async def _answers(api: str | None) -> tuple[str, str | None]:
@@ -203,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)  # the peers share the machine's cores
 
     shards, x_test, y_test = digits(args.peers, args.seed)
+    torch.manual_seed(args.seed)
+    initial = DigitsCNN()
     work = Path(tempfile.mkdtemp(prefix="gradstore-torch-"))
     ok = False
     try:
@@ -234,10 +239,10 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 with ThreadPoolExecutor(args.peers) as pool:
                     runs = [
-                        pool.submit(peer_loop, i, job, key, api, args, shards[i], on_round)
+                        pool.submit(peer_loop, i, job, key, api, args, initial, shards[i], on_round)
                         for i, key in enumerate(keys)
                     ]
-                    records = {run.result() for run in runs}
+                    ends = [run.result() for run in runs]
                 if coordinator.wait(timeout=60) != 0:
                     raise SystemExit(
                         f"error: the coordinator failed: see {work / 'coordinator.log'}"
@@ -246,7 +251,11 @@ def main(argv: list[str] | None = None) -> int:
                 if coordinator.poll() is None:
                     coordinator.terminate()
                     coordinator.wait()
-            (record,) = records  # every peer ends on the same record
+            (record,) = {r for r, _ in ends}  # every peer ends on the same record
+            models = [m.state_dict() for _, m in ends]
+            if any(not torch.equal(m[k], models[0][k]) for m in models for k in m):
+                raise SystemExit("error: the peers ended with different models")
+            print(f"every peer holds the same model; last record {record}", flush=True)
             audit = f"gradstore audit history {record} --api {api}"
             if started_here:  # this Kubo stops with the example: audit while it runs
                 print(f"audit (the Kubo started here stops next): {audit}", flush=True)

@@ -37,6 +37,7 @@ def test_the_example_trains_across_peers_and_its_history_audits(kubo: KuboDaemon
     assert all(r[2] == "2" for r in rounds), done.stdout
     accuracies = [float(r[1]) / 100 for r in rounds]
     assert accuracies[-1] > accuracies[0] and accuracies[-1] >= 0.8, accuracies
+    assert f"every peer holds the same model; last record {rounds[-1][3]}" in done.stdout
     audit = AUDIT.search(done.stdout)
     assert audit is not None, done.stdout
     assert audit.group(2) == rounds[-1][3] and audit.group(3) == kubo.api_url
