@@ -175,6 +175,14 @@ def test_the_readme_walkthrough_runs_as_typed(tmp_path: Path, kubo_binary: Path)
     aggregate, record = (work / "result.txt").read_text().split()
     with np.load(work / "aggregate.npz") as npz:
         assert sorted(npz.files) == ["fc.bias", "fc.weight"]
+    # round status, between the two peers: the open round, alice in and bob not yet
+    status = next(v for k, v in printed.items() if k.startswith("gradstore round status"))
+    lines = status.strip().splitlines()
+    assert re.fullmatch(r"job walkthrough, run [a-z0-9]+: round 0 of 1 open", lines[0]), status
+    assert sorted(line.split()[0] for line in lines[2:4]) == ["absent", "verified"], status
+    # round list: the one round, its record and aggregate
+    listed = next(v for k, v in printed.items() if k.startswith("gradstore round list"))
+    assert listed.strip().splitlines()[1].split()[:3] == ["0", record, aggregate], listed
     # every audit passed, pinned to the job's coordinator
     audits = "".join(v for k, v in printed.items() if k.startswith("gradstore audit"))
     assert f"ok round 0 of job walkthrough: record {record} signed by the expected" in audits

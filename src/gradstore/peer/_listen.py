@@ -98,6 +98,16 @@ class CoordinatorListener:
         """The coordinator's current run id, once heard."""
         return None if self.view.current is None else self.view.current.run
 
+    async def next_message(self, timeout: float) -> bool:
+        """Wait at most ``timeout`` seconds for the coordinator's next verified, fresh status
+        or result (now in ``view``); whether one came."""
+        async with self._news:
+            try:
+                await asyncio.wait_for(self._news.wait(), timeout)
+            except TimeoutError:
+                return False
+            return True
+
     async def _read(self, sub: object) -> None:
         cfg = self.config
         async for msg in follow(self.node, sub):  # type: ignore[arg-type]

@@ -143,6 +143,11 @@ class CoordinatorView:
         if result.step is None:
             run.open_round = max(run.open_round, result.round + 1)
 
+    def slot(self, round_: int, step: str | None = None, since_ms: int = 0) -> RoundView | None:
+        """What the current run said of ``round_`` (or of its ``step``) in messages stamped
+        at ``since_ms`` or later; None when it said nothing (``gradstore round status``)."""
+        return self._fresh(round_, step, since_ms)
+
     def _fresh(self, round_: int, step: str | None, since_ms: int) -> RoundView | None:
         """The current run's view of ``(round_, step)``, without what was stamped before
         ``since_ms``; None when there is no such view."""
