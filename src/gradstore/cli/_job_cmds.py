@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ..aggregate import AggregationParams, aggregate
+from ..errors import KeyFileError
 from ..files import load_gradient
 from ..format import Gradient
 from ..job import load_job
@@ -27,7 +29,16 @@ T = TypeVar("T")
 
 def cmd_keygen(args: argparse.Namespace) -> int:
     key = SigningKey.generate()
-    key.save(args.out)
+    try:
+        key.save(args.out)
+    except KeyFileError as exc:
+        if not os.path.lexists(args.out):
+            raise
+        # never overwritten (an identity job files name), but say how to start over
+        raise KeyFileError(
+            f"{exc}: it is an identity that job files name; to start over with a new one, "
+            "remove it first, or choose another --out"
+        ) from None
     print(key.did)
     return _exit.SUCCESS
 
