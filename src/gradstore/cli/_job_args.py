@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._argtypes import byte_count
+from ._argtypes import byte_count, cid_argument
 from ._compress_args import add_compress_options
 from ._help import examples
 from ._lazy import lazy
@@ -219,7 +219,7 @@ def register(sub: Any) -> None:
             'gradstore round show "$record" --state gradstore-state/walkthrough',
         ),
     )
-    p.add_argument("record", help="round record CID")
+    p.add_argument("record", type=cid_argument("the record CID"), help="round record CID")
     p.add_argument(
         "--state",
         default=None,
