@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
@@ -166,6 +167,7 @@ def test_round_status_and_list_of_a_job_without_steps(
                     first = await listener.await_result(0, timeout=30)
                 # round 1: peer 0 verified, peer 1 refused, peer 2 not there (yet)
                 good = gradients(3, 1)
+                sent_ms = int(time.time() * 1000)
                 sent = [await _publish(w, 0, good[0], 1, None),
                         await _publish(w, 1, _nan(good[1]), 1, None)]  # fmt: skip
                 start_ms = int(time.time() * 1000)
@@ -186,7 +188,7 @@ def test_round_status_and_list_of_a_job_without_steps(
                 await asyncio.wait_for(task, 30)
                 return {"first": first, "sent": sent, "text": text, "json": as_json,
                         "heard": heard, "listed": listed, "watched": watched,
-                        "hostile": hostile}  # fmt: skip
+                        "hostile": hostile, "sent_ms": sent_ms}  # fmt: skip
             finally:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
@@ -200,7 +202,10 @@ def test_round_status_and_list_of_a_job_without_steps(
     assert text.code == 0 and text.err == "", text.err
     lines = text.out.splitlines()
     assert lines[0].startswith("job test-job, run ") and lines[0].endswith(": round 1 of 2 open")
-    assert lines[1] == "  1/3 verified, quorum 2, deadline 60 s from the round's first announcement"
+    # the deadline as the coordinator's signed status says it (its clock runs since peer 0)
+    assert re.fullmatch(r"  1/3 verified, quorum 2, deadline \d\d:\d\d:\d\d UTC", lines[1]), lines[
+        1
+    ]
     states = {line.split()[1]: line.split(None, 2) for line in lines[2:5]}
     assert states[dids[0]][0] == "verified" and states[dids[2]][0] == "absent"
     assert states[dids[1]] == ["refused", dids[1], "non-finite: tensor 'w' holds NaN or Inf"]
@@ -214,6 +219,7 @@ def test_round_status_and_list_of_a_job_without_steps(
     (step,) = doc["open"]["steps"]
     assert doc["open"]["round"] == 1 and step["step"] is None and step["state"] == "open"
     assert (step["verified"], step["expected"], step["quorum"]) == (1, 3, 2)
+    assert 0 < step["deadline_at_ms"] - out["sent_ms"] <= 60_000 + 5_000
     assert [(p["peer"], p["state"]) for p in step["peers"]] == [
         (dids[0], "verified"), (dids[1], "refused"), (dids[2], "absent"),
     ]  # fmt: skip
@@ -336,10 +342,9 @@ def test_round_status_and_list_of_a_stepped_job(
         f"  step head: closed, 3/3 aggregated, aggregate {head.cid} record {head.record}"
     )
     assert [line.split()[0] for line in lines[2:5]] == ["aggregated"] * 3
-    assert lines[5] == (
-        "  step body: open, 1/3 verified, quorum 2, deadline 60 s from the round's first "
-        "announcement"
-    )
+    assert re.fullmatch(  # the signed deadline of the step, on the round's clock
+        r"  step body: open, 1/3 verified, quorum 2, deadline \d\d:\d\d:\d\d UTC", lines[5]
+    ), lines[5]
     body = {line.split()[1]: line.split(None, 2) for line in lines[6:9]}
     assert body[dids[0]][0] == "verified" and body[dids[2]][0] == "absent"
     assert body[dids[1]][0] == "refused" and body[dids[1]][2].startswith("non-finite: ")

@@ -9,6 +9,7 @@ few seconds, and a replayed message was stamped before.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
@@ -48,6 +49,8 @@ class StepState:
     failed: str | None = None
     output: str | None = None
     record: str | None = None
+    #: when the open step's deadline falls (unix ms), as the coordinator's signed status says
+    deadline_at_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -223,6 +226,7 @@ def _step_state(
         failed=None if slot is None else slot.failed,
         output=None if result is None else result.cid,
         record=None if result is None else result.record,
+        deadline_at_ms=None if slot is None or state != "open" else slot.deadline,
     )
 
 
@@ -246,7 +250,7 @@ def _step_json(step: StepState) -> dict[str, Any]:
         "expected": step.expected,
         "quorum": step.quorum,
         "deadline_s": step.deadline_s,
-        "deadline_at_ms": None,  # the coordinator's statuses do not carry it (yet)
+        "deadline_at_ms": step.deadline_at_ms,
         "failed": step.failed,
         "output": step.output,
         "record": step.record,
@@ -276,9 +280,13 @@ def _step_lines(step: StepState) -> list[str]:
     elif step.state == "unheard":
         text = "nothing heard of it yet"
     else:
-        text = (
-            f"{step.verified}/{step.expected} verified, quorum {step.quorum}, deadline "
+        deadline = (
             f"{step.deadline_s:g} s from the round's first announcement"
+            if step.deadline_at_ms is None
+            else time.strftime("%H:%M:%S UTC", time.gmtime(step.deadline_at_ms / 1000))
+        )
+        text = (
+            f"{step.verified}/{step.expected} verified, quorum {step.quorum}, deadline {deadline}"
         )
         if step.state == "failed":
             text = f"failed: {step.failed} ({text})"
