@@ -48,9 +48,8 @@ def register(sub: Any) -> None:
         ),
         epilog=examples(
             "gradstore demo                                   # 4 peers, 20 rounds, federated",
-            "gradstore demo --local demo-node --compress topk:0.027,values=2bit",
+            "gradstore demo --local demo-node --steps --compress topk:0.027,values=2bit",
             "gradstore demo --mode data-parallel --method median --plot demo.png",
-            "gradstore demo --local demo-node --steps           # head: 2 peers, body: all 4",
         ),
     )
     p.add_argument("--peers", type=_positive_int, default=4, help="number of peers (default 4)")
