@@ -143,9 +143,9 @@ async def one_round(
          "--state", str(state / "state")],
         stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
-    nodes = [daemon.node() for _ in range(args.peers)]
+    node = daemon.node()  # one client: Kubo refuses concurrent publishes from one host
     try:
-        async with entered_peers(config, nodes, keys) as peers:
+        async with entered_peers(config, node, keys) as peers:
             stored: list[dict[str, CID]] = []
             t = time.perf_counter()
             for peer, grad in zip(peers, grads, strict=True):
@@ -170,8 +170,7 @@ async def one_round(
             process.kill()
             process.wait()
         log.close()
-        for node in nodes:
-            await node.aclose()
+        await node.aclose()
     with Journal(state / "state" / "journal.sqlite") as journal:
         stats = journal.stats(0) or {}
         steps = journal.step_stats(0)
@@ -210,15 +209,16 @@ def wait_cpu(process: subprocess.Popen[bytes]) -> tuple[int, float]:
 
 @contextlib.asynccontextmanager
 async def entered_peers(
-    config: JobConfig, nodes: list[KuboNode], keys: list[SigningKey]
+    config: JobConfig, node: KuboNode, keys: list[SigningKey]
 ) -> AsyncIterator[list[Peer]]:
-    """Every peer entered, each on its own client of the one daemon, all hearing the
-    coordinator through the first one's subscription (as bench_round's peers do: the bench
-    process decodes each status once, not once per peer, so it measures the coordinator)."""
+    """Every peer entered over the one daemon's client (which serializes publishes, as Kubo
+    needs), all hearing the coordinator through the first one's subscription (as
+    bench_round's peers do: the bench process decodes each status once, not once per peer,
+    so it measures the coordinator)."""
     async with contextlib.AsyncExitStack() as stack:
-        first = await stack.enter_async_context(Peer(config, nodes[0], keys[0]))
+        first = await stack.enter_async_context(Peer(config, node, keys[0]))
         peers = [first]
-        for node, key in zip(nodes[1:], keys[1:], strict=True):
+        for key in keys[1:]:
             peers.append(await stack.enter_async_context(Peer(config, node, key, listener=first)))
         yield peers
 
