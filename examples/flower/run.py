@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.util
 import os
 import shutil
 import signal
@@ -32,6 +33,22 @@ from pathlib import Path
 from gradstore.errors import NodeError, NodeUnreachableError
 from gradstore.messages import SigningKey
 from gradstore.node import KuboDaemon, Retry, Timeouts, connect, find_kubo_binary
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:
+        return False
+
+
+# The App imports Flower and scikit-learn, and Flower brings flower-superlink and the rest.
+_MISSING = [n for m, n in (("flwr", "Flower"), ("sklearn", "scikit-learn")) if not _installed(m)]
+if _MISSING:
+    raise SystemExit(
+        f"error: this example needs {' and '.join(_MISSING)}: install the optional extras "
+        "'flower' and 'demo' (pip install 'gradstore[flower,demo]')"
+    )
 
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent  # flower-superlink, flower-supernode and flwr live here

@@ -370,7 +370,10 @@ class MissingExtraError(GradstoreError, ImportError):
     """What was asked needs an optional extra that is not installed; ``extra`` names it."""
 
     def __init__(self, extra: str, what: str) -> None:
+        """``extra``: the extra's name, or the names of all that ``what`` needs, joined by commas."""
         self.extra = extra
-        super().__init__(
-            f"{what}: install the optional extra {extra!r} (pip install 'gradstore[{extra}]')"
+        names = extra.split(",")
+        which = (
+            f"extra {extra!r}" if len(names) == 1 else "extras " + " and ".join(map(repr, names))
         )
+        super().__init__(f"{what}: install the optional {which} (pip install 'gradstore[{extra}]')")

@@ -99,12 +99,19 @@ def test_a_finished_job_says_so_and_exits_0_without_a_node(cli: Cli, tmp_path: P
     state = tmp_path / "state"
     _journal(state, job, ["failed", "closed"])
     argv = ["coordinator", "--config", job, "--key", key, "--state", state]
-    r = cli(*argv, "--api", unused_url())  # nothing listens: it must not need the node
+    url = unused_url()
+    r = cli(*argv, "--api", url)  # nothing listens: it must not need the node
     assert r.code == 0 and r.out == ""
-    assert r.err.strip() == (
+    # it says how to run the job again (issue 24, item 1): its own command, a new journal
+    (tmp_path / "state-2").mkdir()  # taken: the next free name is offered
+    again = cli(*argv, "--api", url)
+    assert again.err.strip() == (
         f"job done already complete: 2 round(s), 1 failed, head record {RECORD} "
-        f"(state {state}); nothing to do. A new run of the job needs another --state"
+        f"(state {state}); nothing to do. To run the job again, give it a new journal: "
+        f"gradstore coordinator --config {job} --key {key} --api {url} "
+        f"--state {tmp_path / 'state-3'} (or remove {state})"
     )
+    assert r.err.replace("state-2", "state-3") == again.err
 
 
 def test_unfinished_or_unpublished_jobs_are_not_complete(cli: Cli, tmp_path: Path) -> None:

@@ -70,6 +70,33 @@ def test_bad_cid_string_is_refused_before_any_node(cli: Cli, tmp_path: Path, com
     assert "notacid" in line and "CID" in line
 
 
+@pytest.mark.parametrize(
+    ("argv", "what"),
+    [
+        (["get", "", "-o", "{tmp}/x.npz"], "the CID"),
+        (["verify", ""], "the CID"),
+        (["inspect", " "], "the CID or file"),
+        (["round", "show", ""], "the record CID"),
+        (["audit", "cid", ""], "the CID"),
+        (["audit", "round", "", "--config", "{tmp}/job.toml"], "the record CID"),
+        (["audit", "history", ""], "the head record CID"),
+    ],
+    ids=["get", "verify", "inspect", "round-show", "audit-cid", "audit-round", "audit-history"],
+)
+def test_an_empty_cid_is_a_usage_error_of_one_line_before_any_node(
+    cli: Cli, tmp_path: Path, argv: list[str], what: str
+) -> None:
+    """What the walkthrough's audits got when ``peer await`` had failed (issue 24, item 1):
+    ``read record < result.txt`` leaves ``$record`` empty. One line, exit 2, no node asked."""
+    args = [a.format(tmp=tmp_path) for a in argv]
+    line = cli(*args, "--api", unused_url()).one_error_line(2)
+    assert line == (
+        f"error: {what} is empty (when it comes from an earlier command's output, that "
+        "command printed none: see its error)"
+    )
+    assert not (tmp_path / "x.npz").exists()
+
+
 def test_missing_files_are_named(cli: Cli, tmp_path: Path) -> None:
     missing = tmp_path / "missing.npz"
     for argv in (

@@ -32,6 +32,8 @@ def test_keygen_refuses_to_overwrite(cli: Cli, tmp_path: Path) -> None:
     before = path.read_bytes()
     line = cli("keygen", "--out", path).one_error_line()
     assert "refusing to overwrite" in line and str(path) in line
+    # and says how to start over (issue 24, item 1): the walkthrough run twice got no hint
+    assert "to start over with a new one, remove it first, or choose another --out" in line
     assert path.read_bytes() == before and SigningKey.load(path).did == did
 
 

@@ -75,8 +75,10 @@ def test_stdout_and_no_silent_overwrite(
     assert r.code == 0 and r.out.startswith("# gradstore job file") and r.err == ""
     existing = tmp_path / "job.toml"
     existing.write_text("mine\n")
-    line = cli(*argv, "-o", existing).one_error_line(2)
+    line = cli(*argv, "-o", existing, "--name", "walk").one_error_line(2)
     assert "exists: pass --force" in line and existing.read_text() == "mine\n"
+    # starting over (issue 24, item 1): the journal of the job's coordinator goes too
+    assert "remove gradstore-state/walk, or give it another --state" in line
     assert cli(*argv, "-o", existing, "--force").code == 0
     assert load_job(existing).peers == (keys["alice"][1],)
 

@@ -16,6 +16,9 @@ what works. What the test changes, and only that:
 
 A CID the README shows in a line's comment (``# bafkreihwj2xx…r7qo4``, abridged) is what
 that line prints: ``examples/make_gradients.py`` writes the same files every time.
+
+The walkthrough runs twice in the same folder and HOME: the second time after the lines of
+"Running it again", its reset (issue 24, item 1: run again as it was, it failed in a cascade).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import shlex
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -39,16 +43,36 @@ CID = re.compile(r"baf[a-z2-7]{50,}")
 SHOWN = re.compile(r"(baf[a-z2-7]{6,})…([a-z2-7]{3,})")  # an abridged CID: head…tail
 
 
-def walkthrough_commands(readme: str) -> list[str]:
-    """The lines of every ``sh`` block of "A 5-minute walkthrough", in order."""
-    section = readme.split("\n## A 5-minute walkthrough\n", 1)[1].split("\n## ", 1)[0]
-    blocks = re.findall(r"^```sh\n(.*?)^```$", section, re.S | re.M)
+RESET = "\n### Running it again\n"
+
+
+def _sh_lines(text: str) -> list[str]:
+    blocks = re.findall(r"^```sh\n(.*?)^```$", text, re.S | re.M)
     return [line for block in blocks for line in block.splitlines() if line.strip()]
 
 
-def _script(commands: list[str]) -> str:
-    """bash that runs each README line after a marker, with the substitutions above."""
-    out = ["set -eo pipefail"]
+def _walkthrough(readme: str) -> tuple[str, str]:
+    """The walkthrough section, split at its "Running it again" subsection."""
+    section = readme.split("\n## A 5-minute walkthrough\n", 1)[1].split("\n## ", 1)[0]
+    walk, reset = section.split(RESET, 1)
+    return walk, reset.split("\n### ", 1)[0]
+
+
+def walkthrough_commands(readme: str) -> list[str]:
+    """The lines of every ``sh`` block of "A 5-minute walkthrough", in order, but those of
+    "Running it again" (``reset_commands``)."""
+    return _sh_lines(_walkthrough(readme)[0])
+
+
+def reset_commands(readme: str) -> list[str]:
+    """The lines of "Running it again": what makes the folder ready for the walkthrough again."""
+    return _sh_lines(_walkthrough(readme)[1])
+
+
+def _script(commands: list[str], before: Sequence[str] = ()) -> str:
+    """bash that runs each README line after a marker, with the substitutions above (the
+    lines of ``before`` first, as they are)."""
+    out = ["set -eo pipefail", *before]
     for i, line in enumerate(commands):
         out.append(f"echo '### {i}'")
         if line.startswith("pip install"):
@@ -121,12 +145,74 @@ def test_the_readmes_cids_are_what_its_commands_print_for_the_example_files(
         assert _agree(shown_cids(line), printed), (line, printed)
 
 
+def _run(script: Path, work: Path, env: dict[str, str], name: str) -> tuple[str, str]:
+    """Run ``script`` in bash in ``work``: its stdout and stderr (also printed, for a failure)."""
+    out_path, err_path = script.with_suffix(".out"), script.with_suffix(".err")
+    with (
+        open(out_path, "wb") as out,
+        open(err_path, "wb") as err,
+        subprocess.Popen(
+            ["bash", str(script)], cwd=work, env=env, stdout=out, stderr=err,
+            start_new_session=True,
+        ) as proc,
+    ):  # fmt: skip
+        try:
+            code = proc.wait(timeout=600)
+        finally:
+            # the shell's background jobs (daemon, coordinator) are in its session
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+    stdout, stderr = out_path.read_text(), err_path.read_text()
+    print(f"=== {name}", stdout, stderr, sep="\n--- stderr ---\n")
+    assert code == 0, f"the {name} failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    return stdout, stderr
+
+
+def _check(work: Path, stdout: str, stderr: str, commands: list[str]) -> str:
+    """What one run of the walkthrough must have done; returns the round's record CID."""
+    printed = _outputs(stdout, commands)
+    # the coordinator's round line, and where the round stood while it was open
+    assert re.search(r"^round 0 closed: 2 peers \(2/2 verified\)", stdout, re.M), stdout
+    assert "round 0: waiting for peers (" in stderr
+    # peer await saved the aggregate and printed its CID and the record's
+    aggregate, record = (work / "result.txt").read_text().split()
+    with np.load(work / "aggregate.npz") as npz:
+        assert sorted(npz.files) == ["fc.bias", "fc.weight"]
+    # round status, between the two peers: the open round, alice in and bob not yet
+    status = next(v for k, v in printed.items() if k.startswith("gradstore round status"))
+    lines = status.strip().splitlines()
+    assert re.fullmatch(r"job walkthrough, run [a-z0-9]+: round 0 of 1 open", lines[0]), status
+    assert sorted(line.split()[0] for line in lines[2:4]) == ["absent", "verified"], status
+    # round list: the one round, its record and aggregate
+    listed = next(v for k, v in printed.items() if k.startswith("gradstore round list"))
+    assert listed.strip().splitlines()[1].split()[:3] == ["0", record, aggregate], listed
+    # every audit passed, pinned to the job's coordinator
+    audits = "".join(v for k, v in printed.items() if k.startswith("gradstore audit"))
+    assert f"ok round 0 of job walkthrough: record {record} signed by the expected" in audits
+    assert "ok history of job walkthrough: 1 round(s)" in audits
+    assert f"ok {aggregate}: " in audits
+    # plain Kubo agrees with gradstore on the CIDs
+    by_cmd = {line.split("#")[0].strip(): _cids(text) for line, text in printed.items()}
+    assert by_cmd["gradstore cid alice.npz"] == by_cmd["ipfs add --only-hash -Q alice.doc"]
+    assert len(by_cmd["gradstore cid alice.npz"]) == 1
+    # and both print the CID the README shows
+    for line, text in printed.items():
+        if shown_cids(line):
+            assert _agree(shown_cids(line), _cids(text)), (line, text)
+    assert by_cmd['ipfs cat "$aggregate" | ipfs add --only-hash -Q'] == [aggregate]
+    return record
+
+
 @pytest.mark.kubo
 @pytest.mark.slow
-def test_the_readme_walkthrough_runs_as_typed(tmp_path: Path, kubo_binary: Path) -> None:
+def test_the_readme_walkthrough_runs_as_typed_and_again_after_its_reset(
+    tmp_path: Path, kubo_binary: Path
+) -> None:
     binary = kubo_binary  # the fixture skips without Kubo, and fails under CI
-    commands = walkthrough_commands((ROOT / "README.md").read_text())
+    readme = (ROOT / "README.md").read_text()
+    commands, reset = walkthrough_commands(readme), reset_commands(readme)
     assert any(c.startswith("gradstore coordinator") for c in commands), "no walkthrough found"
+    assert any(c.startswith("rm ") for c in reset), "no reset found"
     home, work = tmp_path / "home", tmp_path / "work"
     home.mkdir()
     work.mkdir()
@@ -147,45 +233,11 @@ def test_the_readme_walkthrough_runs_as_typed(tmp_path: Path, kubo_binary: Path)
         env["GRADSTORE_CACHE"] = str(binary.parents[2])
     else:  # an ipfs from elsewhere: put it where the README's PATH line cannot miss it
         env["PATH"] = f"{binary.parent}{os.pathsep}{env['PATH']}"
-    script = tmp_path / "walkthrough.sh"
-    script.write_text(_script(commands))
-    with (
-        open(tmp_path / "out", "wb") as out,
-        open(tmp_path / "err", "wb") as err,
-        subprocess.Popen(
-            ["bash", str(script)], cwd=work, env=env, stdout=out, stderr=err,
-            start_new_session=True,
-        ) as proc,
-    ):  # fmt: skip
-        try:
-            code = proc.wait(timeout=600)
-        finally:
-            # the shell's background jobs (daemon, coordinator) are in its session
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-    stdout, stderr = (tmp_path / "out").read_text(), (tmp_path / "err").read_text()
-    print(stdout, stderr, sep="\n--- stderr ---\n")  # shown when an assertion below fails
-    assert code == 0, f"the walkthrough failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
-
-    printed = _outputs(stdout, commands)
-    # the coordinator's round line, and where the round stood while it was open
-    assert re.search(r"^round 0 closed: 2 peers \(2/2 verified\)", stdout, re.M), stdout
-    assert "round 0: waiting for peers (" in stderr
-    # peer await saved the aggregate and printed its CID and the record's
-    aggregate, record = (work / "result.txt").read_text().split()
-    with np.load(work / "aggregate.npz") as npz:
-        assert sorted(npz.files) == ["fc.bias", "fc.weight"]
-    # every audit passed, pinned to the job's coordinator
-    audits = "".join(v for k, v in printed.items() if k.startswith("gradstore audit"))
-    assert f"ok round 0 of job walkthrough: record {record} signed by the expected" in audits
-    assert "ok history of job walkthrough: 1 round(s)" in audits
-    assert f"ok {aggregate}: " in audits
-    # plain Kubo agrees with gradstore on the CIDs
-    by_cmd = {line.split("#")[0].strip(): _cids(text) for line, text in printed.items()}
-    assert by_cmd["gradstore cid alice.npz"] == by_cmd["ipfs add --only-hash -Q alice.doc"]
-    assert len(by_cmd["gradstore cid alice.npz"]) == 1
-    # and both print the CID the README shows
-    for line, text in printed.items():
-        if shown_cids(line):
-            assert _agree(shown_cids(line), _cids(text)), (line, text)
-    assert by_cmd['ipfs cat "$aggregate" | ipfs add --only-hash -Q'] == [aggregate]
+    first, again = tmp_path / "first.sh", tmp_path / "again.sh"
+    first.write_text(_script(commands))
+    # the reset's lines, as typed, then the walkthrough again: same folder, same HOME
+    again.write_text(_script(commands, before=reset))
+    record = _check(work, *_run(first, work, env, "walkthrough"), commands)
+    assert (work / "gradstore-state" / "walkthrough").is_dir()
+    second = _check(work, *_run(again, work, env, "walkthrough after the reset"), commands)
+    assert second != record  # new keys: a new job, a new record

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -108,6 +109,28 @@ def test_a_cid_nobody_serves_says_waiting_then_gives_up_naming_it_and_the_option
         assert "nothing arrived for 4 s" in error and "--timeout S waits longer" in error
         assert 4 <= took < 30, took
     assert not (tmp_path / "x.npz").exists()
+
+
+def test_a_cid_nobody_serves_says_at_once_that_the_node_has_no_peers_or_no_provider(
+    cli: Cli, kubo_factory: Callable[..., list[KuboDaemon]], tmp_path: Path
+) -> None:
+    """Issue 24, item 2: the "waiting for" line (3 s in) says why the CID does not come,
+    from the node's own word (swarm/peers, routing/findprovs), not 60 s of silence. The
+    daemons have no routing, like the suite's: a lone one has no peers, a pair no provider."""
+    cid = _unserved_cid(cli, tmp_path)
+    lone, a, _b = kubo_factory(1)[0], *kubo_factory(2, connect=True)
+    cases = [
+        (lone, "the node has no peers, so no other node can send it this CID"),
+        (a, "the node's routing found no provider of this CID; its 1 connected peer(s)"),
+    ]
+    for daemon, said in cases:
+        for argv in [*_commands(cid, tmp_path)[:3], ["audit", "cid", cid]]:
+            start = time.monotonic()
+            r = cli(*argv, "--api", daemon.api_url, "--timeout", "4")
+            assert r.code == 1 and time.monotonic() - start < 30, (argv, r)
+            waiting, error = r.err.splitlines()
+            assert waiting.startswith("waiting for ") and cid in waiting, waiting
+            assert f": {said}" in waiting and said in error, (argv, r.err)
 
 
 def test_the_waiting_line_comes_while_waiting(kubo: KuboDaemon, cli: Cli, tmp_path: Path) -> None:

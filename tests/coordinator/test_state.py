@@ -377,6 +377,25 @@ def test_progress_is_the_open_rounds_and_none_between_rounds() -> None:
     assert progress.deadline_in == 50
 
 
+def test_the_open_rounds_status_says_when_its_deadline_falls_once_its_clock_runs() -> None:
+    """What a waiting peer shows (issue 24, item 2) comes signed in the status: before the
+    first announcement no deadline, then the clock's start plus deadline_s, in unix ms;
+    a buffered round's status and a failed round's have none."""
+    job = Job(2, deadline_s=30, max_ahead=1)
+    job.open(0)
+    job.state.beacon()
+    (quiet,) = job.state.due_statuses(0)
+    assert quiet.deadline is None  # the clock starts at the first announcement
+    job.announce(0)
+    job.announce(1, round_=1)  # buffered for round 1: its clock has not begun
+    statuses = {s.round: s for s in job.state.due_statuses(0)}
+    assert statuses[0].deadline == int((job.now + 30) * 1000)
+    assert statuses[1].deadline is None
+    job.state.announce_failure(0, "quorum not met")
+    failure = job.state.failure(1)
+    assert failure is not None and failure.failed and failure.deadline is None
+
+
 # -- recovery -------------------------------------------------------------------------------------
 def _row(r: int, state: str, published: bool = True, reason: str | None = None) -> RoundRow:
     record = CIDS[r % 3] if state == "closed" else None
@@ -606,6 +625,22 @@ def test_a_step_closes_on_its_own_while_another_waits_then_at_its_own_deadline()
         ("head", None),
         ("body", judged.failure),
     ]
+
+
+def test_each_steps_status_has_its_own_deadline_on_the_rounds_clock_until_it_closes() -> None:
+    job = StepJob()
+    job.open(0)
+    for i in (0, 1):
+        job.announce(i, cid=i, step="head")
+    deadlines = {s.step: s.deadline for s in job.state.due_statuses(0)}
+    assert deadlines == {"head": int((job.now + 30) * 1000), "body": int((job.now + 60) * 1000)}
+    for _ in range(2):
+        job.state.plan.next(job.now)
+    job.verified(0, step="head")
+    job.verified(1, cid=1, step="head")
+    job.state.close_succeeded(0, job.closed_step(0, "head", [0, 1]), "head")
+    head = job.state.status(0, 1, step="head")
+    assert head is not None and head.deadline is None  # closed: no deadline to wait for
 
 
 def test_a_step_nobody_announced_to_closes_at_its_deadline_from_the_rounds_clock() -> None:

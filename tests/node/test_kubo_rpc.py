@@ -520,3 +520,49 @@ def test_subscription_error_answer_raises_on_enter() -> None:
 
     with pytest.raises(KuboCommandError, match="pubsub feature not enabled"):
         run_with(handler, main)
+
+
+def test_find_providers_reads_the_provider_events_of_routing_findprovs() -> None:
+    """What a node on a real network answers (the suite's daemons have no routing, so none
+    finds a provider): query events, then a provider; duplicates and other events skipped."""
+    cid = CID.hash(RAW, b"wanted")
+    seen: list[httpx.Request] = []
+    events = [
+        {"Extra": "", "ID": "QmQuery", "Responses": None, "Type": 0},
+        {"Extra": "", "ID": "", "Responses": [{"Addrs": [], "ID": "12D3KooWProvider"}], "Type": 4},
+        {"Extra": "", "ID": "", "Responses": [{"Addrs": [], "ID": "12D3KooWProvider"}], "Type": 4},
+    ]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, content="".join(json.dumps(e) + "\n" for e in events))
+
+    found = run_with(handler, lambda n: n.find_providers(cid, limit=2))
+    assert found == ["12D3KooWProvider"]
+    assert seen[0].url.path == "/api/v0/routing/findprovs"
+    assert seen[0].url.params.get_list("arg") == [str(cid)]
+    assert seen[0].url.params["num-providers"] == "2"
+
+
+def test_find_providers_gives_what_it_found_when_its_time_is_up() -> None:
+    """A DHT query for a CID nobody provides goes on for a minute: the answer is bounded."""
+    cid = CID.hash(RAW, b"wanted")
+
+    async def endless() -> AsyncIterator[bytes]:
+        yield b'{"Extra":"","ID":"QmQuery","Responses":null,"Type":0}\n'
+        await asyncio.sleep(60)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=endless())
+
+    loop_time: list[float] = []
+
+    async def call(node: KuboNode) -> list[str]:
+        start = asyncio.get_running_loop().time()
+        try:
+            return await node.find_providers(cid, timeout=0.3)
+        finally:
+            loop_time.append(asyncio.get_running_loop().time() - start)
+
+    assert run_with(handler, call) == []
+    assert loop_time[0] < 5

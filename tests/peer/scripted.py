@@ -121,8 +121,10 @@ class ScriptedCoordinator:
         verified: Sequence[str] = (),
         refused: Mapping[str, str] | None = None,
         failed: str | None = None,
+        deadline: int | None = None,
     ) -> None:
-        """Publish (and keep repeating) the status of ``step`` of ``round_``."""
+        """Publish (and keep repeating) the status of ``step`` of ``round_`` (``deadline``:
+        when its deadline falls, unix ms)."""
         roster = self.config.roster
         refused = refused or {}
         order = roster.members(roster.bitmap(refused))
@@ -136,6 +138,7 @@ class ScriptedCoordinator:
             refused=roster.bitmap(refused),
             reasons=tuple(refused[p] for p in order),
             sent_at=_now_ms(),
+            deadline=deadline,
             failed=failed,
         )
         self._kept[("status", round_, step)] = msg

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ._argtypes import add_max_bytes
+from ._argtypes import add_max_bytes, cid_argument
 from ._help import examples
 from ._lazy import lazy
 from ._nodes import add_node_options, add_timeout_option
@@ -32,7 +32,7 @@ def register(sub: Any) -> None:
             'gradstore audit cid "$aggregate"              # a round\'s output, or any gradient',
         ),
     )
-    p.add_argument("cid", help="the gradient's CID")
+    p.add_argument("cid", type=cid_argument("the CID"), help="the gradient's CID")
     _common(p)
     p.set_defaults(run=lazy("_audit_cmds", "cmd_audit_cid"))
 
@@ -44,7 +44,7 @@ def register(sub: Any) -> None:
             'gradstore audit round "$record" --coordinator did:key:z6Mk... --api http://127.0.0.1:5001',
         ),
     )
-    p.add_argument("record", help="round record CID")
+    p.add_argument("record", type=cid_argument("the record CID"), help="round record CID")
     _pins(p)
     _common(p)
     p.set_defaults(run=lazy("_audit_cmds", "cmd_audit_round"))
@@ -57,7 +57,9 @@ def register(sub: Any) -> None:
             'gradstore audit history "$record" --coordinator did:key:z6Mk... --allow-gaps',
         ),
     )
-    p.add_argument("head", help="the newest round record's CID")
+    p.add_argument(
+        "head", type=cid_argument("the head record CID"), help="the newest round record's CID"
+    )
     p.add_argument(
         "--allow-gaps",
         action="store_true",

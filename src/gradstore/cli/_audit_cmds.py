@@ -20,6 +20,8 @@ from ..audit import (
     verify_history,
     verify_round,
 )
+from ..dag import CID
+from ..errors import CIDError
 from ..job import load_job
 from ..messages import public_key_from_did
 from ..node import Node
@@ -29,20 +31,27 @@ from ._documents import command_limits
 from ._exit import UsageError
 from ._nodes import node_from_args
 from ._patience import Patience
+from ._sources import StallReport
 from ._text import printable
 
 T = TypeVar("T")
 Work = Callable[[Node, GradientStore, Callable[[int, int], None]], Awaitable[T]]
 
 
-def _run(args: argparse.Namespace, what: str, work: Work[T]) -> T:
-    """``work(node, store, progress)`` on the chosen node, patiently (``--timeout``)."""
+def _run(args: argparse.Namespace, what: str, work: Work[T], first: str) -> T:
+    """``work(node, store, progress)`` on the chosen node, patiently (``--timeout``); a
+    stall on ``first`` (the CID fetched first, as given) says why it lasts."""
     limits = command_limits(args)
+    try:
+        cid: CID | None = CID.parse(first)
+    except CIDError:
+        cid = None  # the audit's own check says so
 
     async def go() -> T:
         node = node_from_args(args, wait_s=args.timeout)
         try:
-            patience = Patience(f"{what} from {node.name}", args.timeout)
+            stall = None if cid is None else (cid, StallReport(node))
+            patience = Patience(f"{what} from {node.name}", args.timeout, fetching=stall)
             store = GradientStore(node, limits=limits)
             return await patience.run(work(node, store, patience.progress))
         finally:
@@ -135,6 +144,7 @@ def cmd_audit_cid(args: argparse.Namespace) -> int:
         args,
         f"CID {args.cid}",
         lambda node, store, progress: verify_cid(store, args.cid, progress=progress),
+        args.cid,
     )
     print(
         f"ok {r.cid}: {r.size} bytes in {r.blocks} block(s), {r.tensors} tensor(s)"
@@ -151,6 +161,7 @@ def cmd_audit_round(args: argparse.Namespace) -> int:
         lambda node, store, progress: verify_round(
             node, args.record, store, coordinator=coordinator, job=job, progress=progress
         ),
+        args.record,
     )
     print("\n".join(_lines(report, coordinator)))
     return _exit.SUCCESS
@@ -171,6 +182,7 @@ def cmd_audit_history(args: argparse.Namespace) -> int:
             job=job,
             progress=progress,
         ),
+        args.head,
     )
     top, bottom = reports[0].record, reports[-1].record
     print(

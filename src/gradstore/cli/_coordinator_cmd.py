@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import shlex
 import signal
 import sys
 import time
@@ -104,12 +105,35 @@ def finished_job(state: Path, config: JobConfig) -> Finished | None:
     return Finished(count, count - len(closed), closed[-1].record if closed else None)
 
 
-def _complete_line(config: JobConfig, state: Path, done: Finished) -> str:
+def _complete_line(config: JobConfig, state: Path, done: Finished, argv: str) -> str:
+    """What a coordinator started on a finished job's journal says: the job's end, and the
+    command that runs it again (``argv``: its own options, then a new ``--state``)."""
     head = f", head record {done.head}" if done.head else ""
     return (
         f"job {config.job} already complete: {done.rounds} round(s), {done.failed} failed"
-        f"{head} (state {state}); nothing to do. A new run of the job needs another --state"
+        f"{head} (state {state}); nothing to do. To run the job again, give it a new "
+        f"journal: gradstore coordinator {argv} --state {_next_state(state)} "
+        f"(or remove {state})"
     )
+
+
+def _options(args: argparse.Namespace) -> str:
+    """The options that name this coordinator's job, key and node, quoted for a shell."""
+    words = ["--config", args.config, "--key", args.key]
+    for option in ("api", "local"):
+        value = getattr(args, option, None)
+        if value:
+            words += [f"--{option}", value]
+    return shlex.join(words)
+
+
+def _next_state(state: Path) -> Path:
+    """A journal folder beside ``state`` that does not exist yet: ``walkthrough-2``, ``-3``..."""
+    stem = state.name
+    n = 2
+    while (state.parent / f"{stem}-{n}").exists():
+        n += 1
+    return state.parent / f"{stem}-{n}"
 
 
 def cmd_coordinator(args: argparse.Namespace) -> int:
@@ -128,7 +152,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     state = Path(args.state) if args.state else Path("gradstore-state") / config.job
     done = finished_job(state, config)
     if done is not None:
-        print(_complete_line(config, state, done), file=sys.stderr, flush=True)
+        print(_complete_line(config, state, done, _options(args)), file=sys.stderr, flush=True)
         return _exit.SUCCESS
 
     def report(outcome: RoundOutcome) -> None:
@@ -179,5 +203,5 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     if not coordinator.outcomes:  # finished in an earlier run; this one only published
         done = finished_job(state, config)
         if done is not None:
-            print(_complete_line(config, state, done), file=sys.stderr, flush=True)
+            print(_complete_line(config, state, done, _options(args)), file=sys.stderr, flush=True)
     return _exit.SUCCESS

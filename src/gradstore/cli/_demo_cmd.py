@@ -74,7 +74,7 @@ def register(sub: Any) -> None:
         choices=("numpy", "torch"),
         default="numpy",
         help="numpy: models written in NumPy; torch: a PyTorch CNN, its tensors converted "
-        "with gradstore.torch (needs pip install 'gradstore[torch]') (default numpy)",
+        "with gradstore.torch (needs pip install 'gradstore[torch,demo]') (default numpy)",
     )
     p.add_argument(
         "--model",
@@ -128,7 +128,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     a closing line and the audit command (exit 2 for a method the peers cannot run)."""
     import asyncio  # here: every command's start registers this parser, few run the demo
 
-    from ..demo import DemoConfig
+    from ..demo import DemoConfig, check_demo_extras
 
     try:
         config = DemoConfig(
@@ -153,6 +153,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     except ValueError as exc:  # AggregationError too: a method the peers cannot run
         print(f"error: {exc}", file=sys.stderr)
         return _exit.USAGE
+    check_demo_extras(config.framework, plot=args.plot is not None)  # every extra, named now
     return asyncio.run(_demo(args, config))
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._argtypes import byte_count
+from ._argtypes import byte_count, cid_argument
 from ._compress_args import add_compress_options
 from ._help import examples
 from ._lazy import lazy
@@ -203,8 +203,12 @@ def register(sub: Any) -> None:
 
     rnd = sub.add_parser(
         "round",
-        help="inspect round records",
-        epilog=examples('gradstore round show "$record"'),
+        help="watch a job's open round, list its past rounds, show a round record",
+        epilog=examples(
+            "gradstore round status --config job.toml --watch",
+            "gradstore round list --config job.toml",
+            'gradstore round show "$record"',
+        ),
     )
     rsub = rnd.add_subparsers(dest="round_command", metavar="ACTION", required=True)
     p = rsub.add_parser(
@@ -215,7 +219,7 @@ def register(sub: Any) -> None:
             'gradstore round show "$record" --state gradstore-state/walkthrough',
         ),
     )
-    p.add_argument("record", help="round record CID")
+    p.add_argument("record", type=cid_argument("the record CID"), help="round record CID")
     p.add_argument(
         "--state",
         default=None,
@@ -224,3 +228,49 @@ def register(sub: Any) -> None:
     add_node_options(p)
     add_timeout_option(p)
     p.set_defaults(run=lazy("_round_show", "cmd_round_show"))
+
+    p = rsub.add_parser(
+        "status",
+        help="the open round (each peer's state, verified of quorum) and the last result, "
+        "from the coordinator's signed statuses",
+        description="Listen to the job's coordinator for a few seconds and print its open "
+        "round: each step's peers (received, verified, refused with the coordinator's reason, "
+        "absent), verified out of quorum, the deadline, and the last round's CIDs. Only "
+        "messages signed by the job file's coordinator and stamped after the command started "
+        "count (not forgeries, not replays).",
+        epilog=examples(
+            "gradstore round status --config job.toml",
+            "gradstore round status --config job.toml --watch          # again at each change",
+            "gradstore round status --config job.toml --watch --json   # JSON lines",
+        ),
+    )
+    p.add_argument("--config", required=True, help="job file (TOML)")
+    p.add_argument(
+        "--watch",
+        action="store_true",
+        help="print it again at each change, until the job's last round ended (or Ctrl-C)",
+    )
+    p.add_argument("--json", action="store_true", help="one JSON object (--watch: one a line)")
+    add_node_options(p)
+    p.set_defaults(run=lazy("_round_status", "cmd_round_status", blas=False))
+
+    p = rsub.add_parser(
+        "list",
+        help="a job's past rounds with their record and output CIDs, newest first",
+        description="Walk the job's signed round records through prev, from HEAD (a round "
+        "record CID) or from the record of the last round the coordinator says closed "
+        "(--config): every record's hash and signature checked, each of the same job, run "
+        "and coordinator (with --config: the job file's coordinator).",
+        epilog=examples(
+            "gradstore round list --config job.toml",
+            'gradstore round list "$record" --config job.toml --limit 5',
+            'gradstore round list "$record" --json',
+        ),
+    )
+    p.add_argument("head", nargs="?", default=None, help="the newest round record's CID")
+    p.add_argument("--config", default=None, help="job file (TOML): pins its coordinator")
+    p.add_argument("--limit", type=int, default=None, metavar="N", help="at most N rounds")
+    p.add_argument("--json", action="store_true", help="one JSON object")
+    add_node_options(p)
+    add_timeout_option(p)
+    p.set_defaults(run=lazy("_round_list", "cmd_round_list", blas=False))

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ..aggregate import AggregationParams, aggregate
+from ..errors import KeyFileError
 from ..files import load_gradient
 from ..format import Gradient
 from ..job import load_job
@@ -21,13 +23,23 @@ from . import _exit
 from ._exit import UsageError
 from ._nodes import node_from_args
 from ._output import announce_written, check_target, save_output
+from ._peer_wait import PeerWaitLines
 
 T = TypeVar("T")
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
     key = SigningKey.generate()
-    key.save(args.out)
+    try:
+        key.save(args.out)
+    except KeyFileError as exc:
+        if not os.path.lexists(args.out):
+            raise
+        # never overwritten (an identity job files name), but say how to start over
+        raise KeyFileError(
+            f"{exc}: it is an identity that job files name; to start over with a new one, "
+            "remove it first, or choose another --out"
+        ) from None
     print(key.did)
     return _exit.SUCCESS
 
@@ -55,22 +67,27 @@ def cmd_peer_publish(args: argparse.Namespace) -> int:
         node = node_from_args(args)
         try:
             async with Peer(config, node, key) as peer:
+                lines = PeerWaitLines(peer, args.round, args.step, publishing=True)
                 if one:
-                    cid = await peer.publish(
+                    cid = await lines.run(
+                        peer.publish(
+                            document,
+                            args.round,
+                            args.num_samples,
+                            step=args.step,
+                            wait=not args.no_wait,
+                            timeout=args.timeout,
+                        )
+                    )
+                    return [str(cid)]
+                cids = await lines.run(
+                    peer.publish_steps(
                         document,
                         args.round,
                         args.num_samples,
-                        step=args.step,
                         wait=not args.no_wait,
                         timeout=args.timeout,
                     )
-                    return [str(cid)]
-                cids = await peer.publish_steps(
-                    document,
-                    args.round,
-                    args.num_samples,
-                    wait=not args.no_wait,
-                    timeout=args.timeout,
                 )
                 return [f"{step} {cid}" for step, cid in cids.items()]
         finally:
@@ -92,7 +109,10 @@ def cmd_peer_await(args: argparse.Namespace) -> int:
         try:
             # awaiting needs no key: results are verified against the job's coordinator
             async with Peer(config, node) as peer:
-                return await peer.await_result(args.round, step=args.step, timeout=args.timeout)
+                lines = PeerWaitLines(peer, args.round, args.step, publishing=False)
+                return await lines.run(
+                    peer.await_result(args.round, step=args.step, timeout=args.timeout)
+                )
         finally:
             await node.aclose()
 

@@ -96,7 +96,12 @@ def _from(source: str) -> str:
 def cmd_job_init(args: argparse.Namespace) -> int:
     out: str = args.out
     if not is_stdout(out) and Path(out).exists() and not args.force:
-        raise UsageError(f"{out} exists: pass --force to replace it, or choose --out")
+        journal = f"gradstore-state/{args.name or '<job>'}"
+        raise UsageError(
+            f"{out} exists: pass --force to replace it, or choose --out (starting over? the "
+            f"new job's coordinator needs a new journal too: remove {journal}, or give it "
+            "another --state)"
+        )
     text = job_text(args)
     parse_job(tomllib.loads(text), source=out)  # the coordinator's own checks, before writing
     with open_output(out, terminal=True) as f:

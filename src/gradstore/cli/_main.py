@@ -129,6 +129,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(words)
     except SystemExit as exc:  # usage error (2), --help or --version (0): a code, not an exit
         return exc.code if isinstance(exc.code, int) else _exit.USAGE
+    except _exit.UsageError as exc:  # a value type's own refusal (an empty CID): one line
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        return _exit.USAGE
     run: Command = args.run
     try:
         return run(args)

@@ -1,10 +1,11 @@
 """``gradstore round show``: a round record as JSON, with each peer's status.
 
-A round/2-4 record lists its peers; a stepped round's round/5 record lists its steps, each
-with its step record's peers (or why it failed), and counts the steps (total, completed,
-pending, failed) and the peers that took part. A step record (step/1) shows as a round
-record with its step and tensors. With ``--state``, the coordinator's journal adds the
-round's stats (and each step's).
+A round/2-4 record lists its peers, and what its number means under a coordinator (rounds
+counted from 0) and under ``gradstore.flower`` (Flower's, from 1); a stepped round's
+round/5 record lists its steps, each with its step record's peers (or why it failed), and
+counts the steps (total, completed, pending, failed) and the peers that took part. A step
+record (step/1) shows as a round record with its step and tensors. With ``--state``, the
+coordinator's journal adds the round's stats (and each step's).
 """
 
 from __future__ import annotations
@@ -102,6 +103,7 @@ def record_doc(record: RoundRecord | StepRecord, cid: CID) -> dict[str, Any]:
     }
     if isinstance(record, RoundRecord):
         doc["prev"] = None if record.prev is None else str(record.prev)
+        doc["numbering"] = numbering(record.round)
     doc["peers"] = [
         {
             "peer": i.peer,
@@ -129,6 +131,26 @@ def record_doc(record: RoundRecord | StepRecord, cid: CID) -> dict[str, Any]:
         "failed": len(record.excluded) - absent,
     }
     return doc
+
+
+def numbering(round_: int) -> dict[str, str]:
+    """What a round/2-4 record's number means under a coordinator (rounds from 0) and under
+    ``gradstore.flower`` (Flower's ``server_round``, from 1): the record does not say which."""
+    flower = (
+        "none: Flower trains from server_round 1, so a Flower run has no round 0"
+        if round_ == 0
+        else f"Flower's server_round {round_}, when a GradstoreStrategy wrote it (Flower counts from 1)"
+    )
+    return {
+        "coordinator": f"the job's {_ordinal(round_ + 1)} round, when a gradstore coordinator "
+        "wrote it (it counts from 0)",
+        "flower": flower,
+    }
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
 
 
 def stepped_doc(

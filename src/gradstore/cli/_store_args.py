@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ._argtypes import add_max_bytes
+from ._argtypes import add_max_bytes, cid_argument
 from ._compress_args import add_compress_options
 from ._help import examples
 from ._lazy import lazy
@@ -95,7 +95,9 @@ def register(sub: Any) -> None:
             'gradstore get "$cid" -o - > copy.npz                     # to stdout',
         ),
     )
-    p.add_argument("cid", help="the gradient's CID (what put printed)")
+    p.add_argument(
+        "cid", type=cid_argument("the CID"), help="the gradient's CID (what put printed)"
+    )
     p.add_argument(
         "-o",
         "--output",
@@ -116,7 +118,7 @@ def register(sub: Any) -> None:
             'gradstore verify "$cid" --api http://127.0.0.1:5001 --max-bytes 4GiB',
         ),
     )
-    p.add_argument("cid", help="the gradient's CID")
+    p.add_argument("cid", type=cid_argument("the CID"), help="the gradient's CID")
     add_node_options(p)
     add_timeout_option(p)
     add_max_bytes(p)
@@ -130,7 +132,7 @@ def register(sub: Any) -> None:
             "gradstore inspect alice.doc --json",
         ),
     )
-    p.add_argument("target", help="a CID or a document file")
+    p.add_argument("target", type=cid_argument("the CID or file"), help="a CID or a document file")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     add_node_options(p)
     add_timeout_option(p)

@@ -29,6 +29,7 @@ from ._nodes import node_from_args
 from ._output import announce_written, check_target, open_output
 from ._patience import Patience
 from ._progress import ByteProgressBar
+from ._sources import StallReport
 from ._text import printable
 
 if TYPE_CHECKING:
@@ -64,17 +65,20 @@ class _Session:
         bar: ByteProgressBar | None = None,
         *,
         waiting: Callable[[str], str] | None = None,
+        fetching: CID | None = None,
     ) -> T:
         """Run ``work(store, progress)`` on the node, patiently (``--timeout``, "waiting for").
 
         ``subject`` (a CID, a file) leads refusals; ``waiting(node_name)`` says what is
-        awaited (default: the CID ``subject`` from the node).
+        awaited (default: the CID ``subject`` from the node). ``fetching``, the CID fetched,
+        lets a stall say why it lasts (no peers, no provider).
         """
 
         async def run() -> T:
             node = self.connect()
             what = waiting(node.name) if waiting else f"CID {subject} from {node.name}"
-            patience = Patience(what, self.timeout, then=bar)
+            stall = None if fetching is None else (fetching, StallReport(node))
+            patience = Patience(what, self.timeout, then=bar, fetching=stall)
             try:
                 store = GradientStore(node, limits=self.documents.limits)
                 return await patience.run(work(store, patience.progress))
@@ -163,7 +167,12 @@ def cmd_get(args: argparse.Namespace) -> int:
     check_target(args.output)  # before fetching: a directory or a terminal cannot take it
     bar = ByteProgressBar("get")
     try:
-        buf = session.run(str(cid), lambda s, progress: s.fetch_view(cid, progress=progress), bar)
+        buf = session.run(
+            str(cid),
+            lambda s, progress: s.fetch_view(cid, progress=progress),
+            bar,
+            fetching=cid,
+        )
     finally:
         bar.close()
     with session.refusals(str(cid)):
@@ -189,7 +198,9 @@ def cmd_get(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     session = _Session.parse(args)
     cid = CID.parse(args.cid)
-    report = session.run(str(cid), lambda s, progress: s.verify(cid, progress=progress))
+    report = session.run(
+        str(cid), lambda s, progress: s.verify(cid, progress=progress), fetching=cid
+    )
     print(
         f"ok {report.cid}: {report.size} bytes, {report.blocks} blocks, "
         f"{report.tensors} tensors, verified in {report.seconds:.2f}s"
@@ -216,7 +227,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         async def fetch(store: GradientStore, progress: Callable[[int, int], None]) -> Any:
             return read_header(await store.fetch_document(cid, progress=progress), store.limits)
 
-        header = session.run(str(cid), fetch)
+        header = session.run(str(cid), fetch, fetching=cid)
     if args.json:
         print(json.dumps(_header_json(source, header), indent=2, default=_json_default))
     else:

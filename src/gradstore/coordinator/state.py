@@ -798,13 +798,24 @@ class CoordinatorState:
     def status(
         self, round_: int, sent_at: int, failed: str | None = None, step: StepName = None
     ) -> Status | None:
-        """The status of ``round_`` (of its ``step``) now (None: no book of it is kept)."""
+        """The status of ``round_`` (of its ``step``) now (None: no book of it is kept); while
+        the round is open and its clock runs, it says when its deadline falls."""
         book = self.book(round_, step)
         if book is None:
             return None
         cfg = self.config
+        deadline = None
+        step_config = self.steps.configs.get(step)  # None: a step the job does not have
+        if failed is None and round_ == self._opened and (round_, step) not in self.done:
+            deadline = None if step_config is None else book.deadline(step_config.deadline_s)
         return status_of(
-            book, cfg.roster, job=cfg.job, run=self.run_id, sent_at=sent_at, failed=failed
+            book,
+            cfg.roster,
+            job=cfg.job,
+            run=self.run_id,
+            sent_at=sent_at,
+            failed=failed,
+            deadline=deadline,
         )
 
     def due_statuses(self, sent_at: int) -> list[Status]:

@@ -18,9 +18,17 @@ from .rounds import PeerState, RoundBook
 
 
 def status_of(
-    book: RoundBook, roster: Roster, *, job: str, run: str, sent_at: int, failed: str | None = None
+    book: RoundBook,
+    roster: Roster,
+    *,
+    job: str,
+    run: str,
+    sent_at: int,
+    failed: str | None = None,
+    deadline: float | None = None,
 ) -> Status:
-    """The status of ``book``'s round (its step's, in a stepped job) as of now."""
+    """The status of ``book``'s round (its step's, in a stepped job) as of now; ``deadline``
+    (unix seconds, the clock of ``sent_at``) is when the open round's deadline falls."""
     slots = book.slots
     received = [p for p, s in slots.items() if s.state != PeerState.PENDING]
     verified = [
@@ -37,6 +45,7 @@ def status_of(
         refused=roster.bitmap(refused),
         reasons=tuple(shorten(book.refusals[p]) for p in refused),
         sent_at=sent_at,
+        deadline=None if deadline is None else int(deadline * 1000),
         failed=None if failed is None else shorten(failed),
     )
 

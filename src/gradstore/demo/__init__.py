@@ -7,6 +7,7 @@ scikit-learn (the data) and matplotlib (``--plot``) are the ``demo`` extra.
 """
 
 from ._data import DigitsSplit, Shard, digits_split, load_digits_data, split
+from ._extras import check_demo_extras, demo_extras
 from ._models import MLP, MODELS, Model, Params, SoftmaxRegression, accuracy, make_model
 from ._node import DemoNode, open_demo_node
 from ._report import (
@@ -53,6 +54,8 @@ __all__ = [
     "SoftmaxRegression",
     "StepRow",
     "accuracy",
+    "check_demo_extras",
+    "demo_extras",
     "demo_steps",
     "digits_split",
     "format_row",

@@ -233,6 +233,8 @@ class Status:
     ``reasons`` gives one reason per refused peer, in roster order. ``failed`` says the round ended without an
     aggregate, and why. When the lists would make the message too long they are empty and
     ``lists`` links a DAG-CBOR block that holds them. With ``step``, it is one step's status.
+    ``deadline`` (unix ms, the clock of ``sent_at``) is when the open round's (step's)
+    deadline falls, once its clock started: what a waiting peer shows (None: off the wire).
     """
 
     job: str
@@ -244,6 +246,7 @@ class Status:
     refused: bytes
     reasons: tuple[str, ...]
     sent_at: int
+    deadline: int | None = field(default=None, kw_only=True)
     failed: str | None = None
     lists: str | None = None
 
@@ -260,6 +263,8 @@ class Status:
         check_bitmap("refused", self.refused)
         _set(self, "reasons", check_reasons("reasons", self.reasons))
         check_uint("sent_at", self.sent_at)
+        if self.deadline is not None:
+            check_uint("deadline", self.deadline)
         if self.failed is not None:
             check_text("failed", self.failed)
         if self.lists is not None:
@@ -282,7 +287,7 @@ def field_names(cls: type[Announce] | type[Result] | type[Status]) -> tuple[str,
 
 
 #: Fields that are left off the wire when None.
-OPTIONAL_FIELDS: Final = frozenset({"step", "failed", "lists"})
+OPTIONAL_FIELDS: Final = frozenset({"step", "deadline", "failed", "lists"})
 
 
 def unsigned_pairs(msg: Message) -> list[tuple[str, Any]]:

@@ -2,8 +2,9 @@
 
 ``connect()`` makes the node an address, the environment or a directory names. Each backend
 is one module or folder (``kubo/``, ``local.py``) behind ``base.Node``; optional
-capabilities (``SupportsCatInto``, ``SupportsGuardedImport``) are protocols too: callers
-test for them, not for a class. ``KuboDaemon`` and ``find_kubo_binary`` launch isolated
+capabilities (``SupportsCatInto``, ``SupportsGuardedImport``, ``SupportsSources``) are
+protocols too: callers test for them, not for a class. ``find_sources`` says who could send a
+node a CID it waits for (its peers, the providers its routing finds). ``KuboDaemon`` and ``find_kubo_binary`` launch isolated
 Kubo daemons for tests and local runs.
 """
 
@@ -11,8 +12,9 @@ from .._closing import Closing
 from ._config import MAX_PUBSUB_DATA, Retry
 from ._connect import connect
 from ._follow import follow
+from ._sources import Sources, find_sources
 from .base import Node, NodeIdentity, PubsubMessage, Subscription
-from .capabilities import GuardedImport, SupportsCatInto, SupportsGuardedImport
+from .capabilities import GuardedImport, SupportsCatInto, SupportsGuardedImport, SupportsSources
 from .kubo import (
     DaemonSettings,
     KuboDaemon,
@@ -38,12 +40,15 @@ __all__ = [
     "NodeIdentity",
     "PubsubMessage",
     "Retry",
+    "Sources",
     "Subscription",
     "SupportsCatInto",
     "SupportsGuardedImport",
+    "SupportsSources",
     "Timeouts",
     "connect",
     "find_kubo_binary",
+    "find_sources",
     "follow",
     "stop_all",
 ]

@@ -70,3 +70,18 @@ class SupportsCatInto(Protocol):
         Returns how many were written.
         """
         ...
+
+
+@runtime_checkable
+class SupportsSources(Protocol):
+    """A node on a network: it can say which peers it is connected to and ask its routing
+    who provides a CID (Kubo's ``swarm/peers`` and ``routing/findprovs``)."""
+
+    async def swarm_peers(self) -> list[str]:
+        """Peer ids this node is connected to."""
+        ...
+
+    async def find_providers(self, cid: CID, *, limit: int = 1, timeout: float = 2.0) -> list[str]:
+        """Peer ids the routing names as providers of ``cid`` (at most ``limit``, found within
+        ``timeout`` s)."""
+        ...

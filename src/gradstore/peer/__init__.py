@@ -2,7 +2,18 @@
 with steps, publish and await each step."""
 
 from ._client import Peer
+from ._listen import CoordinatorListener
 from ._results import AggregateResult, StepFailed, apply
 from ._steps import PeerSteps
+from ._view import CoordinatorView, RoundView
 
-__all__ = ["AggregateResult", "Peer", "PeerSteps", "StepFailed", "apply"]
+__all__ = [
+    "AggregateResult",
+    "CoordinatorListener",
+    "CoordinatorView",
+    "Peer",
+    "PeerSteps",
+    "RoundView",
+    "StepFailed",
+    "apply",
+]

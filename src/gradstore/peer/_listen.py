@@ -22,6 +22,7 @@ from ..messages import PeerLists, Result, Status, decode_lists, inline_lists, ve
 from ..messages.refusal_log import RefusalLog
 from ..node import Node, follow
 from ._view import CoordinatorView
+from ._waiting import RoundWait, round_wait
 
 log = logging.getLogger("gradstore.peer")
 
@@ -98,6 +99,16 @@ class CoordinatorListener:
         """The coordinator's current run id, once heard."""
         return None if self.view.current is None else self.view.current.run
 
+    async def next_message(self, timeout: float) -> bool:
+        """Wait at most ``timeout`` seconds for the coordinator's next verified, fresh status
+        or result (now in ``view``); whether one came."""
+        async with self._news:
+            try:
+                await asyncio.wait_for(self._news.wait(), timeout)
+            except TimeoutError:
+                return False
+            return True
+
     async def _read(self, sub: object) -> None:
         cfg = self.config
         async for msg in follow(self.node, sub):  # type: ignore[arg-type]
@@ -172,17 +183,29 @@ class CoordinatorListener:
             self._lists[msg.lists] = cached
         return cached
 
-    def _silent_for(self) -> float:
+    def silent_for(self) -> float:
         """Seconds since the coordinator was last heard (or since we started listening)."""
         hub = self._listener or self
         return time.monotonic() - (hub._heard_at or hub._started_at)
+
+    @property
+    def heard(self) -> bool:
+        """Whether the coordinator has been heard (a fresh message it signed) since we listen."""
+        hub = self._listener or self
+        return hub._heard_at is not None
+
+    def round_wait(self, round_: int, step: str | None = None) -> RoundWait | None:
+        """Where ``round_`` (its ``step``; a stepped round whole without one) stands, as the
+        coordinator's statuses stamped since we began to listen say: what a waiting peer
+        shows. None until a status of it is heard."""
+        return round_wait(self.view, self.config, round_, step, self._listening_since_ms)
 
     def _no_coordinator(self) -> CoordinatorError:
         cfg = self.config
         hub = self._listener or self
         heard = "has not been heard" if hub._heard_at is None else "has been silent"
         return CoordinatorError(
-            f"the coordinator of job {cfg.job} {heard} for {self._silent_for():.0f} s "
+            f"the coordinator of job {cfg.job} {heard} for {self.silent_for():.0f} s "
             f"on {cfg.results_topic} (is `gradstore coordinator` running, and connected to "
             "this node?)"
         )
@@ -204,7 +227,7 @@ class CoordinatorListener:
             while True:
                 if ready():
                     return True
-                silent_left = self.coordinator_timeout_s - self._silent_for()
+                silent_left = self.coordinator_timeout_s - self.silent_for()
                 if silent_left <= 0:
                     raise self._no_coordinator()
                 limit = silent_left if until is None else min(silent_left, until - time.monotonic())

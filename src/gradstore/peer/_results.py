@@ -72,6 +72,10 @@ class ResultListener(CoordinatorListener):
             listener=listener,
         )
         self.store = GradientStore(node, limits=config.limits)
+        #: The aggregate being fetched (None: none), and the bytes of it fetched so far:
+        #: what a waiting command shows once the coordinator's result has come.
+        self.fetching: CID | None = None
+        self.fetched_bytes = 0
 
     async def await_result(
         self, round_: int, *, step: str | None = None, timeout: float | None = None
@@ -148,7 +152,15 @@ class ResultListener(CoordinatorListener):
         """The closed round's (or step's) result with its aggregate fetched from the node."""
         result = outcome.result
         assert result is not None
-        gradient = await self.store.get(result.cid)
+        self.fetching, self.fetched_bytes = CID.parse(result.cid), 0
+
+        def moved(done: int, total: int) -> None:
+            self.fetched_bytes = done
+
+        try:
+            gradient = await self.store.get(result.cid, progress=moved)
+        finally:
+            self.fetching = None
         return AggregateResult(
             round_,
             CID.parse(result.cid),

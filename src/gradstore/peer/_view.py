@@ -45,6 +45,7 @@ class RoundView:
 
     lists: PeerLists | None = None
     status_sent_at: int = -1
+    deadline: int | None = None  # the latest status's: when the round's deadline falls (unix ms)
     result: Result | None = None
     result_peers: bytes = b""
     result_sent_at: int = -1
@@ -127,6 +128,7 @@ class CoordinatorView:
             run.open_round = max(run.open_round, status.round)
         if status.sent_at >= view.status_sent_at:
             view.lists, view.status_sent_at = lists, status.sent_at
+            view.deadline = status.deadline
 
     def see_result(self, result: Result, lists: PeerLists) -> None:
         """Record a verified, fresh result whose peer bitmap is in ``lists``; one about a
@@ -143,12 +145,22 @@ class CoordinatorView:
         if result.step is None:
             run.open_round = max(run.open_round, result.round + 1)
 
+    def slot(self, round_: int, step: str | None = None, since_ms: int = 0) -> RoundView | None:
+        """What the current run said of ``round_`` (or of its ``step``) in messages stamped
+        at ``since_ms`` or later; None when it said nothing (``gradstore round status``)."""
+        return self._fresh(round_, step, since_ms)
+
     def _fresh(self, round_: int, step: str | None, since_ms: int) -> RoundView | None:
         """The current run's view of ``(round_, step)``, without what was stamped before
         ``since_ms``; None when there is no such view."""
         run = self.current
         view = None if run is None else run.rounds.get((round_, step))
         return None if view is None else _since(view, since_ms)
+
+    def round_view(self, round_: int, step: str | None, since_ms: int = 0) -> RoundView | None:
+        """What the current run said of ``round_`` (its ``step``) in messages stamped at
+        ``since_ms`` or later (None: nothing)."""
+        return self._fresh(round_, step, since_ms)
 
     def standing(
         self, round_: int, peer: str, since_ms: int = 0, step: str | None = None
@@ -241,6 +253,7 @@ def _since(view: RoundView, since_ms: int) -> RoundView:
     fresh = RoundView(heard=view.heard)
     if view.status_sent_at >= since_ms:
         fresh.lists, fresh.status_sent_at = view.lists, view.status_sent_at
+        fresh.deadline = view.deadline
     if view.result_sent_at >= since_ms:
         fresh.result, fresh.result_peers = view.result, view.result_peers
         fresh.result_sent_at = view.result_sent_at

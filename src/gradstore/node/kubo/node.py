@@ -368,6 +368,25 @@ class KuboNode(AsyncClosing):
         """Peer ids this node is connected to."""
         return rpc.parse_swarm_peers(await self.client.json("swarm/peers"))
 
+    async def find_providers(self, cid: CID, *, limit: int = 1, timeout: float = 2.0) -> list[str]:
+        """``routing/findprovs``: peers the routing names as providers of ``cid``, at most
+        ``limit``, found within ``timeout`` seconds (what was found by then; none when the
+        node has no routing, as the tests' daemons)."""
+        params = [("arg", str(cid)), ("num-providers", str(limit))]
+        found: dict[str, None] = {}
+        with contextlib.suppress(TimeoutError):
+            async with (
+                asyncio.timeout(timeout),
+                self.client.open("routing/findprovs", params) as response,
+            ):
+                async for line in response.aiter_lines():
+                    if line.strip():
+                        event = rpc.parse_json("routing/findprovs", line.encode())
+                        found.update(dict.fromkeys(rpc.parse_providers(event)))
+                    if len(found) >= limit:
+                        break
+        return list(found)[:limit]
+
     async def pubsub_peers(self, topic: str | None = None) -> list[str]:
         """Peers known to be subscribed to ``topic`` (all pubsub peers when ``None``)."""
         params = rpc.pubsub_sub_params(topic) if topic is not None else []

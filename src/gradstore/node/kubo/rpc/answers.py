@@ -125,6 +125,20 @@ def parse_swarm_peers(obj: object) -> list[str]:
     ]
 
 
+#: ``routing/findprovs``'s event type of a provider found (Kubo's ``routing.Provider``).
+PROVIDER_EVENT = 4
+
+
+def parse_providers(obj: object) -> list[str]:
+    """The provider peer ids of one ``routing/findprovs`` NDJSON event (none for the query's
+    other events); an error item raises."""
+    if is_stream_error(obj):
+        raise error_from_stream_item("routing/findprovs", obj)  # type: ignore[arg-type]
+    if not isinstance(obj, dict) or obj.get("Type") != PROVIDER_EVENT:
+        return []
+    return [str(r["ID"]) for r in obj.get("Responses") or [] if isinstance(r, dict) and "ID" in r]
+
+
 def parse_pubsub_message(obj: object, topic: str) -> PubsubMessage:
     """One ``pubsub/sub`` NDJSON item: multibase ``data`` and ``seqno``, peer id in ``from``."""
     if is_stream_error(obj):
