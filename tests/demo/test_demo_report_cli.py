@@ -80,6 +80,7 @@ def test_summary_json_has_the_promised_keys(tmp_path):
         "input_bytes": 40_000,  # the documents the peers stored over the run
         "traffic_bytes": 146_688,  # and every document put to or fetched from the node
         "compress": None,
+        "steps": None,  # without --steps
         "head_record": str(REC),
         "coordinator": "did:key:z6Mk",
         "node": "local node in /x",

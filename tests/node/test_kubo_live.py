@@ -231,3 +231,33 @@ def test_authorization_header_reaches_a_protected_api(kubo_binary: object) -> No
                 assert (await node.identity()).peer_id == daemon.peer_id
 
         asyncio.run(main())
+
+
+def test_small_uploads_keep_their_connection(
+    kubo: KuboDaemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A publish, a block/put or a dag/put body of known size goes out with Content-Length:
+    Kubo closed the connection after most chunked uploads, so every status or record the
+    coordinator sent paid a new TCP connection (a stepped round sends hundreds)."""
+    connects = 0
+    create_connection = asyncio.BaseEventLoop.create_connection
+
+    async def counted(self: asyncio.BaseEventLoop, *args: object, **kwargs: object) -> object:
+        nonlocal connects
+        connects += 1
+        return await create_connection(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(asyncio.BaseEventLoop, "create_connection", counted)
+
+    async def main() -> int:
+        async with kubo.node() as node:
+            await node.version()  # the first connection
+            before = connects
+            for i in range(10):
+                await node.publish("gradstore-test-keepalive", b"status %d" % i)
+                await node.put_block(random_bytes(300, seed=i), RAW)
+                data = random_bytes(200, seed=100 + i)
+                await node.dag_put(Block(CID.hash(RAW, data), data), pin=False)
+            return connects - before
+
+    assert asyncio.run(main()) <= 1

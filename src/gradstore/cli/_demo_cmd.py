@@ -48,7 +48,7 @@ def register(sub: Any) -> None:
         ),
         epilog=examples(
             "gradstore demo                                   # 4 peers, 20 rounds, federated",
-            "gradstore demo --local demo-node --compress topk:0.027,values=2bit",
+            "gradstore demo --local demo-node --steps --compress topk:0.027,values=2bit",
             "gradstore demo --mode data-parallel --method median --plot demo.png",
         ),
     )
@@ -60,6 +60,14 @@ def register(sub: Any) -> None:
         default="federated",
         help="federated: peers train locally and average model states (FedAvg); "
         "data-parallel: peers send gradients, one SGD step per round (default federated)",
+    )
+    p.add_argument(
+        "--steps",
+        action="store_true",
+        help="make each round two steps, output layer first: head (the last layer, trained "
+        "and sent by the first half of the peers) and body (the other layers, by every peer); "
+        "the coordinator closes each on its own and a line per step shows it closing "
+        "(mlp or cnn)",
     )
     p.add_argument(
         "--framework",
@@ -140,6 +148,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             select=args.select,
             clip_input_norm=args.clip_input_norm,
             clip_output_norm=args.clip_output_norm,
+            steps=args.steps,
         )
     except ValueError as exc:  # AggregationError too: a method the peers cannot run
         print(f"error: {exc}", file=sys.stderr)
@@ -152,9 +161,12 @@ async def _demo(args: argparse.Namespace, config: Any) -> int:
     from ..demo import (
         DemoProgressBar,
         RoundRow,
+        StepRow,
         digits_split,
         format_row,
+        format_step,
         open_demo_node,
+        plan_steps,
         run_demo,
         table_header,
         write_plot,
@@ -177,6 +189,9 @@ async def _demo(args: argparse.Namespace, config: Any) -> int:
             + (f", compressed with {config.compress}" if config.compress else ""),
             flush=True,
         )
+        if config.steps:
+            steps = "; ".join(s.describe() for s in plan_steps(config, data))
+            print(f"steps: {steps} (each closes on its own)", flush=True)
         progress = DemoProgressBar(config.rounds, enabled=not quiet)
         if not quiet:
             print(table_header(), flush=True)
@@ -185,6 +200,11 @@ async def _demo(args: argparse.Namespace, config: Any) -> int:
             progress.clear()
             if not quiet:
                 print(format_row(row), flush=True)
+
+        def on_step(row: StepRow) -> None:
+            progress.clear()
+            if not quiet:
+                print(format_step(row), flush=True)
 
         try:
             result = await run_demo(
@@ -195,6 +215,7 @@ async def _demo(args: argparse.Namespace, config: Any) -> int:
                 coordinator_key=coordinator,
                 on_round=on_round,
                 on_phase=progress.show,
+                on_step=on_step,
             )
         finally:
             progress.clear()

@@ -10,8 +10,26 @@ from ._data import DigitsSplit, Shard, digits_split, load_digits_data, split
 from ._extras import check_demo_extras, demo_extras
 from ._models import MLP, MODELS, Model, Params, SoftmaxRegression, accuracy, make_model
 from ._node import DemoNode, open_demo_node
-from ._report import DemoProgressBar, format_row, summary, table_header, write_plot, write_summary
-from ._run import DEFAULT_LR, MODES, DemoConfig, DemoResult, RoundRow, job_config, run_demo
+from ._report import (
+    DemoProgressBar,
+    format_row,
+    format_step,
+    summary,
+    table_header,
+    write_plot,
+    write_summary,
+)
+from ._run import (
+    DEFAULT_LR,
+    MODES,
+    DemoConfig,
+    DemoResult,
+    RoundRow,
+    job_config,
+    plan_steps,
+    run_demo,
+)
+from ._steps import DemoStep, StepRow, demo_steps
 from ._train import full_batch_losses, local_sgd, sgd_step
 
 #: The earlier public name of ``DemoProgressBar`` (one name per meaning of progress).
@@ -26,6 +44,7 @@ __all__ = [
     "DemoNode",
     "DemoProgressBar",
     "DemoResult",
+    "DemoStep",
     "DigitsSplit",
     "Model",
     "Params",
@@ -33,17 +52,21 @@ __all__ = [
     "RoundRow",
     "Shard",
     "SoftmaxRegression",
+    "StepRow",
     "accuracy",
     "check_demo_extras",
     "demo_extras",
+    "demo_steps",
     "digits_split",
     "format_row",
+    "format_step",
     "full_batch_losses",
     "job_config",
     "load_digits_data",
     "local_sgd",
     "make_model",
     "open_demo_node",
+    "plan_steps",
     "run_demo",
     "sgd_step",
     "split",

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ._run import DemoResult, RoundRow
+from ._steps import StepRow
 
 _HEADER = (
     f"{'round':>5}  {'loss':>8}  {'accuracy':>8}  {'aggregate':<59}  {'inputs':>9}  "
@@ -38,6 +39,17 @@ def format_row(row: RoundRow) -> str:
         f"{row.round:>5}  {row.loss:>8.4f}  {row.accuracy:>8.2%}  {row.aggregate!s:<59}  "
         f"{format_bytes(row.input_bytes):>9}  {format_bytes(row.traffic_bytes):>9}  "
         f"{row.seconds:>7.2f}"
+    )
+
+
+def format_step(row: StepRow) -> str:
+    """One line per step of a round as it closes, above the round's table line: the round,
+    the step, its peers (numbered from 1), the seconds from the round's start until a peer
+    held its aggregate, and the aggregate's CID."""
+    peers = " ".join(str(p) for p in row.peers)
+    return (
+        f"{row.round:>5}  step {row.step} closed at {row.seconds:.2f}s: peers {peers}, "
+        f"aggregate {row.aggregate}"
     )
 
 
@@ -74,8 +86,9 @@ class DemoProgressBar:
 def summary(result: DemoResult) -> dict[str, Any]:
     """The summary JSON: mode, aggregation method, rounds, final held-out accuracy and loss,
     the run's ``input_bytes`` and ``traffic_bytes`` (the rounds' sums, as ``RoundRow``
-    counts them), the compression spec, the head record, the coordinator's did and the
-    node."""
+    counts them), the compression spec, the steps (each one's name, layers and peers
+    numbered from 1; null without ``--steps``), the head record, the coordinator's did and
+    the node."""
     last = result.rows[-1] if result.rows else None
     return {
         "mode": result.config.mode,
@@ -86,6 +99,11 @@ def summary(result: DemoResult) -> dict[str, Any]:
         "input_bytes": sum(row.input_bytes for row in result.rows),
         "traffic_bytes": sum(row.traffic_bytes for row in result.rows),
         "compress": result.config.compress,
+        "steps": [
+            {"name": s.name, "tensors": s.selectors, "peers": [i + 1 for i in s.peers]}
+            for s in result.steps
+        ]
+        or None,
         "head_record": None if result.head_record is None else str(result.head_record),
         "coordinator": result.coordinator,
         "node": result.node,

@@ -19,6 +19,11 @@ With ``compress`` (a spec such as ``topk:0.015,values=int8``) every peer compres
 update with error feedback (its residual kept in memory across rounds): data-parallel
 peers their gradient, federated peers their model delta (state minus the global model,
 meta kind "delta"), and the peers add the aggregate of the deltas to the global model.
+
+With ``steps`` a round is two steps (``_steps``): the output layer, which only the first
+half of the peers train and send, and the other layers, which every peer does; the
+coordinator closes and publishes each on its own, the peers take each step's aggregate as
+it closes, and the round ends with a model-level output and a round/5 record.
 """
 
 from __future__ import annotations
@@ -47,6 +52,8 @@ from ..node import Node
 from ..peer import Peer, apply
 from ._data import DigitsSplit, Shard
 from ._models import FRAMEWORK_MODELS, Model, Params, accuracy, make_model
+from ._steps import DemoStep, StepRow, StepWatch, demo_steps, head_peers, steps_tables
+from ._steps import publish_steps as publish_own_steps
 from ._train import local_sgd
 
 MODES = ("federated", "data-parallel")
@@ -77,6 +84,8 @@ class DemoConfig:
     select: int | None = None
     clip_input_norm: float | None = None
     clip_output_norm: float | None = None
+    #: Each round in two steps: the output layer (half the peers) and the rest (all).
+    steps: bool = False
 
     def __post_init__(self) -> None:
         if self.compress is not None:
@@ -103,6 +112,11 @@ class DemoConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.lr is not None and not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.steps and self.model == "softmax":
+            raise ValueError(
+                "--steps splits the model into its output layer and the rest; softmax has "
+                "one layer: use --model mlp (or --framework torch)"
+            )
         self._check_aggregation()
 
     def _check_aggregation(self) -> None:
@@ -123,6 +137,15 @@ class DemoConfig:
             raise AggregationError(
                 f"--method {self.method} with --peers {self.peers}: {exc}"
             ) from exc
+        if self.steps:  # the head step aggregates only its own peers' inputs
+            head = head_peers(self.peers)
+            try:
+                params.validate(head)
+            except AggregationError as exc:
+                raise AggregationError(
+                    f"--method {self.method} with --steps: the head step has {head} of the "
+                    f"{self.peers} peers: {exc}"
+                ) from exc
         if self.method == "sum" and self.mode == "federated" and self.compress is None:
             raise AggregationError(
                 "sum of the peers' model states is no model (it grows with every round): "
@@ -174,6 +197,9 @@ class RoundRow:
     input_bytes: int
     traffic_bytes: int
     seconds: float
+    #: With steps: each step as it closed, in closing order (``aggregate`` and ``record``
+    #: are then the round's model-level output and round/5 record).
+    steps: tuple[StepRow, ...] = ()
 
 
 @dataclass
@@ -185,6 +211,8 @@ class DemoResult:
     job: str
     coordinator: str
     rows: list[RoundRow] = field(default_factory=list)
+    #: With steps: the job's steps, output layer first.
+    steps: tuple[DemoStep, ...] = ()
 
     @property
     def head_record(self) -> CID | None:
@@ -211,24 +239,34 @@ def job_config(
     deadline_s: float,
     schema: Params,
     aggregation: dict[str, Any] | None = None,
+    steps: list[dict[str, Any]] | None = None,
 ) -> JobConfig:
     """The in-memory job: ``aggregation`` (a job file's table; default fedavg), every peer
-    needed in every round, a generous deadline, and the model's tensors as the schema every
-    input must have."""
-    return parse_job(
-        {
-            "job": job,
-            "coordinator": coordinator.did,
-            "peers": [k.did for k in peers],
-            "aggregation": aggregation or {"method": "fedavg"},
-            "rounds": {"count": rounds, "quorum": len(peers), "deadline_s": deadline_s},
-            "schema": [
-                {"name": name, "dtype": a.dtype.str, "shape": list(a.shape)}
-                for name, a in schema.items()
-            ],
-        },
-        source="demo job",
-    )
+    needed in every round (in every step of ``steps``, ``[[steps]]`` tables, if given), a
+    generous deadline, and the model's tensors as the schema every input must have."""
+    raw: dict[str, Any] = {
+        "job": job,
+        "coordinator": coordinator.did,
+        "peers": [k.did for k in peers],
+        "aggregation": aggregation or {"method": "fedavg"},
+        "rounds": {"count": rounds, "quorum": len(peers), "deadline_s": deadline_s},
+        "schema": [
+            {"name": name, "dtype": a.dtype.str, "shape": list(a.shape)}
+            for name, a in schema.items()
+        ],
+    }
+    if steps:
+        raw["steps"] = steps
+    return parse_job(raw, source="demo job")
+
+
+def plan_steps(config: DemoConfig, data: DigitsSplit) -> tuple[DemoStep, ...]:
+    """The steps ``run_demo`` makes of ``config``'s model for ``data`` (none without
+    ``config.steps``), for saying what the job is before it runs."""
+    if not config.steps:
+        return ()
+    model = make_model(config.model, data.n_features, data.n_classes, config.hidden)
+    return demo_steps(list(model.init(np.random.default_rng(config.seed))), config.peers)
 
 
 async def run_demo(
@@ -241,8 +279,10 @@ async def run_demo(
     coordinator_key: SigningKey | None = None,
     on_round: Callable[[RoundRow], None] | None = None,
     on_phase: Callable[[int, str], None] | None = None,
+    on_step: Callable[[StepRow], None] | None = None,
 ) -> DemoResult:
-    """Train for ``config.rounds`` rounds over ``node``; ``on_round`` sees each finished round.
+    """Train for ``config.rounds`` rounds over ``node``; ``on_round`` sees each finished round
+    and, with ``config.steps``, ``on_step`` each step as the first peer holds its aggregate.
 
     ``data`` must have ``config.peers`` shards. Keys are fresh unless
     ``coordinator_key`` is given (the CLI prints its did before the run starts).
@@ -253,6 +293,8 @@ async def run_demo(
     ckey = coordinator_key or SigningKey.generate()
     keys = [SigningKey.generate() for _ in range(config.peers)]
     initial = model.init(np.random.default_rng(config.seed))
+    steps = demo_steps(list(initial), config.peers) if config.steps else ()
+    dids = [k.did for k in keys]
     job = job_config(
         f"digits-{secrets.token_hex(4)}",
         ckey,
@@ -260,13 +302,14 @@ async def run_demo(
         config.rounds,
         config.deadline_s,
         initial,
-        config.aggregation([k.did for k in keys]),
+        config.aggregation(dids),
+        steps_tables(steps, dids) if steps else None,
     )
     parties = [
         _Party(i, k, shard, {n: a.copy() for n, a in initial.items()})
         for i, (k, shard) in enumerate(zip(keys, data.shards, strict=True))
     ]
-    result = DemoResult(config, node_name, job.job, ckey.did)
+    result = DemoResult(config, node_name, job.job, ckey.did, steps=steps)
     with contextlib.ExitStack() as stack:
         if state_dir is None:
             state_dir = stack.enter_context(
@@ -284,6 +327,7 @@ async def run_demo(
             result,
             on_round,
             on_phase,
+            on_step,
         )
     return result
 
@@ -300,6 +344,7 @@ async def _train(
     result: DemoResult,
     on_round: Callable[[RoundRow], None] | None,
     on_phase: Callable[[int, str], None] | None,
+    on_step: Callable[[StepRow], None] | None,
 ) -> None:
     """Run the coordinator as a task and the peers' rounds until done; stop the coordinator."""
     failure: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -318,21 +363,24 @@ async def _train(
                 for p in parties
             ]
             x_train, y_train = data.x_train, data.y_train
+            numbers = {p.key.did: p.index + 1 for p in parties}
             for r in range(config.rounds):
                 if on_phase is not None:
                     on_phase(r, "peers training, coordinator aggregating")
                 start = time.perf_counter()
+                watch = StepWatch(r, start, numbers, on_step) if job.stepped else None
                 steps = asyncio.gather(
                     *(
-                        _step(config, model, job.job, peer, party, r)
+                        _step(config, model, job.job, peer, party, r, watch)
                         for peer, party in zip(peers, parties, strict=True)
                     )
                 )
                 await _settle(steps, coordinator_task, failure, r)
                 moved = steps.result()
                 first = moved[0]
-                if any(m.aggregate != first.aggregate for m in moved):
+                if any(m.agreed != first.agreed for m in moved):
                     raise CoordinatorError(f"round {r}: peers received different aggregates")
+                assert first.aggregate is not None and first.record is not None
                 params = parties[0].params
                 result.rows.append(
                     row := RoundRow(
@@ -342,11 +390,14 @@ async def _train(
                         aggregate=first.aggregate,
                         record=first.record,
                         input_bytes=sum(m.input_bytes for m in moved),
-                        # every input put and fetched once, the aggregate put once and
-                        # fetched by every peer
+                        # every input put and fetched once, the aggregate (each step's) put
+                        # once and fetched by every peer; with steps, the model-level output
+                        # put once and fetched by the first peer
                         traffic_bytes=sum(2 * m.input_bytes + m.aggregate_bytes for m in moved)
-                        + first.aggregate_bytes,
+                        + first.aggregate_bytes
+                        + 2 * first.model_bytes,
                         seconds=time.perf_counter() - start,
+                        steps=() if watch is None else tuple(watch.rows.values()),
                     )
                 )
                 if on_round is not None:
@@ -392,21 +443,35 @@ async def _settle(
 
 @dataclass(frozen=True)
 class _Moved:
-    """What one peer's round moved: its input document (put, then fetched by the
-    coordinator), the aggregate it fetched, and the aggregate's CID and record."""
+    """What one peer's round moved: its input documents (put, then fetched by the
+    coordinator), the aggregates it fetched (with steps: every step's), the round's
+    aggregate (with steps: its model-level output, fetched by the first peer alone, so
+    None for the others) and record, and what every peer must agree on."""
 
     input_bytes: int
     aggregate_bytes: int
-    aggregate: CID
-    record: CID
+    aggregate: CID | None
+    record: CID | None
+    agreed: object  # the aggregate's CID; with steps, each step's by name
+    model_bytes: int = 0  # with steps: the model-level output's document, if fetched
 
 
 async def _step(
-    config: DemoConfig, model: Model, job: str, peer: Peer, party: _Party, round_: int
+    config: DemoConfig,
+    model: Model,
+    job: str,
+    peer: Peer,
+    party: _Party,
+    round_: int,
+    watch: StepWatch | None = None,
 ) -> _Moved:
-    """One peer's round: compute, publish, await the aggregate, update its parameters."""
+    """One peer's round: compute, publish, await the aggregate, update its parameters. With
+    ``watch`` (a stepped job) it trains and sends only its own steps' tensors and takes
+    every step's aggregate as it closes (``watch`` reports each step once)."""
     shard = party.shard
     lr = config.learning_rate
+    # with steps, the tensors of this peer's steps: the head's are the first half's alone
+    own = None if watch is None else set(peer.steps.mine_of(Gradient(party.params)).tensors)
     if config.mode == "data-parallel":
         _, tensors = model.loss_and_gradient(party.params, shard.x, shard.y)
         kind = "gradient"
@@ -420,8 +485,11 @@ async def _step(
             batch_size=config.batch_size,
             lr=lr,
             rng=rng,
+            train=own,
         )
         kind = "state"
+    if own is not None:
+        tensors = {n: a for n, a in tensors.items() if n in own}
     if config.compress is not None and config.mode == "federated":
         # the model delta: what this round changed, small and mostly near zero
         tensors = {n: tensors[n] - party.params[n] for n in tensors}
@@ -440,15 +508,37 @@ async def _step(
         update, party.residual = with_feedback(
             Gradient(tensors, meta), config.compress, party.residual
         )
-    await peer.publish(update, round_, len(shard), timeout=config.deadline_s)
+    if watch is None:
+        await peer.publish(update, round_, len(shard), timeout=config.deadline_s)
+        got = await peer.await_result(round_, timeout=config.deadline_s + 30.0)
+        party.params = _updated(config, party.params, got.gradient)
+        return _Moved(encode(update).size, encode(got.gradient).size, got.cid, got.record, got.cid)
+    stepped = await publish_own_steps(
+        peer, update, round_, len(shard), timeout=config.deadline_s, watch=watch
+    )
+    party.params = _updated(config, party.params, stepped.aggregate)
+    agreed = dict(stepped.steps)
+    if party.index != 0:
+        return _Moved(stepped.input_bytes, stepped.aggregate_bytes, None, None, agreed)
+    # the first peer also takes the round's own result: its model-level output and record
     got = await peer.await_result(round_, timeout=config.deadline_s + 30.0)
+    return _Moved(
+        stepped.input_bytes,
+        stepped.aggregate_bytes,
+        got.cid,
+        got.record,
+        agreed,
+        encode(got.gradient).size,
+    )
+
+
+def _updated(config: DemoConfig, params: Params, aggregate: Gradient) -> Params:
+    """The global model after a round with ``aggregate``: an SGD step (data-parallel), the
+    model plus the aggregate of the deltas (compressed federated), or the aggregate."""
     if config.mode == "data-parallel":
-        party.params = apply(party.params, got.gradient, lr)
-    elif config.compress is not None:  # the global model plus the aggregate of the deltas
-        party.params = {
-            n: party.params[n] + np.asarray(a, dtype=np.float64)
-            for n, a in got.gradient.tensors.items()
+        return apply(params, aggregate, config.learning_rate)
+    if config.compress is not None:
+        return {
+            n: params[n] + np.asarray(a, dtype=np.float64) for n, a in aggregate.tensors.items()
         }
-    else:
-        party.params = {n: np.array(a, dtype=np.float64) for n, a in got.gradient.tensors.items()}
-    return _Moved(encode(update).size, encode(got.gradient).size, got.cid, got.record)
+    return {n: np.array(a, dtype=np.float64) for n, a in aggregate.tensors.items()}

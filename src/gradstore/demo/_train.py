@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import numpy as np
 
 from ._data import DigitsSplit, Shard
@@ -22,8 +24,11 @@ def local_sgd(
     batch_size: int,
     lr: float,
     rng: np.random.Generator,
+    train: Collection[str] | None = None,
 ) -> Params:
-    """Mini-batch SGD over ``shard`` for ``epochs`` epochs, reshuffled each epoch with ``rng``."""
+    """Mini-batch SGD over ``shard`` for ``epochs`` epochs, reshuffled each epoch with ``rng``;
+    with ``train``, only those parameters move (the others stay as given: a peer of the
+    demo's body step does not train the head)."""
     params = {name: np.array(value, dtype=np.float64) for name, value in params.items()}
     n = len(shard)
     for _ in range(epochs):
@@ -31,7 +36,13 @@ def local_sgd(
         for start in range(0, n, batch_size):
             idx = order[start : start + batch_size]
             _, grad = model.loss_and_gradient(params, shard.x[idx], shard.y[idx])
-            params = sgd_step(params, grad, lr)
+            if train is None:
+                params = sgd_step(params, grad, lr)
+            else:
+                params = {
+                    name: value - lr * grad[name] if name in train else value
+                    for name, value in params.items()
+                }
     return params
 
 

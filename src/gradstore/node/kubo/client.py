@@ -76,18 +76,18 @@ class KuboClient(AsyncClosing):
         params: rpc.Params,
         body: BodyFactory | None,
         boundary: str,
+        length: int | None = None,
     ) -> httpx.Request:
         query = httpx.QueryParams(tuple(params))
         if body is None:
             return client.build_request("POST", command, params=query)
         content = cast("AsyncIterator[bytes]", body())  # httpx sends memoryviews as they are
-        return client.build_request(
-            "POST",
-            command,
-            params=query,
-            content=content,
-            headers={"Content-Type": rpc.multipart_content_type(boundary)},
-        )
+        headers = {"Content-Type": rpc.multipart_content_type(boundary)}
+        if length is not None:
+            # a body of known length goes out with Content-Length, not chunked: Kubo closes
+            # the connection after most chunked uploads, so each one paid a new TCP connect
+            headers["Content-Length"] = str(length)
+        return client.build_request("POST", command, params=query, content=content, headers=headers)
 
     @staticmethod
     def transient(error: Exception) -> bool:
@@ -111,10 +111,12 @@ class KuboClient(AsyncClosing):
         boundary: str = "",
         cid: CID | None = None,
         client: httpx.AsyncClient | None = None,
+        length: int | None = None,
     ) -> httpx.Response:
-        """Send one request; return its streaming answer once it is a 200 (the caller closes it)."""
+        """Send one request; return its streaming answer once it is a 200 (the caller closes it).
+        ``length``: the body's size in bytes, when known before it is sent."""
         client = client or self._client
-        request = self._request(client, command, params, body, boundary)
+        request = self._request(client, command, params, body, boundary, length)
         with self._mapped(command):
             response = await client.send(request, stream=True)
         if response.status_code == 200:
@@ -136,13 +138,14 @@ class KuboClient(AsyncClosing):
         boundary: str = "",
         cid: CID | None = None,
         client: httpx.AsyncClient | None = None,
+        length: int | None = None,
     ) -> AsyncIterator[httpx.Response]:
         """Send one request and yield the streaming response once it is a 200; map every failure.
 
         An error answer about ``cid`` may be ``BlockNotFoundError`` (``rpc.error_from_response``).
         """
         response = await self._send(
-            command, params, body=body, boundary=boundary, cid=cid, client=client
+            command, params, body=body, boundary=boundary, cid=cid, client=client, length=length
         )
         try:
             with self._mapped(command):
@@ -173,12 +176,14 @@ class KuboClient(AsyncClosing):
         boundary: str = "",
         cid: CID | None = None,
         retry: bool = True,
+        length: int | None = None,
     ) -> bytes:
-        """One RPC call, whole answer read; with ``retry``, transient failures are retried."""
+        """One RPC call, whole answer read; with ``retry``, transient failures are retried.
+        ``length``: the body's size in bytes, if known (sent as Content-Length)."""
 
         async def attempt() -> bytes:
             async with self.open(
-                command, params or [], body=body, boundary=boundary, cid=cid
+                command, params or [], body=body, boundary=boundary, cid=cid, length=length
             ) as response:
                 return await response.aread()
 
@@ -199,13 +204,21 @@ class KuboClient(AsyncClosing):
         retry: bool,
         filename: str = "file",
     ) -> bytes:
-        """POST ``pieces`` as one streamed multipart file; ``retry`` only if they can be re-read."""
+        """POST ``pieces`` as one streamed multipart file; ``retry`` only if they can be re-read.
+        A list or tuple of pieces (their sizes known) is sent with its Content-Length."""
         boundary = rpc.new_boundary()
 
         def body() -> AsyncIterator[bytes | memoryview]:
             return rpc.multipart_stream(pieces, boundary, filename=filename)
 
-        return await self.call(command, params, body=body, boundary=boundary, retry=retry)
+        length = (
+            rpc.multipart_length(pieces, boundary, filename=filename)
+            if isinstance(pieces, list | tuple)
+            else None
+        )
+        return await self.call(
+            command, params, body=body, boundary=boundary, retry=retry, length=length
+        )
 
     async def chunks(
         self, command: str, params: rpc.Params, *, cid: CID | None = None

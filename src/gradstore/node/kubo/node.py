@@ -285,6 +285,7 @@ class KuboNode(AsyncClosing):
             rpc.dag_put_params(block.cid.codec, pin=pin),
             body=lambda: rpc.multipart_stream([block.data], boundary, filename="root"),
             boundary=boundary,
+            length=rpc.multipart_length([block.data], boundary, filename="root"),
         )
         items = rpc.parse_ndjson("dag/put", answer)  # an error after the CID line raises here
         return rpc.parse_dag_put(items[0] if len(items) == 1 else items)

@@ -45,6 +45,7 @@ from .multibase import decode_multibase, multibase_u
 from .multipart import (
     multipart_content_type,
     multipart_head,
+    multipart_length,
     multipart_stream,
     multipart_tail,
     new_boundary,
@@ -87,6 +88,7 @@ __all__ = [
     "multibase_u",
     "multipart_content_type",
     "multipart_head",
+    "multipart_length",
     "multipart_stream",
     "multipart_tail",
     "new_boundary",

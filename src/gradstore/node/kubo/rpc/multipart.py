@@ -34,6 +34,13 @@ def multipart_tail(boundary: str) -> bytes:
     return f"\r\n--{boundary}--\r\n".encode("ascii")
 
 
+def multipart_length(pieces: Iterable[Buffer], boundary: str, *, filename: str = "file") -> int:
+    """The size in bytes of ``multipart_stream(pieces, boundary, filename=filename)``."""
+    content = sum(as_bytes_view(piece).nbytes for piece in pieces)
+    head = multipart_head(boundary, filename=filename)
+    return len(head) + content + len(multipart_tail(boundary))
+
+
 def slices(piece: Buffer, size: int = UPLOAD_CHUNK) -> Iterable[memoryview]:
     """Zero-copy slices of at most ``size`` bytes (keeps every copy in the HTTP stack small)."""
     view = as_bytes_view(piece)
