@@ -22,8 +22,9 @@ ROUNDS = 6  # what the docs' `gradstore job init ... --rounds 6` asks for
 
 
 def torchpeer_program(page: str) -> str:
-    """The ``python`` block of the PyTorch section that opens a TorchPeer."""
-    section = page.split("\n## PyTorch\n", 1)[1].split("\n## ", 1)[0]
+    """The ``python`` block of the PyTorch section that opens a TorchPeer (before the
+    section's subsections: streaming has its own, run by test_streamed_round.py)."""
+    section = page.split("\n## PyTorch\n", 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
     blocks = re.findall(r"^```python\n(.*?)^```$", section, re.S | re.M)
     (program,) = [b for b in blocks if "TorchPeer(" in b]
     return program

@@ -356,3 +356,26 @@ def test_a_step_that_cannot_be_sent_is_raised_at_once(kubo: KuboDaemon) -> None:
         ):
             model(x).abs().square().mean().backward()
         assert time.monotonic() - started < 10
+
+
+def test_the_asyncio_face_streams_a_round_over_an_entered_peer(
+    kubo: KuboDaemon, tmp_path: Path
+) -> None:
+    """``async with StreamedRound(peer, ...)`` with backward in a thread: every step applied
+    (one peer's fedavg is its own gradient, bit for bit)."""
+    model, (x, y) = mlp(), batch(0)
+    config = job("async", "fedavg", steps=steps_from_module(model), peers=1)
+
+    async def go() -> StreamedRound:
+        async with kubo.node() as node, Peer(config, node, KEYS[0], first_backoff_s=0.5) as peer:
+            async with StreamedRound(peer, model, 0, len(x), timeout=60) as s:
+                loss = nn.functional.cross_entropy(model(x), y)
+                await asyncio.to_thread(loss.backward)
+            return s
+
+    with coordinator(kubo, config, tmp_path):
+        s = asyncio.run(go())
+    assert sorted(s.results) == ["0", "2", "4"] and not s.failed and not s.refused
+    assert list(s.ready_at) == ["4", "2", "0"] and s.stored_at.keys() == s.applied_at.keys()
+    local = grads(_backward(mlp(), x, y))
+    assert all(torch.equal(p.grad, local[n]) for n, p in model.named_parameters())
