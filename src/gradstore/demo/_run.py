@@ -186,7 +186,9 @@ class RoundRow:
     compression shrinks). ``traffic_bytes``: the document bytes put to or fetched from the
     node, each input put by its peer and fetched by the coordinator, the aggregate (dense,
     whatever the inputs) put by the coordinator and fetched by every peer; so compressed
-    inputs shrink it far less. Neither counts round records or pubsub messages.
+    inputs shrink it far less. Neither counts round records or pubsub messages. With steps,
+    a peer stores one input per step it is in, each step's aggregate counts as the aggregate
+    does, and the round's model-level output is put once and fetched by the first peer.
     """
 
     round: int
