@@ -56,7 +56,7 @@ def _coordinator(
 
 
 def record_run(state: Path) -> str:
-    with sqlite3.connect(state / "journal.sqlite") as conn:
+    with contextlib.closing(sqlite3.connect(state / "journal.sqlite")) as conn:
         row = conn.execute("SELECT value FROM meta WHERE key = 'run'").fetchone()
     return str(json.loads(row[0]))
 
@@ -65,7 +65,7 @@ def _accepted(state: Path) -> int:
     db = state / "journal.sqlite"
     if not db.exists():
         return 0
-    with sqlite3.connect(db) as conn:
+    with contextlib.closing(sqlite3.connect(db)) as conn:
         return int(conn.execute("SELECT count(*) FROM inputs WHERE round = 0").fetchone()[0])
 
 

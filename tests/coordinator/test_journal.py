@@ -6,6 +6,7 @@ import asyncio
 import json
 import sqlite3
 import time
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -173,7 +174,7 @@ def test_a_journal_from_before_steps_is_migrated_and_its_open_round_resumes(
             sent_at=int(time.time() * 1000),
         )
         state.mkdir()
-        with sqlite3.connect(state / "journal.sqlite") as db:  # written by the old coordinator
+        with closing(sqlite3.connect(state / "journal.sqlite")) as db, db:  # by the old coordinator
             db.executescript(V1_SCHEMA)
             meta = {"job": config.job, "coordinator": config.coordinator, "run": run}
             db.executemany(
@@ -200,5 +201,5 @@ def test_a_journal_from_before_steps_is_migrated_and_its_open_round_resumes(
         assert record.run == run and [i.num_samples for i in record.inputs] == [3, 4]
 
     asyncio.run(go())
-    with sqlite3.connect(state / "journal.sqlite") as db:
+    with closing(sqlite3.connect(state / "journal.sqlite")) as db:
         assert db.execute("PRAGMA user_version").fetchone()[0] == 2
