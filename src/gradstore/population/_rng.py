@@ -4,7 +4,7 @@ A decision draws from ``Stream(stream_key(run, seed, interval))``. Block ``j`` o
 is ``SHA-256(key || uint64be(j))``; each 32-byte block gives four big-endian uint64 draws, in
 order. ``uniform`` is the top 53 bits of a draw times 2**-53 (exact in float64), ``below(n)``
 is ``(top53 * n) >> 53`` (integer arithmetic only). No float rounding that differs between
-machines enters, so an auditor re-derives the same draws bit for bit (docs/spec.md, section 12).
+machines enters, so an auditor re-derives the same draws bit for bit (docs/spec.md, section 10.1).
 """
 
 from __future__ import annotations
