@@ -7,7 +7,7 @@ from typing import Any
 from gradstore.dag.cid import CID, RAW
 from gradstore.job import JobConfig, parse_job
 from gradstore.messages import SigningKey
-from gradstore.population.decide import MemberFailure, decide
+from gradstore.pbt.decide import MemberFailure, decide
 from gradstore.population.record import PopulationRecord, RecordMember
 from gradstore.population.report import MemberReport, decode_report, encode_report
 

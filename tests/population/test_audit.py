@@ -17,7 +17,7 @@ from gradstore.cli import main
 from gradstore.dag.cid import CID, DAG_CBOR
 from gradstore.errors import AuditError
 from gradstore.node import KuboDaemon
-from gradstore.population.decide import MemberFailure, decide
+from gradstore.pbt.decide import MemberFailure, decide
 from gradstore.population.record import (
     PopulationRecord,
     RecordMember,

@@ -8,7 +8,7 @@ import pytest
 
 from gradstore.dag.cid import CID, DAG_CBOR
 from gradstore.errors import IntegrityError, MessageError, Reason
-from gradstore.population.decide import MemberFailure
+from gradstore.pbt.decide import MemberFailure
 from gradstore.population.record import (
     POPULATION_RECORD_TYPE,
     decode_population_record,

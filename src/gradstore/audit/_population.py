@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from ..dag import CID
 from ..errors import AuditError
 from ..node import Node
-from ..population.decide import Decision, decide
+from ..pbt.decide import Decision, decide
 from ..population.record import (
     PopulationRecord,
     decode_population_record,

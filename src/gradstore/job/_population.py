@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..population.initial import initial_hparams
-from ..population.space import (
+from ..pbt.initial import initial_hparams
+from ..pbt.space import (
     DEFAULT_PERTURBATION_FACTORS,
     DEFAULT_QUANTILE_FRACTION,
     DEFAULT_RESAMPLE_PROBABILITY,

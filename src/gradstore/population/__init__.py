@@ -1,10 +1,24 @@
-"""Population-based training over CIDs: the pure decision (exploit + explore), the member
-reports and the signed decision record, and the roles that run them on IPFS nodes."""
+"""Population-based training over CIDs: the member reports, the signed decision record and
+the roles (controller, member) that run them on IPFS nodes. The pure rules they apply are
+``gradstore.pbt``, re-exported here."""
 
-from ._rng import Stream, stream_key
-from .decide import Copy, Decision, MemberFailure, MemberScore, decide, quantile_size
-from .explore import explore
-from .space import Choice, HParams, HValue, PopulationParams, Range
+from ..pbt import (
+    Choice,
+    Copy,
+    Decision,
+    HParams,
+    HValue,
+    MemberFailure,
+    MemberScore,
+    PopulationParams,
+    Range,
+    Stream,
+    decide,
+    explore,
+    initial_hparams,
+    quantile_size,
+    stream_key,
+)
 
 __all__ = [
     "Choice",
@@ -19,6 +33,7 @@ __all__ = [
     "Stream",
     "decide",
     "explore",
+    "initial_hparams",
     "quantile_size",
     "stream_key",
 ]

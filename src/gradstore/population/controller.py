@@ -19,12 +19,12 @@ from ..errors import FormatError, IntegrityError, MessageError, NodeError, Reaso
 from ..job._population import PopulationConfig
 from ..messages.keys import SigningKey
 from ..node import Node, Subscription
+from ..pbt.decide import MemberFailure, decide
+from ..pbt.space import HValue
 from ..store import GradientStore
-from .decide import MemberFailure, decide
 from .next import NextInterval, encode_next
 from .record import PopulationRecord, RecordMember, encode_population_record
 from .report import MemberReport, verify_report
-from .space import HValue
 
 
 def population_topics(job: str) -> tuple[str, str]:

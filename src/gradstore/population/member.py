@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 from ..dag.cid import CID
 from ..errors import MessageError, Reason
 from ..node import Node
+from ..pbt.space import HValue
 from ..store import GradientStore
 from .record import PopulationRecord, decode_population_record
-from .space import HValue
 
 if TYPE_CHECKING:
     from ..format import Gradient

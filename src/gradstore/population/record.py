@@ -36,9 +36,9 @@ from ..messages.record_parts import (
     sign_node,
 )
 from ..messages.schema import check_did, check_job, check_run, check_text, check_uint
-from .decide import Copy, MemberFailure
+from ..pbt.decide import Copy, MemberFailure
+from ..pbt.space import Choice, HValue, PopulationParams, Range, check_value
 from .report import MemberReport, report_signed
-from .space import Choice, HValue, PopulationParams, Range, check_value
 
 POPULATION_RECORD_TYPE: Final = "gradstore/population/1"
 _WHAT: Final = "population record"

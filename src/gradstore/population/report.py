@@ -25,8 +25,8 @@ from ..messages.didkey import SIGNATURE_LEN, verify_signature
 from ..messages.keys import SigningKey
 from ..messages.schema import check_cid, check_did, check_job, check_run, check_uint
 from ..messages.wire import pack_map, unpack_map
-from .decide import MemberScore
-from .space import HValue, PopulationParams, check_value
+from ..pbt.decide import MemberScore
+from ..pbt.space import HValue, PopulationParams, check_value
 
 REPORT_VERSION: Final = 1
 REPORT_TYPE: Final = "population/report"
