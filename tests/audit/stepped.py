@@ -94,6 +94,8 @@ class Model:
 
 
 DEFAULT = Model()
+#: ``stepped_round``'s seed: step ``i``'s documents are drawn from ``SEED + i``.
+SEED = 11
 PEERS = DEFAULT.keys
 SAMPLES = DEFAULT.samples
 
@@ -165,10 +167,9 @@ async def peer_documents(
             for n in (names or step_tensors(step, model))
         }
         meta = {"kind": "gradient", "job": JOB, "round": round_, "peer": k.did, "step": step.name}
-        doc: Gradient | CompressedGradient = Gradient(tensors, {**meta, "num_samples": samples})
+        dense = Gradient(tensors, {**meta, "num_samples": samples})
         codec = next(codecs, None)
-        if codec is not None:
-            doc = compress(doc, codec)
+        doc: Gradient | CompressedGradient = dense if codec is None else compress(dense, codec)
         out.append((k, await store.put(doc), samples))
     return out
 
@@ -295,7 +296,7 @@ async def stepped_round(
     node: Node,
     round_: int = 0,
     prev: CID | None = None,
-    seed: int = 11,
+    seed: int = SEED,
     model: Model = DEFAULT,
     failed: Mapping[str, str] | None = None,
 ) -> Stepped:

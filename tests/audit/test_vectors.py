@@ -172,7 +172,8 @@ def _step_inputs(vector: dict[str, Any]) -> list[dict[str, Any]]:
     else of its last step."""
     steps = closed_steps(vector)
     several = [s for s in steps if CID.parse(s["inputs"][0]["cid"]).codec != RAW]
-    return (several or steps[-1:])[0]["inputs"]
+    inputs: list[dict[str, Any]] = (several or steps[-1:])[0]["inputs"]
+    return inputs
 
 
 def _input_leaf(vector: dict[str, Any], blocks: list[Block]) -> Block:
