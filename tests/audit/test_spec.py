@@ -18,6 +18,7 @@ import json
 import math
 import struct
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -820,3 +821,49 @@ def test_a_reference_that_misreads_compressed_step_inputs_fails_an_honest_round(
     assert reference_check(tmp_path, done.record_cid) == "ok"
     monkeypatch.setattr(ref, "decompress", replacement)
     assert reference_check(tmp_path, done.record_cid) == "output-cid"
+
+
+ORIGINAL_READ_FILE = ref.read_file
+
+
+def _first_leaf_only(get_block: ref.GetBlock, root: bytes, check: str) -> bytes:
+    """A file DAG read as its first leaf only (the document when it is one block)."""
+    block = ref.fetch_block(get_block, root, check)
+    if ref.cid_parts(root)[1] == ref.RAW:
+        return block
+    length, pos = ref.read_varint(block, 1)
+    cid_len, at = ref.read_varint(block[pos : pos + length], 1)
+    return ORIGINAL_READ_FILE(get_block, block[pos + at : pos + at + cid_len], check)
+
+
+def _each_block_once() -> Callable[[ref.GetBlock, bytes, str], bytes]:
+    """A reader that walks every DAG with one set of blocks already read (as a CAR export
+    writes each block once): a block a second document links again reads as nothing."""
+    seen: set[bytes] = set()
+
+    def read(get_block: ref.GetBlock, root: bytes, check: str) -> bytes:
+        if root in seen:
+            return b""
+        seen.add(root)
+        return ORIGINAL_READ_FILE(get_block, root, check)
+
+    return read
+
+
+@pytest.mark.parametrize(
+    ("misreading", "check"),
+    [("first-leaf-only", "input-decode"), ("each-block-once", "model-output")],
+)
+def test_a_reference_that_misreads_documents_of_several_blocks_fails_steps_multiblock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, misreading: str, check: str
+) -> None:
+    """The multi-block stepped vector's documents are read leaf by leaf, depth first, each
+    leaf as often as it is linked: its step aggregate links the all-zero leaf its dense input
+    links too."""
+    vector = next(v for v in VECTOR_LIST if v["name"] == "steps-multiblock")
+    node = LocalNode(tmp_path)
+    asyncio.run(node.import_car([(VECTORS / vector["car"]).read_bytes()]))
+    assert reference_check(tmp_path, vector["record"]) == "ok"
+    reader = _first_leaf_only if misreading == "first-leaf-only" else _each_block_once()
+    monkeypatch.setattr(ref, "read_file", reader)
+    assert reference_check(tmp_path, vector["record"]) == check
