@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import shlex
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -263,3 +265,57 @@ def test_a_member_gone_silent_is_failed_at_its_deadline_and_refilled(kubo_factor
         if did != gone:
             assert t.decisions[-1].done
     _audit_cli(capsys, results[-1].record_cid, daemons[0].api_url)
+
+
+def test_gradstore_coordinator_runs_a_population_job_and_prints_its_audit(  # type: ignore[no-untyped-def]
+    kubo_factory, capsys, tmp_path
+) -> None:
+    (daemon,) = kubo_factory(1)
+    config = job(2, intervals=2, interval_steps=2, deadline_s=30.0)
+    pop = config.population
+    assert pop is not None
+    key_file = tmp_path / "coord.key"
+    CONTROLLER.save(key_file)
+    members = ", ".join(f'"{m}"' for m in pop.members)
+    job_file = tmp_path / "job.toml"
+    job_file.write_text(
+        f'job = "{config.job}"\ncoordinator = "{CONTROLLER.did}"\npeers = [{members}]\n'
+        "[population]\nintervals = 2\ninterval_steps = 2\ndeadline_s = 30.0\nseed = 7\n"
+        "[population.hyperparam_mutations]\nlr = [0.001, 0.003, 0.01, 0.03, 0.1]\n"
+        "wd = {low = 0.0, high = 0.001}\n"
+    )
+    argv = ["coordinator", "--config", str(job_file), "--key", str(key_file)]
+    argv += ["--api", daemon.api_url]
+
+    async def go() -> tuple[int | None, str, str]:
+        async with daemon.node() as node, _Members(config, [node]) as ms:
+            traces = {did: Trace() for did in pop.members}
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "gradstore",
+                *argv,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+            try:
+                (out, err), *_ = await asyncio.wait_for(
+                    asyncio.gather(
+                        proc.communicate(), *(_member(ms[did], traces[did]) for did in pop.members)
+                    ),
+                    60,
+                )
+            finally:
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
+            return proc.returncode, out.decode(), err.decode()
+
+    code, out, err = asyncio.run(go())
+    assert code == 0, err
+    lines = out.splitlines()
+    assert [line.split(":")[0] for line in lines[:2]] == ["interval 0", "interval 1"]
+    audit = shlex.split(lines[-1].removeprefix("audit it: gradstore "))
+    capsys.readouterr()
+    assert main([*audit, "--api", daemon.api_url]) == 0
+    assert "2 decision(s)" in capsys.readouterr().out
