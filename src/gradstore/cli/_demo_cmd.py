@@ -50,16 +50,19 @@ def register(sub: Any) -> None:
             "gradstore demo                                   # 4 peers, 20 rounds, federated",
             "gradstore demo --local demo-node --steps --compress topk:0.027,values=2bit",
             "gradstore demo --mode data-parallel --method median --plot demo.png",
+            "gradstore demo --mode population --local demo-node   # PBT vs fixed hyperparameters",
         ),
     )
     p.add_argument("--peers", type=_positive_int, default=4, help="number of peers (default 4)")
     p.add_argument("--rounds", type=_positive_int, default=20, help="rounds to run (default 20)")
     p.add_argument(
         "--mode",
-        choices=("federated", "data-parallel"),
+        choices=("federated", "data-parallel", "population"),
         default="federated",
         help="federated: peers train locally and average model states (FedAvg); "
-        "data-parallel: peers send gradients, one SGD step per round (default federated)",
+        "data-parallel: peers send gradients, one SGD step per round; population: 8 members "
+        "explore lr and weight decay by population-based training, against the same members "
+        "with fixed ones (takes --seed, --hidden and the node options) (default federated)",
     )
     p.add_argument(
         "--steps",
@@ -123,11 +126,23 @@ def register(sub: Any) -> None:
     p.set_defaults(run=cmd_demo)
 
 
+def check_population_extras() -> None:
+    """The population demo needs the demo extra (scikit-learn) only."""
+    from ..demo import check_demo_extras
+
+    check_demo_extras("numpy", plot=False)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """Run the demo; stdout gets the node, coordinator and job lines, the per-round table,
     a closing line and the audit command (exit 2 for a method the peers cannot run)."""
     import asyncio  # here: every command's start registers this parser, few run the demo
 
+    if args.mode == "population":
+        from ._demo_population import population_demo
+
+        check_population_extras()
+        return asyncio.run(population_demo(args))
     from ..demo import DemoConfig, check_demo_extras
 
     try:
