@@ -29,13 +29,23 @@ def _row(row: IntervalRow) -> str:
     )
 
 
+def _audit_line(head: object, controller: str, reach: str | None, gone: str) -> str:
+    """The command that re-derives every decision, pinned to the controller; or, when the
+    node does not outlive the demo, why there is none (as the other modes say it)."""
+    if reach is not None:
+        return f"audit it: gradstore audit population {head} --coordinator {controller} {reach}"
+    return (
+        f"audit it: not after the demo exits ({gone}); for a command that works afterwards, "
+        "run the demo with --local DIR or against a running Kubo (--api URL)"
+    )
+
+
 async def population_demo(args: argparse.Namespace) -> int:
     """Run the population demo; stdout gets the node, controller and job lines, a line per
     interval, the comparison with the fixed baseline and the audit command."""
     from ..demo import digits_split, open_demo_node
     from ..demo._population import PopulationDemoConfig, run_population_demo
     from ..messages import SigningKey
-    from ._demo_cmd import _audit_line
 
     cfg = PopulationDemoConfig(seed=args.seed, hidden=args.hidden)
     data = digits_split(1, cfg.seed)  # fails early without scikit-learn
@@ -65,6 +75,5 @@ async def population_demo(args: argparse.Namespace) -> int:
             f"{cfg.budget} steps each; head record {result.head}",
             flush=True,
         )
-        line = _audit_line(result.head, controller.did, demo_node.reach, demo_node.gone)
-        print(line.replace("audit history", "audit population"), flush=True)
+        print(_audit_line(result.head, controller.did, demo_node.reach, demo_node.gone), flush=True)
     return _exit.SUCCESS
