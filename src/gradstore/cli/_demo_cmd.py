@@ -50,7 +50,6 @@ def register(sub: Any) -> None:
             "gradstore demo                                   # 4 peers, 20 rounds, federated",
             "gradstore demo --local demo-node --steps --compress topk:0.027,values=2bit",
             "gradstore demo --mode data-parallel --method median --plot demo.png",
-            "gradstore demo --mode population --local demo-node   # PBT vs fixed hyperparameters",
         ),
     )
     p.add_argument("--peers", type=_positive_int, default=4, help="number of peers (default 4)")
