@@ -39,6 +39,8 @@ class IntervalResult:
     record_cid: CID
     record: PopulationRecord
     refused: list[str] = field(default_factory=list)
+    #: The signed next-interval message published at the end (a service re-sends it).
+    next_message: bytes = b""
 
 
 async def _collect(
@@ -162,5 +164,6 @@ async def run_interval(
         raise IntegrityError(cid, f"the node stored the record as {stored}")
     await node.pin(cid, recursive=False)
     next_msg = NextInterval(job, run, interval + 1, cid, int(time.time() * 1000))
-    await node.publish(population_topics(job)[1], encode_next(next_msg, key))
-    return IntervalResult(cid, record, refused)
+    next_data = encode_next(next_msg, key)
+    await node.publish(population_topics(job)[1], next_data)
+    return IntervalResult(cid, record, refused, next_data)
