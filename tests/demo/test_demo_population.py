@@ -49,3 +49,21 @@ def test_population_beats_the_fixed_median_and_its_records_audit(  # type: ignor
     assert argv[argv.index("--coordinator") + 1] == did
     _, audit = _run(capsys, *argv[1:])
     assert audit[-1].startswith("ok population of job demo-population: 8 decision(s)")
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--peers", "6"], "--peers"),
+        (["--rounds", "3", "--steps"], "--rounds, --steps"),
+        (["--method", "median", "--compress", "int8"], "--compress, --method"),
+        (["--plot", "x.png"], "--plot"),
+    ],
+)
+def test_options_the_population_demo_would_ignore_are_refused(
+    capsys: pytest.CaptureFixture[str], argv: list[str], named: str
+) -> None:
+    code = main(["demo", "--mode", "population", *argv])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"--mode population does not take {named} " in err

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any
+from typing import Any, Final
 
 from . import _exit
 from ._help import examples
@@ -125,6 +125,37 @@ def register(sub: Any) -> None:
     p.set_defaults(run=cmd_demo)
 
 
+#: What ``--mode population`` does not use, with the values that mean "not given".
+_NOT_FOR_POPULATION: Final = {
+    "peers": 4,
+    "rounds": 20,
+    "steps": False,
+    "framework": "numpy",
+    "model": None,
+    "lr": None,
+    "local_epochs": 2,
+    "compress": None,
+    "method": "fedavg",
+    "trim_ratio": None,
+    "byzantine": None,
+    "select": None,
+    "clip_input_norm": None,
+    "clip_output_norm": None,
+    "plot": None,
+    "summary_json": None,
+}
+
+
+def population_misuse(args: argparse.Namespace) -> list[str]:
+    """The options given that ``--mode population`` would ignore (it runs 8 members for 8
+    intervals: a silently ignored option would mislead)."""
+    return [
+        "--" + name.replace("_", "-")
+        for name, unset in _NOT_FOR_POPULATION.items()
+        if getattr(args, name, unset) != unset
+    ]
+
+
 def check_population_extras() -> None:
     """The population demo needs the demo extra (scikit-learn) only."""
     from ..demo import check_demo_extras
@@ -139,6 +170,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     if args.mode == "population":
         from ._demo_population import population_demo
+
+        if ignored := population_misuse(args):
+            print(
+                f"error: --mode population does not take {', '.join(ignored)} (it runs 8 "
+                "members for 8 intervals; it takes --seed, --hidden, --quiet and the node options)",
+                file=sys.stderr,
+            )
+            return _exit.USAGE
 
         check_population_extras()
         return asyncio.run(population_demo(args))
