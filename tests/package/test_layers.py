@@ -32,6 +32,7 @@ RANK = {
     "coordinator": 7,
     "population": 7,
     "pbt": 3,
+    "pipeline": 8,
     "audit": 8,
     "torch": 8,
     "flower": 8,

@@ -12,6 +12,7 @@ from ._config import (
     parse_job,
     topics,
 )
+from ._pipeline import PipelineConfig, StageConfig
 from ._population import PopulationConfig
 from ._steps import DEFAULT_STEP, MAX_STEPS, Selector, StepConfig, StepsPlan, refuse_steps
 
@@ -22,9 +23,11 @@ __all__ = [
     "InputsConfig",
     "JobConfig",
     "MessagesConfig",
+    "PipelineConfig",
     "PopulationConfig",
     "RoundsConfig",
     "Selector",
+    "StageConfig",
     "StepConfig",
     "StepsPlan",
     "TensorSpec",

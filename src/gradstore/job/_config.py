@@ -18,6 +18,8 @@ peers = ["did:key:z6Mk...", ...]
                 overlap is refused, and with [[schema]] so is a tensor in no step or a selector
                 matching none. Without [[steps]], one step "all" covers every tensor.
 [population]    optional: population-based training over the peers (``_population``)
+[[stages]]      optional: model-parallel (pipeline) training, each stage a step (``_pipeline``)
+[pipeline]      optional with [[stages]]: micro_batches, in_flight, deadline_s
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from ..format import DTYPES, Limits
 from ..messages import Roster, public_key_from_did
 from ..messages.schema import JOB_NAME
 from ._aggregation import Aggregation, aggregation_keys, check_sizes, parse_aggregation
+from ._pipeline import PipelineConfig, parse_pipeline, stages_as_steps
 from ._population import PopulationConfig, parse_population
 from ._steps import StepConfig, StepsPlan, implicit_step, parse_steps
 
@@ -104,6 +107,8 @@ class JobConfig:
     steps: tuple[StepConfig, ...] = ()
     #: Population-based training over the peers (``[population]``), or None.
     population: PopulationConfig | None = None
+    #: Model-parallel training (``[[stages]]``, ``[pipeline]``), or None.
+    pipeline: PipelineConfig | None = None
 
     def __post_init__(self) -> None:
         if not self.steps or (len(self.steps) == 1 and self.steps[0].covers_all):
@@ -184,6 +189,8 @@ def parse_job(raw: Mapping[str, Any], source: str = "job") -> JobConfig:
             "inputs",
             "steps",
             "population",
+            "stages",
+            "pipeline",
         },
         "",
     )
@@ -277,9 +284,16 @@ def parse_job(raw: Mapping[str, Any], source: str = "job") -> JobConfig:
 
     check_sizes(aggregation, where, "aggregation", "peers", peers, rounds.quorum, "[aggregation]")
     steps: tuple[StepConfig, ...] = ()
-    if "steps" in raw:
+    steps_raw = raw.get("steps")
+    if "stages" in raw:
+        if "steps" in raw:
+            raise where.err("steps", "is written by [[stages]]: give one or the other")
+        steps_raw = stages_as_steps(raw["stages"], where)
+    elif "pipeline" in raw:
+        raise where.err("pipeline", "needs [[stages]]")
+    if steps_raw is not None:
         steps = parse_steps(
-            raw["steps"],
+            steps_raw,
             where,
             peers=peers,
             quorum=rounds.quorum,
@@ -287,6 +301,12 @@ def parse_job(raw: Mapping[str, Any], source: str = "job") -> JobConfig:
             aggregation=aggregation,
             max_name_bytes=limits.max_name_bytes,
             schema=None if schema is None else [s.name for s in schema],
+        )
+    pipeline = None
+    if "stages" in raw:
+        assert steps_raw is not None
+        pipeline = parse_pipeline(
+            list(reversed(steps_raw)), raw.get("pipeline", {}), where, deadline_s=rounds.deadline_s
         )
     population = None
     if "population" in raw:
@@ -309,6 +329,7 @@ def parse_job(raw: Mapping[str, Any], source: str = "job") -> JobConfig:
         inputs=inputs,
         steps=steps,
         population=population,
+        pipeline=pipeline,
     )
 
 
