@@ -1,0 +1,80 @@
+"""The pipeline on real Kubo: a 2-stage x 2-replica run of the demo's MLP equals full-batch
+gradient descent of the same model in one process; a micro-batch that never comes fails
+the replica's round at the deadline with its reason, instead of hanging."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from gradstore.coordinator import Coordinator
+from gradstore.demo import digits_split, full_batch_losses
+from gradstore.demo._models import MLP
+from gradstore.demo._pipeline import PipelineDemoConfig, run_pipeline_demo
+from gradstore.errors import Reason
+from gradstore.peer import Peer
+from gradstore.pipeline.layers import mlp_stages
+from gradstore.pipeline.runner import MicroBatchMissing, StageReplica
+
+from .helpers import COORDINATOR, KEYS, job
+
+SEED = 7
+
+
+def test_two_stages_by_two_replicas_equal_full_batch_on_kubo(kubo) -> None:  # type: ignore[no-untyped-def]
+    config = PipelineDemoConfig(replicas=2, rounds=3, micro_batches=4, seed=SEED)
+    data = digits_split(2, SEED)
+
+    async def go():  # type: ignore[no-untyped-def]
+        async with kubo.node() as node:
+            return await run_pipeline_demo(config, node, data)
+
+    result = asyncio.run(go())
+    model = MLP(data.n_features, data.n_classes)
+    init = model.init(np.random.default_rng(SEED))
+    reference = full_batch_losses(model, init, data, steps=config.rounds, lr=config.lr)
+    np.testing.assert_allclose(
+        [r.loss for r in result.rows], reference, rtol=0, atol=1e-5, err_msg=f"seed={SEED}"
+    )
+    assert result.rows[-1].loss < result.rows[0].loss
+    for info in result.last.values():
+        # only the neighbours' re-sent messages of the round before, refused as stale
+        assert {Reason.of(text) for text in info.refused} <= {Reason.STALE_ROUND}
+        assert len(info.inputs) == 4 or len(info.outputs) == 4
+
+
+def test_a_missing_micro_batch_fails_at_the_deadline_with_its_reason(kubo, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    config = job(deadline_s=1.5)
+    head0 = KEYS[2]
+
+    async def go() -> None:
+        async with kubo.node() as node:
+            stop = asyncio.Event()
+            coordinator = Coordinator(config, COORDINATOR, node, tmp_path, linger_s=0.0)
+            task = asyncio.create_task(coordinator.run(stop))
+            try:
+                await _head_alone(node)
+            finally:
+                stop.set()
+                await asyncio.wait_for(task, 30.0)
+
+    async def _head_alone(node) -> None:  # type: ignore[no-untyped-def]
+        async with Peer(config, node, head0, first_backoff_s=0.5) as peer:
+            replica = StageReplica(config, head0, node, peer, mlp_stages()[1])
+            async with replica:
+                # the coordinator runs, the body stage never sends: nothing arrives
+                params = {
+                    "fc2.weight": np.zeros((10, 64)),
+                    "fc2.bias": np.zeros(10),
+                }
+                y = [np.zeros(3, dtype=np.int64)] * 4
+                with pytest.raises(MicroBatchMissing) as err:
+                    await asyncio.wait_for(
+                        replica.train_round(0, params, y=y, rows=12, lr=0.1), 30.0
+                    )
+                assert err.value.code is Reason.ABSENT
+                assert "micro-batches 0, 1, 2, 3 got no activations within 1.5s" in str(err.value)
+
+    asyncio.run(go())
