@@ -15,8 +15,10 @@ from gradstore.demo._models import MLP
 from gradstore.demo._pipeline import PipelineDemoConfig, run_pipeline_demo
 from gradstore.errors import Reason
 from gradstore.peer import Peer
+from gradstore.pipeline.audit import ForwardAudit, reexecute_forward
 from gradstore.pipeline.layers import mlp_stages
 from gradstore.pipeline.runner import MicroBatchMissing, StageReplica
+from gradstore.store import GradientStore
 
 from .helpers import COORDINATOR, KEYS, job
 
@@ -27,11 +29,39 @@ def test_two_stages_by_two_replicas_equal_full_batch_on_kubo(kubo) -> None:  # t
     config = PipelineDemoConfig(replicas=2, rounds=3, micro_batches=4, seed=SEED)
     data = digits_split(2, SEED)
 
+    audits: list[ForwardAudit] = []
+
     async def go():  # type: ignore[no-untyped-def]
         async with kubo.node() as node:
-            return await run_pipeline_demo(config, node, data)
+            result = await run_pipeline_demo(config, node, data)
+            store = GradientStore(node)
+            body = mlp_stages()[0]
+            for info in result.last.values():
+                if info.outputs:  # a body replica: re-execute every micro-batch's forward pass
+                    assert info.params is not None
+                    for mb, out in info.outputs.items():
+                        audits.append(
+                            await reexecute_forward(
+                                store,
+                                body,
+                                input_cid=info.inputs[mb],
+                                params_cid=info.params,
+                                output_cid=out,
+                            )
+                        )
+                    # other parameters (another micro-batch's input) give another document
+                    other = await reexecute_forward(
+                        store,
+                        body,
+                        input_cid=info.inputs[1],
+                        params_cid=info.params,
+                        output_cid=info.outputs[0],
+                    )
+                    assert not other.matches and other.max_abs_diff > 0
+            return result
 
     result = asyncio.run(go())
+    assert len(audits) == 8 and all(a.matches and a.max_abs_diff == 0.0 for a in audits)
     model = MLP(data.n_features, data.n_classes)
     init = model.init(np.random.default_rng(SEED))
     reference = full_batch_losses(model, init, data, steps=config.rounds, lr=config.lr)

@@ -62,6 +62,7 @@ class ReplicaRound:
 
     grads: Params
     loss: float | None = None
+    params: CID | None = None  # the stage's parameters this round, as a document
     inputs: dict[int, CID] = field(default_factory=dict)
     outputs: dict[int, CID] = field(default_factory=dict)
     bubble_s: float = 0.0
@@ -239,6 +240,7 @@ class StageReplica:
         w, _ = self.layer.names()
         fan_in, fan_out = params[w].shape[1], params[w].shape[0]
         out = ReplicaRound(grads={})
+        out.params = await self.store.put(Gradient({n: params[n] for n in self.layer.names()}))
         per_mb: dict[int, Params] = {}
         cache: dict[int, tuple[Array, Array]] = {}
         losses: dict[int, float] = {}
@@ -250,7 +252,8 @@ class StageReplica:
             if self.first and next_mb < m and next_mb - len(per_mb) < self.pipe.in_flight:
                 assert x is not None
                 t0 = time.perf_counter()
-                xs = np.asarray(x[next_mb], dtype=np.float64)
+                xs = np.ascontiguousarray(x[next_mb], dtype=np.float64)
+                out.inputs[next_mb] = await self.store.put(Gradient({ACTIVATION: xs}))
                 act = self.layer.forward(params, xs)
                 cache[next_mb] = (xs, act)
                 out.outputs[next_mb] = await self._send(run, round_, next_mb, FORWARD, act, sent)
