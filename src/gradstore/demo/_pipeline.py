@@ -68,6 +68,8 @@ class PipelineRow:
     bubble_s: float
     bubble_fraction: float
     samples: int
+    #: Seconds of the micro-batch phase: the slowest replica's, before the steps aggregate.
+    phase_s: float = 0.0
 
 
 @dataclass
@@ -221,6 +223,7 @@ async def _train(
                     bubble_s=bubble,
                     bubble_fraction=bubble / wall if wall > 0 else 0.0,
                     samples=sum(len(s) for s in data.shards),
+                    phase_s=max(info.wall_s for _, info in done),
                 )
                 result.rows.append(row)
                 result.params = whole
