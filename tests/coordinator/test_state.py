@@ -826,6 +826,18 @@ def test_a_re_announcement_is_answered_at_the_next_period_once() -> None:
     assert ("Status", "s02") not in job.period()  # once
 
 
+def test_a_job_without_steps_has_its_open_rounds_status_repeated_every_period() -> None:
+    """One status a round costs one message a period: what `round status` shows within its
+    few seconds stays whole, as before the bounded beacon."""
+    job = Job(2, max_ahead=1)
+    job.open(0)
+    job.announce(0, round_=1)  # buffered for round 1, whose clock has begun
+    job.state.due_statuses(0)
+    for _ in range(12):
+        job.state.beacon()
+        assert [s.round for s in job.state.due_statuses(0)] == [0, 1]
+
+
 def test_once_the_rounds_result_is_out_its_steps_are_no_longer_repeated() -> None:
     """A stepped round's round/5 record links every step's record: a peer that missed a
     step's result reads it there, so the beacon stops repeating the steps."""

@@ -892,7 +892,8 @@ class CoordinatorState:
         step's status, in the open round or in a buffered one a peer already announced in;
         a closed step's result; a failed step's failure) is repeated with backoff since it
         last changed (``beacon.Backoff``); while a round is open and nothing else would go
-        out, the message repeated longest ago goes, so peers never hear silence."""
+        out, the message repeated longest ago goes, so peers never hear silence. A job
+        without steps has one status a round: it goes every period, as its result does."""
         backoff = self._backoff
         backoff.next_period()
         open_steps = [
@@ -903,7 +904,8 @@ class CoordinatorState:
         ]
         over = [(done.round, step) for step, done in self.step_results.items()]
         over += [(r, step) for step, (r, _) in self.step_failures.items()]
-        due = [key for key in (*open_steps, *over) if backoff.due(key)]
+        every = () if self.steps.stepped else open_steps
+        due = [key for key in (*open_steps, *over) if backoff.due(key) or key in every]
         said = self.last_result is not None or self.last_failure is not None
         if not due and not said and self.round in self.rounds:
             stalest = backoff.stalest((*open_steps, *over))
