@@ -183,7 +183,8 @@ async def verify_input(
                 if cid.codec == RAW:  # a one-block document: the root is all of it
                     buf: Any = root
                 else:
-                    buf = await asyncio.wait_for(store.fetch_document(cid), timeout)
+                    fetched = store.fetch_document(cid, root=root)  # the root: not again
+                    buf = await asyncio.wait_for(fetched, timeout)
                 # off the loop: a compressed payload's checks take time in proportion to it
                 gradient, header = await asyncio.to_thread(decode_with_header, buf, limits)
             except LimitExceededError as exc:  # the rest: see _as_refusal
