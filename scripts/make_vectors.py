@@ -246,6 +246,62 @@ def _stepped_model() -> Model:
     )  # fmt: skip
 
 
+def _stepped_compressed_model() -> Model:
+    """Three steps over four peers: fedavg over every codec family and a dense input, median
+    with clip_input_norm over four compressed inputs (a bfloat16 tensor among them; the
+    norms, of decompressed values, bind on two), and a dense mean step beside them."""
+    return Model(
+        shapes={"head.weight": (4, 6), "head.bias": (6,), "body.weight": (5, 8),
+                "body.bias": (8,), "embed.table": (10, 4)},
+        dtypes={"body.bias": dtype("bfloat16")},
+        peers=4,
+        steps=(
+            {"name": "head", "tensors": ["head.*"], "method": "fedavg"},
+            {"name": "body", "tensors": ["body.*"], "method": "median", "clip_input_norm": 6.0},
+            {"name": "embed", "tensors": ["embed.table"], "method": "mean"},
+        ),
+        codecs={
+            "head": ["int8:8", _topk(8, 3, "2bit", 12), None, "bf16"],
+            "body": ["fp16", _topk(16, 5, "int8", 16), "int8:16", _topk(16, 4, "bf16", 12)],
+        },
+    )  # fmt: skip
+
+
+#: Elements of the multi-block step's large tensor: 2 MiB + 16 KiB of float32, so a dense
+#: document of it is three leaves and an fp16-compressed one two.
+MULTIBLOCK_ELEMENTS: Final = (2 * 1_048_576 + 16_384) // 4
+#: Non-zero elements at each end of that tensor: the rest is zeros.
+MULTIBLOCK_ENDS: Final = 2048
+
+
+def _sparse_ends(gen: np.random.Generator, name: str, shape: tuple[int, ...]) -> np.ndarray:
+    """Standard normal values, except the large tensor: zeros but for its first and last
+    ``MULTIBLOCK_ENDS`` elements, so every document's middle leaf is the same all-zero MiB
+    (one block, linked from each) and git stores the CAR compressed."""
+    if name != "big.w":
+        return np.asarray(gen.standard_normal(shape))
+    values = np.zeros(shape)
+    values[:MULTIBLOCK_ENDS] = gen.standard_normal(MULTIBLOCK_ENDS)
+    values[-MULTIBLOCK_ENDS:] = gen.standard_normal(MULTIBLOCK_ENDS)
+    return values
+
+
+def _stepped_multiblock_model() -> Model:
+    """Two peers and two steps: a fedavg step whose inputs (one dense, three leaves; one
+    fp16-compressed, two leaves) and output span several blocks, and a one-block mean step;
+    the model-level document spans three blocks."""
+    return Model(
+        shapes={"big.w": (MULTIBLOCK_ELEMENTS,), "big.b": (16,), "small.w": (3, 4)},
+        peers=2,
+        steps=(
+            {"name": "big", "tensors": ["big.*"], "method": "fedavg"},
+            {"name": "small", "tensors": ["small.w"], "method": "mean"},
+        ),
+        codecs={"big": [None, "fp16"]},
+        values=_sparse_ends,
+    )
+
+
 def _stepped(
     model: Model, failed: dict[str, str] | None = None, after_round4: bool = False
 ) -> Build:
@@ -500,6 +556,20 @@ def vectors() -> list[Vector]:
         "round 1 of a chain whose round 0 is a round/4 record: a round/5 record of three steps "
         "(fedavg, mean), the middle one failed, so the model holds the other two steps' tensors",
         _stepped(Model(), {"mid": "quorum not met: 1 of 3 peers by the deadline"}, True),
+    )
+    add(
+        "steps-compressed-inputs",
+        "a round/5 record whose step inputs are compressed: fedavg over int8, top-k 2bit, "
+        "bf16 and a dense input; median with clip_input_norm (binding on two) over fp16, "
+        "top-k int8, top-k bf16 and int8 inputs (a bfloat16 tensor); a dense mean step",
+        _stepped(_stepped_compressed_model()),
+    )
+    add(
+        "steps-multiblock",
+        "a round/5 record whose fedavg step's inputs (dense: three leaves; fp16: two) and "
+        "output span several 1 MiB blocks, mostly zeros (one all-zero leaf linked from every "
+        "document); a one-block mean step; the model-level document of three leaves",
+        _stepped(_stepped_multiblock_model()),
     )
     return v
 

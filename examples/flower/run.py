@@ -15,7 +15,6 @@ in a temporary directory, kept (and named) when something fails.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import importlib.util
 import os
@@ -30,9 +29,9 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from gradstore.errors import NodeError, NodeUnreachableError
+from gradstore.errors import NodeError
 from gradstore.messages import SigningKey
-from gradstore.node import KuboDaemon, Retry, Timeouts, connect, find_kubo_binary
+from gradstore.node import RunningKubo, running_kubo
 
 
 def _installed(module: str) -> bool:
@@ -74,45 +73,18 @@ def wait_for_port(port: int, proc: subprocess.Popen[bytes], what: str, timeout: 
     raise RuntimeError(f"{what} did not listen on 127.0.0.1:{port} within {timeout:.0f} s")
 
 
-async def _kubo_version(api: str | None) -> tuple[str, str | None]:
-    """(RPC URL, Kubo's version or None if nothing answers) of the Kubo ``connect`` finds."""
-    probe = connect(
-        api, timeouts=Timeouts(connect=2.0, read=5.0, write=5.0, pool=2.0), retry=Retry(retries=0)
-    )
-    try:
-        return probe.api, await probe.version()
-    except NodeError:
-        return probe.api, None
-    finally:
-        await probe.aclose()
-
-
 @contextlib.contextmanager
-def kubo(api: str | None) -> Iterator[tuple[str, str]]:
-    """(RPC URL, description): the Kubo ``connect`` finds for ``api`` if it answers, else one
-    started here."""
-    try:
-        url, version = asyncio.run(_kubo_version(api))
-    except ValueError as exc:  # --api names no URL or multiaddr
-        raise SystemExit(f"error: --api: {exc}") from None
-    except NodeUnreachableError as exc:  # $IPFS_PATH names no running daemon, say
-        why = str(exc)
-    else:
-        if version is not None:
-            yield url, f"kubo {version} at {url}"
-            return
-        why = f"nothing answered at {url}"
-    binary = find_kubo_binary()
-    if binary is None:
-        raise SystemExit(
-            f"error: {why} and no Kubo is installed "
-            "(run scripts/install-kubo.sh, or set GRADSTORE_API)"
-        )
-    daemon = KuboDaemon(binary).start()
-    try:
-        yield daemon.api_url, f"kubo at {daemon.api_url} (started here; {why})"
-    finally:
-        daemon.stop()
+def kubo(api: str | None) -> Iterator[RunningKubo]:
+    """The Kubo ``gradstore.node.running_kubo`` finds or starts, or exit with why not."""
+    with contextlib.ExitStack() as stack:
+        try:
+            found = stack.enter_context(running_kubo(api))
+        except ValueError as exc:  # --api names no URL or multiaddr
+            raise SystemExit(f"error: --api: {exc}") from None
+        except NodeError as exc:  # nothing answers and none installed; no pubsub
+            raise SystemExit(f"error: {exc}") from None
+        print(f"node: {found.description}", flush=True)
+        yield found
 
 
 class Processes:
@@ -291,8 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="gradstore-flower-"))
     ok = False
     try:
-        with kubo(args.api) as (api, description):
-            print(f"node: {description}", flush=True)
+        with kubo(args.api) as found:
+            api = found.api
             coordinator = work / "coordinator.pem"
             SigningKey.generate().save(coordinator)
             nodes = args.clients + (1 if args.liar else 0)

@@ -22,7 +22,6 @@ PyTorch first, to skip the CUDA wheels: docs/frameworks.md, "Install").
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import copy
 import io
@@ -48,8 +47,8 @@ except ImportError as exc:
     ) from None
 
 from gradstore.cli import main as gradstore
-from gradstore.errors import NodeError, NodeUnreachableError
-from gradstore.node import KuboDaemon, Retry, Timeouts, connect, find_kubo_binary
+from gradstore.errors import NodeError
+from gradstore.node import RunningKubo, running_kubo
 from gradstore.torch import TorchPeer, snapshot
 
 HELD_OUT = 0.2  # of the 1,797 digits, scored after every round and never trained on
@@ -123,45 +122,18 @@ def peer_loop(
     return record, model
 
 
-async def _answers(api: str | None) -> tuple[str, str | None]:
-    """(RPC URL, Kubo's version or None if nothing answers) of the Kubo ``connect`` finds."""
-    probe = connect(
-        api, timeouts=Timeouts(connect=2.0, read=5.0, write=5.0, pool=2.0), retry=Retry(retries=0)
-    )
-    try:
-        return probe.api, await probe.version()
-    except NodeError:
-        return probe.api, None
-    finally:
-        await probe.aclose()
-
-
 @contextlib.contextmanager
-def kubo(api: str | None) -> Iterator[tuple[str, bool]]:
-    """(RPC URL, started here): the Kubo ``connect`` finds if it answers, else one started here."""
-    try:
-        url, version = asyncio.run(_answers(api))
-    except ValueError as exc:  # --api names no URL or multiaddr
-        raise SystemExit(f"error: --api: {exc}") from None
-    except NodeUnreachableError as exc:  # $IPFS_PATH names no running daemon, say
-        why = str(exc)
-    else:
-        if version is not None:
-            print(f"node: kubo {version} at {url}", flush=True)
-            yield url, False
-            return
-        why = f"nothing answered at {url}"
-    binary = find_kubo_binary()
-    if binary is None:
-        raise SystemExit(
-            f"error: {why} and no Kubo is installed (run scripts/install-kubo.sh, or set GRADSTORE_API)"
-        )
-    daemon = KuboDaemon(binary).start()
-    try:
-        print(f"node: kubo at {daemon.api_url} (started here; {why})", flush=True)
-        yield daemon.api_url, True
-    finally:
-        daemon.stop()
+def kubo(api: str | None) -> Iterator[RunningKubo]:
+    """The Kubo ``gradstore.node.running_kubo`` finds or starts, or exit with why not."""
+    with contextlib.ExitStack() as stack:
+        try:
+            found = stack.enter_context(running_kubo(api))
+        except ValueError as exc:  # --api names no URL or multiaddr
+            raise SystemExit(f"error: --api: {exc}") from None
+        except NodeError as exc:  # nothing answers and none installed; no pubsub
+            raise SystemExit(f"error: {exc}") from None
+        print(f"node: {found.description}", flush=True)
+        yield found
 
 
 def run_gradstore(*argv: str) -> str:
@@ -211,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="gradstore-torch-"))
     ok = False
     try:
-        with kubo(args.api) as (api, started_here):
+        with kubo(args.api) as found:
+            api = found.api
             job, coord, keys = make_job(work, args.peers, args.rounds)
             print(
                 f"job: {args.peers} peers x ~{len(shards[0][1])} digits, {len(y_test)} held out, "
@@ -257,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit("error: the peers ended with different models")
             print(f"every peer holds the same model; last record {record}", flush=True)
             audit = f"gradstore audit history {record} --api {api}"
-            if started_here:  # this Kubo stops with the example: audit while it runs
+            if found.started:  # this Kubo stops with the example: audit while it runs
                 print(f"audit (the Kubo started here stops next): {audit}", flush=True)
                 print(run_gradstore(*audit.split()[1:]).splitlines()[-1], flush=True)
             else:

@@ -24,7 +24,7 @@ from gradstore.coordinator.closing import close_round
 from gradstore.coordinator.inputs import ByteBudget, VerifiedInput, verify_input
 from gradstore.dag import CID, DAG_CBOR
 from gradstore.format import CompressedGradient, Gradient
-from gradstore.job import JobConfig, parse_job
+from gradstore.job import JobConfig, StepConfig, parse_job
 from gradstore.messages import (
     Announce,
     RecordInput,
@@ -85,9 +85,17 @@ def _document(
     return doc if codec is None else compress(doc, codec)
 
 
-async def _verified(
-    node: Node, store: GradientStore, peer: str, cid: CID, samples: int, clip: bool
+async def verified_input(
+    node: Node,
+    store: GradientStore,
+    peer: str,
+    cid: CID,
+    samples: int,
+    clip: bool,
+    step: StepConfig | None = None,
 ) -> VerifiedInput:
+    """``cid`` verified as the coordinator verifies an announced input (its norm when
+    ``clip``; holding exactly ``step``'s tensors), with a budget that keeps it in memory."""
     big = ByteBudget(1 << 31)
     return await verify_input(
         node,
@@ -100,6 +108,7 @@ async def _verified(
         budget=big,
         keep=big,
         clip=clip,
+        step=step,
     )
 
 
@@ -136,7 +145,7 @@ async def signed_round(
         doc = _document(g, None if codecs is None else codecs[i], k.did, n, round_, meta)
         cid = await store.put(doc)
         inputs.append(
-            await _verified(node, store, k.did, cid, n, config.clip_input_norm is not None)
+            await verified_input(node, store, k.did, cid, n, config.clip_input_norm is not None)
         )
         signed[k.did] = announcement(k, cid, n, round_)
     closed = await close_round(
@@ -175,7 +184,7 @@ async def legacy_round(
     for i, (k, g, n) in enumerate(zip(keys, gradients, samples, strict=True)):
         doc = _document(g, None if codecs is None else codecs[i], k.did, n, round_, meta)
         cid = await store.put(doc)
-        verified.append(await _verified(node, store, k.did, cid, n, False))
+        verified.append(await verified_input(node, store, k.did, cid, n, False))
     verified.sort(key=lambda v: v.peer)
     params = config.params_for([v.peer for v in verified])
     params = AggregationParams.from_record(

@@ -9,7 +9,9 @@ signature, the input documents' canonical encoding, then recomputes the aggregat
 CID. A stepped round's round/5 record (§9) is audited step by step: each step record is
 fetched, checked against the round's link, re-derived as a round/4 record whose peers
 signed the step and whose documents hold exactly the step's tensors, and the model-level
-document is laid out from the steps' aggregates and its CID compared. It does not check
+document is laid out from the steps' aggregates and its CID compared; a step's inputs may be
+compressed (§2.3, checked against the step record's ``codec``, decompressed to binary64) and
+any document may span several blocks (§3), as in a round/4 record. It does not check
 every payload rule of a compressed document (§2.3's list of refusals) nor the decoder's
 size limits: it re-derives, it is not a hardened decoder.
 """

@@ -4,22 +4,26 @@ exactly the step's, its announcement naming the step), a step record per closed 
 model-level output assembled from the steps' outputs, and a round/5 record linking them.
 
 The pieces are separate functions so forgery tests can change one and re-sign the rest.
-A ``Model`` says what a round is built over (tensors, dtypes, steps, peers); ``DEFAULT`` is
-the three-step model most tests use.
+A ``Model`` says what a round is built over (tensors, dtypes, steps, peers, and the codecs
+and values of the peers' documents); ``DEFAULT`` is the three-step model most tests use. A
+step whose peers compress their documents is closed by the coordinator's own
+``close_round`` (verified inputs, decompressed range by range), as a live coordinator does.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from gradstore.aggregate import aggregate_with_info
+from gradstore.compress import compress
+from gradstore.coordinator.closing import close_round
 from gradstore.dag import CID, DAG_CBOR
-from gradstore.format import Gradient
+from gradstore.format import CompressedGradient, Gradient
 from gradstore.job import JobConfig, StepConfig, parse_job
 from gradstore.messages import (
     Announce,
@@ -38,7 +42,16 @@ from gradstore.messages import (
 from gradstore.node import Node
 from gradstore.store import GradientStore, put_model
 
-from .rounds import COORDINATOR, JOB, RUN, SENT_AT_MS, key
+from .rounds import COORDINATOR, JOB, RUN, SENT_AT_MS, key, verified_input
+
+#: Draws a tensor's values: (generator, tensor name, shape) -> float64 array.
+Values = Callable[[np.random.Generator, str, tuple[int, ...]], np.ndarray]
+
+
+def standard_normal(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -> np.ndarray:
+    """Every tensor's values unless a model says otherwise."""
+    return np.asarray(rng.standard_normal(shape))
+
 
 #: The model's tensors and shapes; the steps below cover each once (backward order).
 SHAPES: Mapping[str, tuple[int, ...]] = {
@@ -60,13 +73,16 @@ class Model:
     """What a stepped round is built over: the model's tensors (``dtypes``: a tensor's dtype,
     float32 unless named), the job's steps (backward order; a step table may name its
     ``peers``) and default ``aggregation``, and ``peers`` peers (``key(0)``...) whose sample
-    counts are 10, 20, 30, ..."""
+    counts are 10, 20, 30, ... ``codecs``: by step, the codec spec (or None: dense) of each
+    of the step's peers' documents, in peer order; ``values`` draws each tensor's values."""
 
     shapes: Mapping[str, tuple[int, ...]] = field(default_factory=lambda: dict(SHAPES))
     steps: Sequence[Mapping[str, Any]] = STEPS
     dtypes: Mapping[str, Any] = field(default_factory=dict)
     peers: int = 3
     aggregation: Mapping[str, Any] = field(default_factory=lambda: {"method": "fedavg"})
+    codecs: Mapping[str, Sequence[str | None]] = field(default_factory=dict)
+    values: Values = standard_normal
 
     @property
     def keys(self) -> list[SigningKey]:
@@ -78,6 +94,8 @@ class Model:
 
 
 DEFAULT = Model()
+#: ``stepped_round``'s seed: step ``i``'s documents are drawn from ``SEED + i``.
+SEED = 11
 PEERS = DEFAULT.keys
 SAMPLES = DEFAULT.samples
 
@@ -135,23 +153,24 @@ async def peer_documents(
     model: Model = DEFAULT,
 ) -> list[tuple[SigningKey, CID, int]]:
     """Each of the step's peers' document for ``step`` (``names``: other tensors than the
-    step's, for a peer that lies), stored on ``node``: (peer key, CID, samples)."""
+    step's, for a peer that lies), compressed with its codec in ``model.codecs``, stored on
+    ``node``: (peer key, CID, samples)."""
     rng = np.random.default_rng(seed)
     store = GradientStore(node)
+    codecs = iter(model.codecs.get(step.name, ()))
     out = []
     for k, samples in zip(model.keys, model.samples, strict=True):
         if k.did not in step.peers:
             continue
         tensors = {
-            n: np.asarray(rng.standard_normal(model.shapes[n])).astype(
-                model.dtypes.get(n, np.float32)
-            )
+            n: model.values(rng, n, model.shapes[n]).astype(model.dtypes.get(n, np.float32))
             for n in (names or step_tensors(step, model))
         }
         meta = {"kind": "gradient", "job": JOB, "round": round_, "peer": k.did, "step": step.name}
-        out.append(
-            (k, await store.put(Gradient(tensors, {**meta, "num_samples": samples})), samples)
-        )
+        dense = Gradient(tensors, {**meta, "num_samples": samples})
+        codec = next(codecs, None)
+        doc: Gradient | CompressedGradient = dense if codec is None else compress(dense, codec)
+        out.append((k, await store.put(doc), samples))
     return out
 
 
@@ -202,6 +221,39 @@ async def close_step(
     )
 
 
+async def coordinator_step(
+    node: Node,
+    config: JobConfig,
+    step: StepConfig,
+    round_: int,
+    documents: Sequence[tuple[SigningKey, CID, int]],
+) -> StepDone:
+    """``step`` closed over ``documents`` by the coordinator's own code: each input verified
+    as the coordinator verifies an announced one (a compressed one is decompressed range by
+    range), aggregated, stored and signed by ``close_round`` into a step record."""
+    store = GradientStore(node)
+    clip = step.aggregation.clip_input_norm is not None
+    inputs = [
+        await verified_input(node, store, k.did, cid, n, clip, step) for k, cid, n in documents
+    ]
+    signed = {k.did: announcement(k, cid, n, round_, step.name) for k, cid, n in documents}
+    closed = await close_round(
+        config,
+        COORDINATOR,
+        node,
+        store,
+        run=RUN,
+        round_=round_,
+        inputs=inputs,
+        excluded=[],
+        prev=None,
+        announcements=signed,
+        step=step,
+    )
+    assert isinstance(closed.record, StepRecord)
+    return StepDone(closed.record_cid, closed.record)
+
+
 async def sign_step(node: Node, record: StepRecord) -> StepDone:
     """Sign ``record`` with the coordinator's key and store it."""
     _, data = encode_step_record(record, COORDINATOR)
@@ -244,12 +296,13 @@ async def stepped_round(
     node: Node,
     round_: int = 0,
     prev: CID | None = None,
-    seed: int = 11,
+    seed: int = SEED,
     model: Model = DEFAULT,
     failed: Mapping[str, str] | None = None,
 ) -> Stepped:
     """An honest stepped round of every step of ``model``; the steps ``failed`` names failed
-    (no documents, no step record: the round/5 record gives the reason)."""
+    (no documents, no step record: the round/5 record gives the reason). A step that
+    ``model.codecs`` names is closed by the coordinator's ``close_round``."""
     config = stepped_job(model)
     done: dict[str, StepDone] = {}
     steps: list[tuple[str, StepDone | str]] = []
@@ -258,7 +311,10 @@ async def stepped_round(
             steps.append((step.name, failed[step.name]))
             continue
         documents = await peer_documents(node, step, round_, seed + i, model=model)
-        done[step.name] = await sign_step(node, await close_step(node, step, round_, documents))
+        if step.name in model.codecs:
+            done[step.name] = await coordinator_step(node, config, step, round_, documents)
+        else:
+            done[step.name] = await sign_step(node, await close_step(node, step, round_, documents))
         steps.append((step.name, done[step.name]))
     cid, record = await publish_round(node, round_, steps, prev)
     return Stepped(cid, record, done, config)

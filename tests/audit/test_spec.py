@@ -18,6 +18,7 @@ import json
 import math
 import struct
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from gradstore.aggregate import AggregationParams, aggregate, global_norm
 from gradstore.aggregate._rounding import round_into
 from gradstore.aggregate.methods import trimmed_per_side
 from gradstore.audit import verify_round
+from gradstore.compress import parse_spec
 from gradstore.dag import CID, RAW
 from gradstore.dag.builder import _leaves_inline, layout
 from gradstore.dag.chunker import chunks
@@ -51,7 +53,9 @@ from .rounds import COORDINATOR, JOB, RUN, Round, key, legacy_round, put_record,
 from .stepped import (
     DEFAULT,
     PEERS,
+    SEED,
     Model,
+    StepDone,
     Stepped,
     announcement,
     close_step,
@@ -418,6 +422,29 @@ METHODS = Model(
          "weights": {key(0).did: 0.5, key(2).did: 2.0, key(4).did: 1.25}},
     ),
 )  # fmt: skip
+#: Five peers, three steps whose peers compress their documents (every codec family, mixed
+#: with dense ones): krum with input clipping, trimmed_mean with output clipping over
+#: bfloat16, weighted over three peers.
+COMPRESSED = Model(
+    shapes={"out.w": (6, 9), "out.b": (6,), "mid.w": (9, 10), "mid.b": (10,), "emb": (12, 4)},
+    dtypes={"out.w": np.float16, "mid.w": BF},
+    peers=5,
+    steps=(
+        {"name": "out", "tensors": ["out.*"], "method": "krum", "byzantine": 1,
+         "clip_input_norm": 4.0},
+        {"name": "mid", "tensors": ["mid.*"], "method": "trimmed_mean", "trim_ratio": 0.2,
+         "clip_output_norm": 1.0},
+        {"name": "emb", "tensors": ["emb"], "method": "weighted",
+         "peers": [key(i).did for i in (0, 2, 4)],
+         "weights": {key(0).did: 0.5, key(2).did: 2.0, key(4).did: 1.25}},
+    ),
+    codecs={
+        "out": ["int8:block=5", "topk:k=3,chunk=8,values=2bit", None, "fp16", "bf16"],
+        "mid": ["topk:k=4,chunk=9", "int8:block=7", "topk:k=2,chunk=4,values=int8,index=16",
+                None, "bf16"],
+        "emb": ["fp16", None, "topk:k=1,chunk=5,values=2bit"],
+    },
+)  # fmt: skip
 #: Two steps of 720 KB each: the model-level document is two leaves, its steps one each.
 LARGE_STEPS = Model(
     shapes={"a.w": (180_000,), "b.w": (180_000,), "b.bias": (3,)},
@@ -428,6 +455,8 @@ STEPPED: dict[str, tuple[Model, dict[str, str]]] = {
     "methods-dtypes-clipping": (METHODS, {}),
     "a-failed-step": (DEFAULT, {"mid": "quorum not met"}),
     "failed-first-step": (METHODS, {"out": "non-finite aggregate"}),
+    "compressed-inputs": (COMPRESSED, {}),
+    "compressed-inputs-failed-step": (COMPRESSED, {"out": "quorum not met"}),
 }
 
 
@@ -689,3 +718,152 @@ def test_the_reference_imports_the_standard_library_only() -> None:
     names |= {n.module.split(".")[0] for n in ast.walk(tree)
               if isinstance(n, ast.ImportFrom) and n.module}  # fmt: skip
     assert names and names <= set(sys.stdlib_module_names) | {"__future__"}, names
+
+
+# Stepped rounds whose inputs are compressed: forged outputs and records, and a reference
+# that decompresses otherwise than section 2.3 says.
+
+
+async def _before_compression(node: LocalNode, honest: Stepped) -> StepDone:
+    """Step mid's output aggregated from the peers' values before they compressed them (what
+    a coordinator that trusted a side channel would publish), its meta the honest one."""
+    mid = step_config(honest.config, "mid")
+    record = honest.steps["mid"].record
+    dense = await peer_documents(  # step mid's peers' values, drawn again, not compressed
+        node, mid, 0, SEED + 1, model=dataclasses.replace(COMPRESSED, codecs={})
+    )
+    store = GradientStore(node)
+    ordered = sorted(dense, key=lambda d: d[0].did)
+    docs = [await store.get(cid) for _, cid, _ in ordered]
+    params = mid.params_for([k.did for k, _, _ in ordered])
+    tensors = aggregate([d.tensors for d in docs], params, [n for _, _, n in ordered])
+    honest_output = await store.get(record.output)
+    assert any(  # the codecs are lossy here: the forged output differs
+        tensors[n].tobytes() != honest_output.tensors[n].tobytes() for n in tensors
+    )
+    output = await store.put(Gradient(tensors, honest_output.meta))
+    return await sign_step(node, resigned(record, output=output))
+
+
+async def _codec_named(node: LocalNode, honest: Stepped, spec: str | None) -> StepDone:
+    """Step mid's record naming ``spec`` (None: dense) for its first compressed input."""
+    record = honest.steps["mid"].record
+    at = next(i for i, item in enumerate(record.inputs) if item.codec is not None)
+    moved = dataclasses.replace(record.inputs[at], codec=None if spec is None else parse_spec(spec))
+    inputs = (*record.inputs[:at], moved, *record.inputs[at + 1 :])
+    return await sign_step(node, resigned(record, inputs=inputs))
+
+
+FORGED_COMPRESSED = {
+    "aggregated-before-compression": (_before_compression, "output-cid"),
+    "codec-parameters-changed": (
+        lambda node, honest: _codec_named(node, honest, "topk:k=4,chunk=10"),
+        "input-codec",
+    ),
+    "compressed-input-named-dense": (
+        lambda node, honest: _codec_named(node, honest, None),
+        "input-codec",
+    ),
+}
+
+
+@pytest.mark.parametrize("how", sorted(FORGED_COMPRESSED))
+def test_a_forged_step_over_compressed_inputs_fails_the_reference(tmp_path: Path, how: str) -> None:
+    """Step mid's record, re-signed with its output or an input's codec forged, in a round/5
+    record whose model-level output is assembled from the steps it names."""
+    build, check = FORGED_COMPRESSED[how]
+
+    async def main() -> tuple[CID, CID]:
+        node = LocalNode(tmp_path)
+        honest = await stepped_round(node, model=COMPRESSED)
+        forged = await build(node, honest)
+        cid, _ = await publish_round(node, 0, replace_step(honest, "mid", forged))
+        return honest.record_cid, cid
+
+    honest, forged = asyncio.run(main())
+    assert both_checks(tmp_path, honest) == ("ok", "ok")
+    assert both_checks(tmp_path, forged) == (check, check)
+
+
+ORIGINAL_DECOMPRESS = ref.decompress
+
+
+def _through_float32(codec: dict[str, Any], payload: memoryview, count: int) -> list[float]:
+    """Decompressed values rounded to float32 (not kept in binary64, section 2.3)."""
+    return [ref.round_to("<f4", v) for v in ORIGINAL_DECOMPRESS(codec, payload, count)]
+
+
+def _int8_scale_per_tensor(codec: dict[str, Any], payload: memoryview, count: int) -> list[float]:
+    """int8 read with every block taking the first block's scale."""
+    values = ORIGINAL_DECOMPRESS(codec, payload, count)
+    if codec["name"] != "int8" or not values:
+        return values
+    block = codec["block"]
+    first = ref._f32(payload[:4])
+    out = []
+    for start in range(0, count, block):
+        at = start // block * (4 + block)
+        scale = ref._f32(payload[at : at + 4])
+        out += [v / scale * first if scale else v for v in values[start : start + block]]
+    return out
+
+
+@pytest.mark.parametrize(
+    ("misreading", "replacement"),
+    [("through-float32", _through_float32), ("int8-first-scale", _int8_scale_per_tensor)],
+)
+def test_a_reference_that_misreads_compressed_step_inputs_fails_an_honest_round(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, misreading: str, replacement: Any
+) -> None:
+    """The compressed steps are re-derived from their decompressed values: a reference that
+    reads section 2.3 otherwise fails the honest round."""
+    done = asyncio.run(stepped_round(LocalNode(tmp_path), model=COMPRESSED))
+    assert reference_check(tmp_path, done.record_cid) == "ok"
+    monkeypatch.setattr(ref, "decompress", replacement)
+    assert reference_check(tmp_path, done.record_cid) == "output-cid"
+
+
+ORIGINAL_READ_FILE = ref.read_file
+
+
+def _first_leaf_only(get_block: ref.GetBlock, root: bytes, check: str) -> bytes:
+    """A file DAG read as its first leaf only (the document when it is one block)."""
+    block = ref.fetch_block(get_block, root, check)
+    if ref.cid_parts(root)[1] == ref.RAW:
+        return block
+    length, pos = ref.read_varint(block, 1)
+    cid_len, at = ref.read_varint(block[pos : pos + length], 1)
+    return ORIGINAL_READ_FILE(get_block, block[pos + at : pos + at + cid_len], check)
+
+
+def _each_block_once() -> Callable[[ref.GetBlock, bytes, str], bytes]:
+    """A reader that walks every DAG with one set of blocks already read (as a CAR export
+    writes each block once): a block a second document links again reads as nothing."""
+    seen: set[bytes] = set()
+
+    def read(get_block: ref.GetBlock, root: bytes, check: str) -> bytes:
+        if root in seen:
+            return b""
+        seen.add(root)
+        return ORIGINAL_READ_FILE(get_block, root, check)
+
+    return read
+
+
+@pytest.mark.parametrize(
+    ("misreading", "check"),
+    [("first-leaf-only", "input-decode"), ("each-block-once", "model-output")],
+)
+def test_a_reference_that_misreads_documents_of_several_blocks_fails_steps_multiblock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, misreading: str, check: str
+) -> None:
+    """The multi-block stepped vector's documents are read leaf by leaf, depth first, each
+    leaf as often as it is linked: its step aggregate links the all-zero leaf its dense input
+    links too."""
+    vector = next(v for v in VECTOR_LIST if v["name"] == "steps-multiblock")
+    node = LocalNode(tmp_path)
+    asyncio.run(node.import_car([(VECTORS / vector["car"]).read_bytes()]))
+    assert reference_check(tmp_path, vector["record"]) == "ok"
+    reader = _first_leaf_only if misreading == "first-leaf-only" else _each_block_once()
+    monkeypatch.setattr(ref, "read_file", reader)
+    assert reference_check(tmp_path, vector["record"]) == check

@@ -1,6 +1,7 @@
 """The conformance vectors in tests/vectors: every one audits, says truly what it covers, and
 together they cover every method, dtype, codec and record version, stepped rounds' round/5
-and step records included (tests/vectors/README.md)."""
+and step records included, with a step whose inputs are compressed and one whose inputs and
+output span several blocks (tests/vectors/README.md)."""
 
 from __future__ import annotations
 
@@ -55,6 +56,9 @@ REQUIRED_TAGS = frozenset(
         "empty-tensor",
         "failed-step",
         "mixed-methods",
+        "compressed-step",
+        "multi-block-step",
+        "multi-block-model",
     }
 )
 
@@ -151,7 +155,7 @@ def test_the_audit_command_passes_on_an_imported_vector(tmp_path, capsys):
         assert vector["output"] in out
 
 
-@pytest.mark.parametrize("name", ["multiblock-mean-clip", "codec-mixed-median"])
+@pytest.mark.parametrize("name", ["multiblock-mean-clip", "codec-mixed-median", "steps-multiblock"])
 def test_a_vector_imported_into_kubo_audits_there(kubo: KuboDaemon, name):
     vector = BY_NAME[name]
 
@@ -163,10 +167,19 @@ def test_a_vector_imported_into_kubo_audits_there(kubo: KuboDaemon, name):
     asyncio.run(main())
 
 
+def _step_inputs(vector: dict[str, Any]) -> list[dict[str, Any]]:
+    """The inputs of a stepped round's first step whose first input spans several blocks,
+    else of its last step."""
+    steps = closed_steps(vector)
+    several = [s for s in steps if CID.parse(s["inputs"][0]["cid"]).codec != RAW]
+    inputs: list[dict[str, Any]] = (several or steps[-1:])[0]["inputs"]
+    return inputs
+
+
 def _input_leaf(vector: dict[str, Any], blocks: list[Block]) -> Block:
-    """A raw leaf of the first input document (the document itself when it is one block); of
-    a stepped round, the last step's."""
-    inputs = closed_steps(vector)[-1]["inputs"] if "steps" in vector else vector["inputs"]
+    """A raw leaf of the first input document (the document itself when it is one block, else
+    its last leaf); of a stepped round, that of ``_step_inputs``."""
+    inputs = _step_inputs(vector) if "steps" in vector else vector["inputs"]
     first = CID.parse(inputs[0]["cid"])
     if first.codec == RAW:
         return next(b for b in blocks if b.cid == first)
@@ -175,7 +188,9 @@ def _input_leaf(vector: dict[str, Any], blocks: list[Block]) -> Block:
     return next(b for b in blocks if b.cid == leaf)
 
 
-@pytest.mark.parametrize("name", ["method-median", "multiblock-mean-clip", "steps-three-methods"])
+@pytest.mark.parametrize(
+    "name", ["method-median", "multiblock-mean-clip", "steps-three-methods", "steps-multiblock"]
+)
 def test_a_flipped_byte_in_an_input_block_fails(tmp_path, name):
     """A CAR whose input block was altered is refused on import; the same block altered on
     the auditor's disk fails the audit naming the input."""

@@ -277,8 +277,11 @@ def tags(covers: dict[str, Any]) -> list[str]:
 
 def stepped_tags(covers: dict[str, Any]) -> list[str]:
     """The flat feature names of a stepped round's ``covers`` (its steps have their own)."""
+    closed = [s for s in covers["steps"] if "failed" not in s]
     have = {
         "stepped": True,
+        "compressed-step": any("compressed" in s["tags"] for s in closed),
+        "multi-block-step": any("multi-block" in s["tags"] for s in closed),
         "failed-step": covers["failed_steps"] > 0,
         "mixed-methods": len(covers["methods"]) > 1,
         "multi-block-model": covers["model"]["multi_block"],

@@ -30,6 +30,8 @@ RANK = {
     "job": 6,
     "peer": 7,
     "coordinator": 7,
+    "population": 7,
+    "pbt": 3,
     "audit": 8,
     "torch": 8,
     "flower": 8,

@@ -9,6 +9,12 @@ Every failure is an ``AuditError`` whose ``check`` names what did not hold.
 from ..errors import AuditError
 from ._cid import CidReport, fetch_gradient, verify_cid
 from ._history import verify_history
+from ._population import (
+    PopulationReport,
+    fetch_population_record,
+    verify_decision,
+    verify_population,
+)
 from ._records import check_expected, fetch_any_record, fetch_record, fetch_step_record
 from ._round import (
     AnyRoundReport,
@@ -25,6 +31,7 @@ __all__ = [
     "AnyRoundReport",
     "AuditError",
     "CidReport",
+    "PopulationReport",
     "RoundReport",
     "StepReport",
     "SteppedRoundReport",
@@ -32,12 +39,15 @@ __all__ = [
     "check_expected",
     "fetch_any_record",
     "fetch_gradient",
+    "fetch_population_record",
     "fetch_record",
     "fetch_step_record",
     "recompute_output",
     "verify_any_record",
     "verify_cid",
+    "verify_decision",
     "verify_history",
+    "verify_population",
     "verify_record",
     "verify_round",
     "verify_step",

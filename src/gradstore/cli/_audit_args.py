@@ -1,4 +1,4 @@
-"""The parsers of ``gradstore audit cid|round|history`` (light; the commands are in ``_audit_cmds``)."""
+"""The parsers of ``gradstore audit cid|round|history|population`` (light; the commands are in ``_audit_cmds``)."""
 
 from __future__ import annotations
 
@@ -68,6 +68,18 @@ def register(sub: Any) -> None:
     _pins(p)
     _common(p)
     p.set_defaults(run=lazy("_audit_cmds", "cmd_audit_history"))
+
+    p = asub.add_parser(
+        "population",
+        help="re-derive every decision of a population (PBT) along the prev links from a record",
+        epilog=examples('gradstore audit population "$record" --config job.toml'),
+    )
+    p.add_argument(
+        "head", type=cid_argument("the record CID"), help="the newest population record's CID"
+    )
+    _pins(p)
+    _common(p)
+    p.set_defaults(run=lazy("_population_cmds", "cmd_audit_population", blas=False))
 
 
 def _pins(parser: argparse.ArgumentParser) -> None:

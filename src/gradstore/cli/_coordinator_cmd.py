@@ -138,6 +138,10 @@ def _next_state(state: Path) -> Path:
 
 def cmd_coordinator(args: argparse.Namespace) -> int:
     config = load_job(args.config)
+    if config.population is not None:  # the coordinator's role in a population job
+        from ._population_cmds import cmd_population_controller
+
+        return cmd_population_controller(args, config)
     key = SigningKey.load(args.key)
     level = (
         logging.WARNING

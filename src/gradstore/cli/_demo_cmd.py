@@ -56,10 +56,12 @@ def register(sub: Any) -> None:
     p.add_argument("--rounds", type=_positive_int, default=20, help="rounds to run (default 20)")
     p.add_argument(
         "--mode",
-        choices=("federated", "data-parallel"),
+        choices=("federated", "data-parallel", "population"),
         default="federated",
         help="federated: peers train locally and average model states (FedAvg); "
-        "data-parallel: peers send gradients, one SGD step per round (default federated)",
+        "data-parallel: peers send gradients, one SGD step per round; population: 8 members "
+        "explore lr and weight decay by population-based training, against the same members "
+        "with fixed ones (takes --seed, --hidden and the node options) (default federated)",
     )
     p.add_argument(
         "--steps",
@@ -123,11 +125,23 @@ def register(sub: Any) -> None:
     p.set_defaults(run=cmd_demo)
 
 
+def check_population_extras() -> None:
+    """The population demo needs the demo extra (scikit-learn) only."""
+    from ..demo import check_demo_extras
+
+    check_demo_extras("numpy", plot=False)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """Run the demo; stdout gets the node, coordinator and job lines, the per-round table,
     a closing line and the audit command (exit 2 for a method the peers cannot run)."""
     import asyncio  # here: every command's start registers this parser, few run the demo
 
+    if args.mode == "population":
+        from ._demo_population import population_demo
+
+        check_population_extras()
+        return asyncio.run(population_demo(args))
     from ..demo import DemoConfig, check_demo_extras
 
     try:

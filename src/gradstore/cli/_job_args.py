@@ -23,7 +23,8 @@ def register(sub: Any) -> None:
 
     p = sub.add_parser(
         "coordinator",
-        help="run a job's coordinator until its rounds are done",
+        help="run a job's coordinator until its rounds are done (a job with [population]: "
+        "its PBT controller, every interval)",
         epilog=examples(
             "gradstore coordinator --config job.toml --key coord.key",
             "gradstore coordinator --config job.toml --key coord.key --state ./state -v",

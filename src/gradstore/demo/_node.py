@@ -10,11 +10,9 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import NodeError, NodeUnreachableError
-from ..node import KuboDaemon, Node, Retry, Timeouts, connect, find_kubo_binary
+from ..errors import NodeUnreachableError
+from ..node import KuboDaemon, Node, answering_version, connect, find_kubo_binary
 from ..node.kubo import find_api
-
-_PROBE_TIMEOUTS = Timeouts(connect=2.0, read=5.0, write=5.0, pool=2.0)
 
 
 @dataclass(frozen=True)
@@ -29,29 +27,6 @@ class DemoNode:
     description: str
     reach: str | None = None
     gone: str = ""
-
-
-async def kubo_version(api: str, auth: str | None = None) -> str | None:
-    """Kubo's version at ``api`` if it answers with pubsub enabled; None if nothing answers.
-
-    A Kubo without pubsub cannot run a job, so it is an error, not a fallback.
-    """
-    probe = connect(api, auth=auth, timeouts=_PROBE_TIMEOUTS, retry=Retry(retries=0))
-    try:
-        try:
-            version = await probe.version()
-        except NodeError:
-            return None
-        try:
-            await probe.pubsub_topics()
-        except NodeError as exc:
-            raise NodeError(
-                f"the Kubo at {probe.api} has pubsub disabled ({exc}); run "
-                "`ipfs config --json Pubsub.Enabled true` and restart it, or pass --local DIR"
-            ) from exc
-        return version
-    finally:
-        await probe.aclose()
 
 
 @asynccontextmanager
@@ -75,7 +50,7 @@ async def open_demo_node(
     else:
         why = f"nothing answered at {url}"
         why_local = f"no Kubo answered at {url} and none is installed"
-    version = None if url is None else await kubo_version(url, auth)
+    version = None if url is None else await answering_version(url, auth)
     if url is not None and version is not None:
         kubo = connect(url, auth=auth)
         try:

@@ -12,6 +12,7 @@ from ._config import (
     parse_job,
     topics,
 )
+from ._population import PopulationConfig
 from ._steps import DEFAULT_STEP, MAX_STEPS, Selector, StepConfig, StepsPlan, refuse_steps
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "InputsConfig",
     "JobConfig",
     "MessagesConfig",
+    "PopulationConfig",
     "RoundsConfig",
     "Selector",
     "StepConfig",

@@ -17,6 +17,7 @@ peers = ["did:key:z6Mk...", ...]
                 parameters and weights, keeps its clipping). Every tensor is in one step: an
                 overlap is refused, and with [[schema]] so is a tensor in no step or a selector
                 matching none. Without [[steps]], one step "all" covers every tensor.
+[population]    optional: population-based training over the peers (``_population``)
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from ..format import DTYPES, Limits
 from ..messages import Roster, public_key_from_did
 from ..messages.schema import JOB_NAME
 from ._aggregation import Aggregation, aggregation_keys, check_sizes, parse_aggregation
+from ._population import PopulationConfig, parse_population
 from ._steps import StepConfig, StepsPlan, implicit_step, parse_steps
 
 DEFAULT_DEADLINE_S = 60.0
@@ -100,6 +102,8 @@ class JobConfig:
     #: is one implicit step, ``DEFAULT_STEP``, of every tensor, with the job's peers,
     #: quorum, deadline and aggregation (and follows them in ``dataclasses.replace``).
     steps: tuple[StepConfig, ...] = ()
+    #: Population-based training over the peers (``[population]``), or None.
+    population: PopulationConfig | None = None
 
     def __post_init__(self) -> None:
         if not self.steps or (len(self.steps) == 1 and self.steps[0].covers_all):
@@ -179,6 +183,7 @@ def parse_job(raw: Mapping[str, Any], source: str = "job") -> JobConfig:
             "messages",
             "inputs",
             "steps",
+            "population",
         },
         "",
     )
@@ -283,6 +288,11 @@ def parse_job(raw: Mapping[str, Any], source: str = "job") -> JobConfig:
             max_name_bytes=limits.max_name_bytes,
             schema=None if schema is None else [s.name for s in schema],
         )
+    population = None
+    if "population" in raw:
+        population = parse_population(
+            raw["population"], where, peers=peers, deadline_s=rounds.deadline_s
+        )
     return JobConfig(
         job=job,
         coordinator=coordinator,
@@ -298,6 +308,7 @@ def parse_job(raw: Mapping[str, Any], source: str = "job") -> JobConfig:
         messages=messages,
         inputs=inputs,
         steps=steps,
+        population=population,
     )
 
 
