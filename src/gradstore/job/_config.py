@@ -18,6 +18,8 @@ peers = ["did:key:z6Mk...", ...]
                 overlap is refused, and with [[schema]] so is a tensor in no step or a selector
                 matching none. Without [[steps]], one step "all" covers every tensor.
 [population]    optional: population-based training over the peers (``_population``)
+[pinning]       optional: cluster (REST API URL), replication_min, replication_max, wait_s:
+                what a round keeps is pinned through IPFS Cluster (``_pinning``)
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from ..format import DTYPES, Limits
 from ..messages import Roster, public_key_from_did
 from ..messages.schema import JOB_NAME
 from ._aggregation import Aggregation, aggregation_keys, check_sizes, parse_aggregation
+from ._pinning import PinningConfig, parse_pinning
 from ._population import PopulationConfig, parse_population
 from ._steps import StepConfig, StepsPlan, implicit_step, parse_steps
 
@@ -104,6 +107,8 @@ class JobConfig:
     steps: tuple[StepConfig, ...] = ()
     #: Population-based training over the peers (``[population]``), or None.
     population: PopulationConfig | None = None
+    #: Pin what rounds keep through IPFS Cluster (``[pinning]``), or None: the node alone.
+    pinning: PinningConfig | None = None
 
     def __post_init__(self) -> None:
         if not self.steps or (len(self.steps) == 1 and self.steps[0].covers_all):
@@ -184,6 +189,7 @@ def parse_job(raw: Mapping[str, Any], source: str = "job") -> JobConfig:
             "inputs",
             "steps",
             "population",
+            "pinning",
         },
         "",
     )
@@ -293,6 +299,7 @@ def parse_job(raw: Mapping[str, Any], source: str = "job") -> JobConfig:
         population = parse_population(
             raw["population"], where, peers=peers, deadline_s=rounds.deadline_s
         )
+    pinning = None if "pinning" not in raw else parse_pinning(raw["pinning"], where)
     return JobConfig(
         job=job,
         coordinator=coordinator,
@@ -309,6 +316,7 @@ def parse_job(raw: Mapping[str, Any], source: str = "job") -> JobConfig:
         inputs=inputs,
         steps=steps,
         population=population,
+        pinning=pinning,
     )
 
 

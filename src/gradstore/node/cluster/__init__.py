@@ -3,7 +3,7 @@ cluster's REST API (``rest.ClusterClient``) at a replication factor (``pins.Clus
 ``status`` reads pin statuses without I/O, ``daemon`` launches cluster peers for tests."""
 
 from .daemon import ClusterPeer, find_cluster_bin_dir, new_secret, stop_peers
-from .node import ClusterNode
+from .node import ClusterNode, with_cluster
 from .pins import ClusterPins, Replication
 from .rest import ClusterClient
 from .status import PinStatus, parse_pin_status
@@ -19,4 +19,5 @@ __all__ = [
     "new_secret",
     "parse_pin_status",
     "stop_peers",
+    "with_cluster",
 ]

@@ -10,18 +10,23 @@ cluster holds up no peer's input: the close waits for what it keeps.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ...dag.block import Block
 from ...dag.cid import CID
+from ...errors import ConfigError, NodeError
 from ..base import NodeIdentity, Subscription
 from ..capabilities import GuardedImport
 from ..kubo.node import KuboNode
-from .pins import ClusterPins
+from .pins import ClusterPins, Replication
+from .rest import ClusterClient
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
+
+log = logging.getLogger("gradstore.node.cluster")
 
 
 class ClusterNode:
@@ -45,10 +50,14 @@ class ClusterNode:
         await self.pins_.pin(cid, recursive=recursive)
 
     async def pin_many(self, cids: Sequence[CID]) -> None:
-        """Pin every CID on Kubo in one call, then submit each to the cluster (no wait)."""
+        """Pin every CID on Kubo in one call, then submit each to the cluster (no wait; a
+        cluster that refuses is logged: inputs are not refused for it, the close waits)."""
         await self.kubo.pin_many(cids)
         for cid in cids:
-            await self.pins_.pin(cid, wait=False)
+            try:
+                await self.pins_.pin(cid, wait=False)
+            except NodeError as exc:
+                log.warning("cluster did not take the pin of %s: %s", cid, exc)
 
     async def unpin(self, cid: CID) -> None:
         """Drop the cluster's pin, then Kubo's."""
@@ -142,3 +151,13 @@ class _ClusterGuardedImport:
 
     async def abandon(self) -> None:
         await self.inner.abandon()
+
+
+def with_cluster(node: Any, url: str, replication: Replication) -> ClusterNode:
+    """``node`` (a ``KuboNode``) with its pins kept by the cluster whose REST API is ``url``;
+    ``ConfigError`` for another node (the cluster pins through Kubo)."""
+    if not isinstance(node, KuboNode):
+        raise ConfigError(
+            f"[pinning] needs a Kubo node (the cluster pins through it), not {node!r}"
+        )
+    return ClusterNode(node, ClusterPins(ClusterClient(url), replication))
