@@ -14,7 +14,9 @@ GradstoreError
 │   ├── NodeUnreachableError          connection refused, DNS failure, ...
 │   ├── NodeTimeoutError              the node did not answer in time
 │   ├── BlockNotFoundError            the node does not have / cannot find a block
-│   └── KuboCommandError              Kubo answered with an error body
+│   ├── KuboCommandError              Kubo answered with an error body
+│   └── ClusterError                  IPFS Cluster's REST API answered with an error
+│       └── ReplicationError          a pin not on replication_min peers in time (retried)
 ├── MessageError (ValueError)         a signed message was refused; carries ``code``, ``detail``
 ├── KeyFileError (ValueError)         a key file is missing, too open or not Ed25519
 ├── AggregationError (ValueError)     inputs an aggregator cannot honestly combine
@@ -205,6 +207,23 @@ class KuboCommandError(NodeError):
         self.code = code
         self.status = status
         super().__init__(f"kubo {command}: {message}" + (f" (HTTP {status})" if status else ""))
+
+
+class ClusterError(NodeError):
+    """IPFS Cluster's REST API answered with an error (``status``: its HTTP status)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        self.message = message
+        self.status = status
+        super().__init__(f"cluster: {message}" + (f" (HTTP {status})" if status else ""))
+
+
+class ReplicationError(ClusterError):
+    """The cluster did not pin a CID on as many peers as ``replication_min`` asks, in time
+    (too few peers, or pins failing): transient, so a close retries it (HTTP 503)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, 503)
 
 
 class MessageError(GradstoreError, ValueError):

@@ -9,6 +9,7 @@ a list of calls, as tests/coordinator/test_rules.py is for the pure rules.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -723,10 +724,142 @@ def test_step_results_and_failures_are_repeated_by_the_beacon() -> None:
     job.open(0)
     closed = job.closed_step(0, "head", [0, 1])
     job.state.announce_step_result(closed.record, closed.record_cid)
+    job.state.close_failed(0, "quorum not met: 0 verified of 2 needed", "body")
     job.state.announce_failure(0, "quorum not met: 0 verified of 2 needed", "body")
+    job.state.beacon()  # one period after they changed: both are due
     result, status = job.state.repeats(7)
     assert isinstance(result, Result) and result.step == "head" and result.cid == CIDS[1]
     assert isinstance(status, Status) and status.step == "body" and status.failed is not None
+
+
+class ManySteps(Job):
+    """A stepped job of ``n`` steps (``s00`` takes tensor ``t00``, ...) over 2 peers."""
+
+    def __init__(self, n: int) -> None:
+        self.coord = key(100)
+        self.keys = sorted((key(i) for i in range(2)), key=lambda k: k.did)
+        self.names = [f"s{i:02d}" for i in range(n)]
+        raw: dict[str, Any] = {
+            "job": "test-job",
+            "coordinator": self.coord.did,
+            "peers": self.peers,
+            "aggregation": {"method": "mean"},
+            "rounds": {"count": 0, "quorum": 2, "deadline_s": 600.0},
+            "steps": [{"name": s, "tensors": [f"t{s[1:]}"]} for s in self.names],
+        }
+        self.config = parse_job(raw)
+        self.state = CoordinatorState(self.config)
+        self.state.run_id = RUN
+        self.now = time.time()
+
+    def period(self) -> list[tuple[str, str | None]]:
+        """One beacon period: what it sends about steps, as (kind, step), in order."""
+        self.state.beacon()
+        sent = [*self.state.due_statuses(0), *self.state.repeats(0)]
+        return [(type(m).__name__, m.step) for m in sent]
+
+    def closed(self, round_: int, peers: list[int], step: str = "s00") -> Closed:
+        record = StepRecord(
+            job=self.config.job,
+            run=RUN,
+            round=round_,
+            step=step,
+            tensors=(f"t{step[1:]}",),
+            method="mean",
+            params={},
+            inputs=tuple(
+                RecordInput(self.peers[i], CID.parse(CIDS[0]), 1, 1.0, None, 1, bytes(64))
+                for i in peers
+            ),
+            excluded=(),
+            output=CID.parse(CIDS[1]),
+            coordinator=self.coord.did,
+        )
+        return Closed(CID.parse(CIDS[1]), record, CID.parse(RECORD), {})
+
+
+def test_the_beacon_repeats_each_steps_message_with_backoff_bounded_over_time() -> None:
+    """Issue 19 (the bounded beacon): 16 open steps over 64 periods. Each step's status goes
+    1, 2, 4 and 8 periods after it last changed, then every 8: 11 each, not one a period
+    (1,024); a period where no step is due still says something (the stalest status)."""
+    n, periods = 16, 64
+    job = ManySteps(n)
+    job.open(0)
+    assert len(job.state.due_statuses(0)) == n  # opening changed every step: sent at once
+    sent = [job.period() for _ in range(periods)]
+    assert all(len(one) >= 1 for one in sent)  # never a silent period while a round is open
+    per_step = Counter(step for one in sent for _, step in one)
+    keep_alive = sum(len(one) == 1 for one in sent)  # periods 3, 5, 6, 7, 9, ...: one each
+    assert sum(per_step.values()) == n * (3 + periods // 8) + keep_alive
+    assert sum(per_step.values()) <= n * (3 + periods // 8) + periods < n * periods // 4
+    assert [len(sent[p - 1]) for p in (1, 2, 4, 8, 16)] == [n] * 5
+
+
+def test_a_changed_step_goes_back_to_the_short_period() -> None:
+    job = ManySteps(8)
+    job.open(0)
+    job.state.due_statuses(0)
+    for _ in range(20):
+        job.period()  # every step is on the 8-period cadence now (ages 16 and 24 due)
+    job.announce(0, step="s03")  # its status changed: published at once
+    assert [s.step for s in job.state.due_statuses(0)] == ["s03"]
+    sent = [job.period() for _ in range(4)]  # periods 21-24 (age 1-4 for s03)
+    assert [[step for _, step in one] for one in sent[:2]] == [["s03"], ["s03"]]
+    assert sent[3] == [("Status", s) for s in job.names]  # age 4 for s03, 24 for the others
+    closed = job.closed(0, [0, 1], "s05")
+    job.state.announce_step_result(closed.record, closed.record_cid)  # s05's result: new
+    assert ("Result", "s05") in job.period() and ("Status", "s05") not in job.period()
+
+
+def test_a_re_announcement_is_answered_at_the_next_period_once() -> None:
+    """A peer that missed the status saying its input was received sends it again (a
+    duplicate): its step's status goes at the next period, not up to 8 periods later."""
+    job = ManySteps(4)
+    job.open(0)
+    job.announce(0, step="s02")
+    job.state.due_statuses(0)
+    for _ in range(9):
+        job.period()  # age 9: nothing due until 16
+    again = job.message(0, step="s02", sent_at=int(job.now * 1000) + 1)
+    assert job.state.admit(again, job.now)[0] is Verdict.DUPLICATE
+    assert job.period() == [("Status", "s02")]
+    assert ("Status", "s02") not in job.period()  # once
+
+
+def test_a_job_without_steps_has_its_open_rounds_status_repeated_every_period() -> None:
+    """One status a round costs one message a period: what `round status` shows within its
+    few seconds stays whole, as before the bounded beacon."""
+    job = Job(2, max_ahead=1)
+    job.open(0)
+    job.announce(0, round_=1)  # buffered for round 1, whose clock has begun
+    job.state.due_statuses(0)
+    for _ in range(12):
+        job.state.beacon()
+        assert [s.round for s in job.state.due_statuses(0)] == [0, 1]
+
+
+def test_once_the_rounds_result_is_out_its_steps_are_no_longer_repeated() -> None:
+    """A stepped round's round/5 record links every step's record: a peer that missed a
+    step's result reads it there, so the beacon stops repeating the steps."""
+    job = ManySteps(2)
+    job.open(0)
+    job.state.due_statuses(0)
+    for step in job.names:
+        closed = job.closed(0, [0, 1], step)
+        job.state.announce_step_result(closed.record, closed.record_cid)
+    assert job.period() == [("Result", "s00"), ("Result", "s01")]
+    result = job.state.round_result(0, CID.parse(CIDS[2]), CID.parse(RECORD))
+    job.state.announce_result(result, CID.parse(RECORD))
+    job.state.forget(0, keep_pins=True)
+    job.open(1)
+    job.state.due_statuses(0)
+    for _ in range(2):  # round 1's steps are new; round 0's result alone stands for its steps
+        assert sorted(job.period(), key=str) == [
+            ("Result", None),
+            ("Status", "s00"),
+            ("Status", "s01"),
+        ]
+    assert job.period() == [("Result", None)]  # repeated every period: no silence
 
 
 def test_a_stepped_rounds_result_joins_its_steps() -> None:

@@ -141,6 +141,22 @@ def test_pin_unpin_pins(kubo: KuboDaemon) -> None:
     asyncio.run(main())
 
 
+def test_pin_many_pins_every_cid_in_one_pin_add(kubo: KuboDaemon) -> None:
+    """Blocks and a multi-block DAG, pinned recursively in one call (several ``arg``s)."""
+    dag = small_dag(seed=71)
+
+    async def main() -> None:
+        async with kubo.node() as node:
+            cids = [await node.put_block(random_bytes(64, seed=70 + i), RAW) for i in range(3)]
+            (root,) = await node.import_car(write_car([dag[-1].cid], dag), pin_roots=False)
+            await node.pin_many([])  # nothing to pin: no call
+            assert not {*cids, root} & await node.pins()
+            await node.pin_many([*cids, root])
+            assert {*cids, root} <= await node.pins()
+
+    asyncio.run(main())
+
+
 def test_local_and_kubo_exchange_the_same_car(kubo: KuboDaemon, local_node: LocalNode) -> None:
     blocks = small_dag(seed=8)
     root = blocks[-1].cid

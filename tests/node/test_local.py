@@ -183,3 +183,21 @@ def test_subscription_iterates_until_closed(local_node: LocalNode) -> None:
         return [m.data async for m in sub]
 
     assert asyncio.run(main()) == [b"1", b"2"]
+
+
+def test_pin_many_pins_them_all_or_names_the_missing_block(local_node: LocalNode) -> None:
+    whole, broken = small_dag(seed=5), small_dag(seed=6)
+
+    async def main() -> None:
+        (root,) = await local_node.import_car(write_car([whole[-1].cid], whole), pin_roots=False)
+        (bad,) = await local_node.import_car(
+            write_car([broken[-1].cid], broken[1:]), pin_roots=False
+        )
+        with pytest.raises(BlockNotFoundError) as info:
+            await local_node.pin_many([root, bad])
+        assert info.value.cid == str(broken[0].cid)
+        assert await local_node.pins() == set()
+        await local_node.pin_many([root, whole[0].cid])
+        assert await local_node.pins() == {root, whole[0].cid}
+
+    asyncio.run(main())

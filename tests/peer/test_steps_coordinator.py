@@ -117,3 +117,62 @@ def test_peers_publish_steps_and_hear_each_close_with_the_real_coordinator(  # t
         part = head if name.startswith("fc.") else body
         assert array.tobytes() == part.gradient.tensors[name].tobytes()
     assert sorted(whole.gradient.tensors) == ["conv.w", "fc.b", "fc.w"]
+
+
+def test_a_peer_that_missed_the_steps_results_gets_their_aggregates_from_the_round_record(  # type: ignore[no-untyped-def]
+    kubo_factory, tmp_path: Path
+) -> None:
+    """The bounded beacon (issue 19): once the round's result is out the real coordinator no
+    longer repeats its steps' results. A peer that begins to listen after that (it missed
+    every step's result) still gets each step's aggregate, read through the round/5 record
+    the round's result names, and a peer sending its input again hears it was aggregated."""
+    daemons = kubo_factory(3, connect=True)
+    config, coord, keys = stepped_job()
+    grads = [Gradient({**g["head"].tensors, **g["body"].tensors}) for g in step_gradients(3, 0)]
+
+    async def go() -> dict[str, Any]:
+        async with world(daemons, config, coord, keys) as w:
+            coordinator = Coordinator(config, coord, w.coord_node, tmp_path / "state",
+                                      rebroadcast_s=0.5, linger_s=120)  # fmt: skip
+            stop = asyncio.Event()
+            task = asyncio.create_task(coordinator.run(stop))
+            try:
+                await wait_subscribed(w)
+                sent: dict[int, dict[str, CID]] = {}
+
+                async def publish(i: int) -> None:
+                    async with Peer(config, w.peer_nodes[i], keys[i], first_backoff_s=0.5) as p:
+                        sent[i] = await p.publish_steps(grads[i], 0, 5, timeout=60)
+
+                await asyncio.gather(*(publish(i) for i in range(3)))
+                deadline = time.monotonic() + 60
+                while not coordinator.outcomes:
+                    assert time.monotonic() < deadline, "the round never closed"
+                    await asyncio.sleep(0.1)
+                await asyncio.sleep(1.5)  # past any step result still in flight
+                assert coordinator.state.step_results == {}  # no longer repeated
+                async with Peer(config, w.peer_nodes[1], keys[1], first_backoff_s=0.5) as late:
+                    head = await late.await_result(0, step="head", timeout=30)
+                    items = [item async for item in late.step_results(0, timeout=30)]
+                    again = await late.announce(sent[1]["body"], 0, 5, step="body", timeout=30)
+                whole = coordinator.outcomes[0]
+                record = decode_stepped_record(
+                    await w.coord_node.get_block(whole.record), cid=whole.record
+                )  # fmt: skip
+                return {"head": head, "items": items, "again": again, "sent": sent,
+                        "record": record}  # fmt: skip
+            finally:
+                stop.set()
+                await asyncio.gather(task, return_exceptions=True)
+
+    out = asyncio.run(go())
+    record = out["record"]
+    outputs = {s.step: (s.output, s.record) for s in record.steps}
+    head, items = out["head"], out["items"]
+    assert isinstance(head, AggregateResult) and (head.cid, head.record) == outputs["head"]
+    assert head.peers == tuple(sorted(k.did for k in keys))
+    assert sorted(head.gradient.tensors) == ["fc.b", "fc.w"]
+    assert [getattr(i, "step", None) for i in items] == ["head", "body"]  # the job's order
+    for item in items:
+        assert isinstance(item, AggregateResult) and (item.cid, item.record) == outputs[item.step]
+    assert out["again"] == out["sent"][1]["body"]  # verified: the record says it was aggregated

@@ -25,7 +25,7 @@ from ..coordinator import Coordinator, Journal, RoundOutcome, RoundProgress, for
 from ..job import JobConfig, load_job
 from ..messages import SigningKey
 from . import _exit
-from ._nodes import node_from_args
+from ._nodes import node_from_args, pinned_through
 
 #: How often the open round's progress is looked at.
 PROGRESS_TICK_S = 1.0
@@ -167,7 +167,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        node = node_from_args(args)
+        node = pinned_through(node_from_args(args), config)
         try:
             ident = await node.identity()
             print(

@@ -15,6 +15,7 @@ from ._argtypes import seconds
 from ._exit import UsageError
 
 if TYPE_CHECKING:
+    from ..job import JobConfig
     from ..node import Node
 
 DEFAULT_API = "http://127.0.0.1:5001"  # for the help text: the node layer is not loaded yet
@@ -77,3 +78,16 @@ def node_from_args(args: argparse.Namespace, *, wait_s: float | None = None) -> 
         return connect(api, auth=auth, timeouts=timeouts)
     except ValueError as exc:  # --api's own address; the environment's name their source
         raise UsageError(f"--api: {exc}") from exc
+
+
+def pinned_through(node: Node, config: JobConfig) -> Node:
+    """``node``, or with the job's ``[pinning]`` the same Kubo with its pins kept by IPFS
+    Cluster at the job's replication factors."""
+    if config.pinning is None:
+        return node
+    from ..node.cluster import Replication, with_cluster
+
+    p = config.pinning
+    return with_cluster(
+        node, p.cluster, Replication(p.replication_min, p.replication_max, p.wait_s)
+    )

@@ -22,7 +22,13 @@ from functools import partial
 from typing import Any
 
 from ..dag import CID
-from ..errors import AggregationError, AssemblyError, LimitExceededError, NodeError
+from ..errors import (
+    AggregationError,
+    AssemblyError,
+    LimitExceededError,
+    NodeError,
+    ReplicationError,
+)
 from ..job import JobConfig
 from ..messages import (
     RoundStep,
@@ -103,6 +109,8 @@ class Closer:
                 )
             except AggregationError as exc:
                 outcome = await self._fail(judged, f"aggregation refused: {exc}")
+            except ReplicationError as exc:  # retried for close_retry_s: the cluster is short
+                outcome = await self._fail(judged, f"replication: {exc}")
             else:
                 outcome = await self._closed(judged, closed, t_close)
         await self._unpin(self.state.release_step(r, step))

@@ -62,6 +62,7 @@ from ..job import StepConfig
 from ..node import Node
 from ..store import GradientStore
 from .binding import Claim, check_binding
+from .pinner import BatchPinner
 from .rounds import Schema, schema_of, schema_text
 
 #: Slowest transfer an attempt allows once the root is in: its timeout grows with the size.
@@ -161,12 +162,14 @@ async def verify_input(
     clip: bool,
     claim: Claim | None = None,
     step: StepConfig | None = None,
+    pinner: BatchPinner | None = None,
 ) -> VerifiedInput:
     """One attempt at ``cid`` (see the module docstring).
 
     ``claim``: what the announcement says of the document (None: not checked); ``step``:
-    the step whose tensors the document must hold (None: any). Whatever the document does
-    wrong is a ``RefusedError``; only the node's failures pass through."""
+    the step whose tensors the document must hold (None: any); ``pinner``: pins it with
+    other inputs in one call (None: alone). Whatever the document does wrong is a
+    ``RefusedError``; only the node's failures pass through."""
     with _as_refusal():
         start = time.perf_counter()
         size, root = await root_block(node, cid, store.limits, resolve_timeout_s)
@@ -180,7 +183,8 @@ async def verify_input(
                 if cid.codec == RAW:  # a one-block document: the root is all of it
                     buf: Any = root
                 else:
-                    buf = await asyncio.wait_for(store.fetch_document(cid), timeout)
+                    fetched = store.fetch_document(cid, root=root)  # the root: not again
+                    buf = await asyncio.wait_for(fetched, timeout)
                 # off the loop: a compressed payload's checks take time in proportion to it
                 gradient, header = await asyncio.to_thread(decode_with_header, buf, limits)
             except LimitExceededError as exc:  # the rest: see _as_refusal
@@ -191,7 +195,8 @@ async def verify_input(
             )
             if problem is not None:
                 raise RefusedError.parse(problem)
-            await asyncio.wait_for(node.pin(cid), timeout)
+            pinned = node.pin(cid) if pinner is None else pinner.pin(cid)
+            await asyncio.wait_for(pinned, timeout)
             kept = keep.try_take(size)
             return VerifiedInput(
                 peer,

@@ -38,6 +38,7 @@ from .fetch_plan import DEFAULT_ATTEMPTS
 from .inputs import ByteBudget, VerifiedInput, verify_input
 from .journal import Journal
 from .outcome import RoundOutcome, format_outcome
+from .pinner import BatchPinner
 from .progress import RoundProgress
 from .state import CoordinatorState, Effects, FetchFailed, Key
 
@@ -96,6 +97,7 @@ class Coordinator(Closer):
         self.refusal_log = self.state.refusal_log
         self._books = self.state.books  # the open round's and buffered ones (tests watch them)
         self._budget = ByteBudget(memory_budget_bytes)
+        self._pinner = BatchPinner(node)  # verified inputs, pinned in batches
         self._keep = ByteBudget(keep_bytes)
         self._attempts: dict[Key, asyncio.Task[None]] = {}
         self._prepared: asyncio.Task[None] | None = None
@@ -186,6 +188,7 @@ class Coordinator(Closer):
             finally:
                 for task in (*background, *self._attempts.values()):
                     task.cancel()
+                await self._pinner.aclose()
                 if self._prepared is not None:  # a thread: let it finish rather than leak it
                     await asyncio.gather(self._prepared, return_exceptions=True)
                 self._tg = None
@@ -269,6 +272,7 @@ class Coordinator(Closer):
                     clip=order.clip,
                     claim=order.claim,
                     step=order.step,
+                    pinner=self._pinner,
                 )
         except RefusedError as exc:
             got = FetchFailed(exc.reason)

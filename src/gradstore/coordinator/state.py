@@ -48,6 +48,7 @@ from ..messages import (
 )
 from ..messages.refusal_log import RefusalLog
 from .admission import TELL_WINDOW, Admission, AdmissionState, Verdict, admit
+from .beacon import Backoff
 from .binding import Claim
 from .effects import (
     Accept,
@@ -179,6 +180,9 @@ class CoordinatorState:
         self._seen: OrderedDict[bytes, None] = OrderedDict()
         self._accepted: list[tuple[Announce, float]] = []  # queued in the journal
         self._dirty: set[tuple[int, StepName]] = set()  # (round, step) whose status is due
+        #: when the beacon repeats each (round, step)'s last message (``beacon.Backoff``)
+        self._backoff: Backoff[tuple[int, StepName]] = Backoff()
+        self._repeat: list[tuple[int, StepName]] = []  # step results and failures due now
         self._prepared = False  # the kernel is prepared once per run
 
     @property
@@ -303,11 +307,13 @@ class CoordinatorState:
             decision = self._step_over(ann)
         if decision.verdict is Verdict.DUPLICATE:
             self.refusals[Reason.DUPLICATE] += 1
+            self._asked(ann)
             return decision.verdict, Effects()
         if decision.verdict is Verdict.REFUSE and self._had(ann):
             # its own input of a closed round, sent again because the word of it was lost:
             # the round's status already says what became of it, a refusal would contradict it
             self.refusals[Reason.DUPLICATE] += 1
+            self._asked(ann)
             return Verdict.DUPLICATE, Effects()
         if decision.verdict is Verdict.REFUSE:
             effects = Effects()
@@ -717,25 +723,40 @@ class CoordinatorState:
         return Announced.of_steps(str(record), str(output), closed)
 
     def announce_result(self, record: RoundRecord | Announced, cid: CID) -> None:
-        """``record`` is durable: the head of the history, and the result the beacon repeats."""
+        """``record`` is durable: the head of the history, and the result the beacon repeats.
+        A stepped round's steps are no longer repeated: its round/5 record links each step's
+        record, where a peer that missed a step's result reads it."""
         self.head = cid
         self.last_result = (
             record if isinstance(record, Announced) else Announced.of(record, str(cid))
         )
+        self._steps_over(self.last_result.round)
 
     def announce_step_result(self, record: StepRecord, cid: CID) -> None:
         """A step's record is durable: the beacon repeats its result; the step is over."""
         done = Announced.of(record, str(cid))
         self.step_results[record.step] = done
+        self._backoff.changed((record.round, record.step))
         if record.round == self.round:
             self.done[record.round, record.step] = StepDone(record.step, result=done)
 
     def announce_failure(self, round_: int, reason: str, step: StepName = None) -> None:
-        """The failure is durable: the beacon repeats it for late peers."""
+        """The failure is durable: the beacon repeats it for late peers (a round's failure
+        stands for its steps', which are no longer repeated)."""
         if step is None:
             self.last_failure = (round_, reason)
+            self._steps_over(round_)
         else:
             self.step_failures[step] = (round_, reason)
+            self._backoff.changed((round_, step))
+
+    def _steps_over(self, round_: int) -> None:
+        """``round_`` ended and peers heard it: its steps' results and failures, and those
+        of rounds before, are no longer repeated."""
+        for step in [s for s, d in self.step_results.items() if d.round <= round_]:
+            del self.step_results[step]
+        for step in [s for s, (r, _) in self.step_failures.items() if r <= round_]:
+            del self.step_failures[step]
 
     def release_step(self, round_: int, step: StepName) -> Effects:
         """A step is over: its inputs leave memory and give their bytes back at once (so the
@@ -778,6 +799,7 @@ class CoordinatorState:
             del self.done[over]
         for book in books.values():
             self._keep_past_book(book)
+        self._backoff.drop(lambda key: key[0] <= round_)
         self.round, self._opened = round_ + 1, None
         return effects
 
@@ -793,7 +815,14 @@ class CoordinatorState:
         """The status of ``round_`` (of its ``step``) changed: it is due (coalesced).
         Returns True."""
         self._dirty.add((round_, step))
+        self._backoff.changed((round_, step))
         return True
+
+    def _asked(self, ann: Announce) -> None:
+        """A peer sent its input again (it missed what became of it): the beacon repeats
+        the step's message at its next period, once (a round not over yet)."""
+        if ann.round >= self.round:
+            self._backoff.ask((ann.round, ann.step))
 
     def status(
         self, round_: int, sent_at: int, failed: str | None = None, step: StepName = None
@@ -857,26 +886,49 @@ class CoordinatorState:
             book, cfg.roster, job=cfg.job, run=self.run_id, sent_at=sent_at, failed=reason
         )
 
-    def repeats(self, sent_at: int) -> list[Result | Status]:
-        """What the beacon repeats for peers that missed it: the last result and failure,
-        and each step's last result and failure (a stepped job)."""
-        out: list[Result | Status | None] = [self.result(sent_at), self.failure(sent_at)]
-        for step in self.steps:
-            if step is not None:
-                out += [self.step_result(step, sent_at), self.failure(sent_at, step)]
-        return [m for m in out if m is not None]
-
     def beacon(self) -> Effects:
-        """What the beacon repeats besides the last results and failures: the status of the
-        open round's steps still open, and that of every buffered round a peer already
-        announced in."""
-        for r in sorted(self.rounds):
-            for step, book in self.rounds[r].items():
-                if (r, step) in self.done:
-                    continue
-                if r == self.round or book.started_at is not None:
-                    self._mark(r, step)
+        """A beacon period begins: what it repeats for peers that missed it, besides the
+        round's last result and failure (``repeats``). Each step's last message (an open
+        step's status, in the open round or in a buffered one a peer already announced in;
+        a closed step's result; a failed step's failure) is repeated with backoff since it
+        last changed (``beacon.Backoff``); while a round is open and nothing else would go
+        out, the message repeated longest ago goes, so peers never hear silence. A job
+        without steps has one status a round: it goes every period, as its result does."""
+        backoff = self._backoff
+        backoff.next_period()
+        open_steps = [
+            (r, step)
+            for r in sorted(self.rounds)
+            for step, book in self.rounds[r].items()
+            if (r, step) not in self.done and (r == self.round or book.started_at is not None)
+        ]
+        over = [(done.round, step) for step, done in self.step_results.items()]
+        over += [(r, step) for step, (r, _) in self.step_failures.items()]
+        every = () if self.steps.stepped else open_steps
+        due = [key for key in (*open_steps, *over) if backoff.due(key) or key in every]
+        said = self.last_result is not None or self.last_failure is not None
+        if not due and not said and self.round in self.rounds:
+            stalest = backoff.stalest((*open_steps, *over))
+            due = [] if stalest is None else [stalest]
+        backoff.sent(due)
+        statuses = set(open_steps)
+        self._dirty.update(key for key in due if key in statuses)
+        self._repeat = [key for key in due if key not in statuses]
         return Effects(statuses=bool(self._dirty))
+
+    def repeats(self, sent_at: int) -> list[Result | Status]:
+        """What the beacon repeats in this period (``beacon`` began it) besides statuses:
+        the last result and failure, and each step's result or failure that is due."""
+        out: list[Result | Status | None] = [self.result(sent_at), self.failure(sent_at)]
+        for r, step in self._repeat:
+            assert step is not None  # a job without steps has no step results
+            done, failed = self.step_results.get(step), self.step_failures.get(step)
+            if done is not None and done.round == r:
+                out.append(self.step_result(step, sent_at))
+            elif failed is not None and failed[0] == r:
+                out.append(self.failure(sent_at, step))
+        self._repeat = []
+        return [m for m in out if m is not None]
 
 
 def _of(step: StepName) -> str:

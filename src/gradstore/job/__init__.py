@@ -12,6 +12,7 @@ from ._config import (
     parse_job,
     topics,
 )
+from ._pinning import PinningConfig
 from ._pipeline import PipelineConfig, StageConfig
 from ._population import PopulationConfig
 from ._steps import DEFAULT_STEP, MAX_STEPS, Selector, StepConfig, StepsPlan, refuse_steps
@@ -23,6 +24,7 @@ __all__ = [
     "InputsConfig",
     "JobConfig",
     "MessagesConfig",
+    "PinningConfig",
     "PipelineConfig",
     "PopulationConfig",
     "RoundsConfig",

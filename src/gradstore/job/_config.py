@@ -20,6 +20,8 @@ peers = ["did:key:z6Mk...", ...]
 [population]    optional: population-based training over the peers (``_population``)
 [[stages]]      optional: model-parallel (pipeline) training, each stage a step (``_pipeline``)
 [pipeline]      optional with [[stages]]: micro_batches, in_flight, deadline_s
+[pinning]       optional: cluster (REST API URL), replication_min, replication_max, wait_s:
+                what a round keeps is pinned through IPFS Cluster (``_pinning``)
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from ..format import DTYPES, Limits
 from ..messages import Roster, public_key_from_did
 from ..messages.schema import JOB_NAME
 from ._aggregation import Aggregation, aggregation_keys, check_sizes, parse_aggregation
+from ._pinning import PinningConfig, parse_pinning
 from ._pipeline import PipelineConfig, parse_pipeline, stages_as_steps
 from ._population import PopulationConfig, parse_population
 from ._steps import StepConfig, StepsPlan, implicit_step, parse_steps
@@ -109,6 +112,8 @@ class JobConfig:
     population: PopulationConfig | None = None
     #: Model-parallel training (``[[stages]]``, ``[pipeline]``), or None.
     pipeline: PipelineConfig | None = None
+    #: Pin what rounds keep through IPFS Cluster (``[pinning]``), or None: the node alone.
+    pinning: PinningConfig | None = None
 
     def __post_init__(self) -> None:
         if not self.steps or (len(self.steps) == 1 and self.steps[0].covers_all):
@@ -191,6 +196,7 @@ def parse_job(raw: Mapping[str, Any], source: str = "job") -> JobConfig:
             "population",
             "stages",
             "pipeline",
+            "pinning",
         },
         "",
     )
@@ -313,6 +319,7 @@ def parse_job(raw: Mapping[str, Any], source: str = "job") -> JobConfig:
         population = parse_population(
             raw["population"], where, peers=peers, deadline_s=rounds.deadline_s
         )
+    pinning = None if "pinning" not in raw else parse_pinning(raw["pinning"], where)
     return JobConfig(
         job=job,
         coordinator=coordinator,
@@ -330,6 +337,7 @@ def parse_job(raw: Mapping[str, Any], source: str = "job") -> JobConfig:
         steps=steps,
         population=population,
         pipeline=pipeline,
+        pinning=pinning,
     )
 
 

@@ -6,7 +6,7 @@ Two implementations: ``KuboNode`` (Kubo's RPC API over httpx) and ``LocalNode``
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Protocol, Self, runtime_checkable
@@ -114,6 +114,11 @@ class Node(Protocol):
         A direct pin (``recursive=False``) keeps one block and walks nothing: a round
         record links the previous one, so a recursive pin would walk the whole history.
         """
+        ...
+
+    async def pin_many(self, cids: Sequence[CID]) -> None:
+        """Pin every one of ``cids`` recursively in one call (their whole DAGs must be
+        available); an error if any cannot be pinned, when some others may be."""
         ...
 
     async def unpin(self, cid: CID) -> None:

@@ -16,7 +16,7 @@ import itertools
 import os
 import tempfile
 import threading
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -159,11 +159,14 @@ class LocalNode(AsyncClosing):
             return []
         return [line.strip() for line in text.splitlines() if line.strip()]
 
-    def _update_pins(self, add: CID | None = None, remove: CID | None = None) -> None:
+    def _update_pins(
+        self, add: CID | Sequence[CID] | None = None, remove: CID | None = None
+    ) -> None:
         with self._hub.pins_lock:
             lines = self._read_pins()
-            if add is not None and str(add.to_v1()) not in lines:
-                lines.append(str(add.to_v1()))
+            for cid in [add] if isinstance(add, CID) else add or ():
+                if str(cid.to_v1()) not in lines:
+                    lines.append(str(cid.to_v1()))
             if remove is not None:
                 lines = [line for line in lines if line != str(remove.to_v1())]
             _atomic_write(self.pins_path, ["".join(f"{line}\n" for line in lines).encode("ascii")])
@@ -232,6 +235,13 @@ class LocalNode(AsyncClosing):
         elif not await self.has_block(cid):
             raise BlockNotFoundError(cid)
         await asyncio.to_thread(self._update_pins, add=cid)
+
+    async def pin_many(self, cids: Sequence[CID]) -> None:
+        """Pin each recursively, the pins file written once; ``BlockNotFoundError`` (and
+        nothing pinned) if any DAG is incomplete."""
+        for cid in cids:
+            await asyncio.to_thread(self._check_complete, cid)
+        await asyncio.to_thread(self._update_pins, add=cids)
 
     async def unpin(self, cid: CID) -> None:
         await asyncio.to_thread(self._update_pins, remove=cid)

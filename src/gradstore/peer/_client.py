@@ -32,7 +32,7 @@ from ..node import Node, Retry
 from ._listen import DEFAULT_COORDINATOR_TIMEOUT_S
 from ._results import ResultListener, of_step
 from ._steps import G, PeerSteps
-from ._view import Standing
+from ._view import Outcome, Standing
 
 #: A round that is over without a word about our input: wait this long for its result.
 _OVER_GRACE_S: Final = 3.0
@@ -301,6 +301,10 @@ class Peer(ResultListener):
         # but do not move that time (they used to restart it, so it never came).
         over_until: float | None = None
         while self.run == run:  # heard of: wait for the verdict, without re-announcing
+            if self._in_record(round_, since_ms, step):  # the step's result was missed
+                assert step is not None
+                outcome = await self.step_outcome(round_, since_ms, step)
+                return self._verdict_of(outcome, round_, step)
             where, reason = standing()
             if where is Standing.VERIFIED:
                 return True
@@ -317,12 +321,32 @@ class Peer(ResultListener):
             before = (where, reason)
 
             def changed(before: tuple[Standing, str | None] = before) -> bool:
-                return self.run != run or standing() != before
+                return (
+                    self.run != run
+                    or standing() != before
+                    or self._in_record(round_, since_ms, step)
+                )
 
             await self._wait(changed, None, until)
             if deadline is not None and time.monotonic() >= deadline:
                 return False
         return False
+
+    def _verdict_of(self, outcome: Outcome, round_: int, step: str) -> bool:
+        """True if the round/5 record's ``outcome`` of ``step`` aggregated this peer's input;
+        else the RefusedError saying why not (its exclusion, the step's failure, or left out)."""
+        assert self.key is not None and outcome.known
+        did, job, result = self.key.did, self.config.job, outcome.result
+        if result is not None and self.config.roster.has(outcome.peers, did):
+            return True
+        why = dict(outcome.excluded).get(did)
+        if why is not None:
+            raise RefusedError.parse(why, peer=did, round_=round_, job=job, step=step)
+        if result is None:
+            failed = f"step {step!r} of round {round_} failed: {outcome.failed}"
+            raise _refusal(Standing.FAILED, failed, job, round_, did, step)
+        over = f"step {step!r} of round {round_} closed without this peer's input"
+        raise _refusal(Standing.OVER, over, job, round_, did, step)
 
 
 def _refusal(

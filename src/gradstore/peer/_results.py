@@ -3,6 +3,8 @@ verified, awaited from the coordinator's signed messages; and applying an aggreg
 
 A result stamped before the peer began to listen may be a replay from an earlier run; the
 coordinator re-sends its results with fresh stamps, so only those stamped since count.
+Once a stepped round's own result is out its steps' results are no longer re-sent: a step
+whose result the peer missed is read from the round/5 record (``_round_record``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from ..job import JobConfig
 from ..node import Node
 from ..store import GradientStore
 from ._listen import DEFAULT_COORDINATOR_TIMEOUT_S, CoordinatorListener
+from ._round_record import RoundRecords
 from ._steps import known_step
 from ._view import Outcome
 
@@ -72,6 +75,7 @@ class ResultListener(CoordinatorListener):
             listener=listener,
         )
         self.store = GradientStore(node, limits=config.limits)
+        self.records = RoundRecords(config, node)
         #: The aggregate being fetched (None: none), and the bytes of it fetched so far:
         #: what a waiting command shows once the coordinator's result has come.
         self.fetching: CID | None = None
@@ -84,9 +88,11 @@ class ResultListener(CoordinatorListener):
         fetch and verify the aggregate.
 
         Without ``step``, a stepped round's result is the model-level output (every closed
-        step's tensors) and its round/5 record. Raises ``RoundFailedError`` as soon as the
-        coordinator's status says the round (or the step) failed, and ``CoordinatorError``
-        when the coordinator is silent for ``coordinator_timeout_s``.
+        step's tensors) and its round/5 record. A step whose result was missed is read from
+        the round/5 record once the round's result is out. Raises ``RoundFailedError`` as
+        soon as the coordinator says the round (or the step) failed, ``CoordinatorError``
+        when the coordinator is silent for ``coordinator_timeout_s``, and ``MessageError``
+        (or ``IntegrityError``) for a record that is not the one the round's result names.
         """
         step = known_step(self.config, step)
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -95,14 +101,16 @@ class ResultListener(CoordinatorListener):
         since_ms = self._listening_since_ms
 
         def known() -> bool:
-            return self.view.outcome(round_, since_ms, step).known
+            return self.view.outcome(round_, since_ms, step).known or self._in_record(
+                round_, since_ms, step
+            )
 
         if not await self._wait(known, None, deadline):
             raise TimeoutError(
                 f"no result for round {round_}{of_step(step)} of job {self.config.job} "
                 f"within {timeout}s"
             )
-        outcome = self.view.outcome(round_, since_ms, step)
+        outcome = await self.step_outcome(round_, since_ms, step)
         if outcome.result is None:
             raise RoundFailedError(self.config.job, round_, outcome.failed or "failed", step=step)
         return await self._fetch(round_, step, outcome)
@@ -117,8 +125,9 @@ class ResultListener(CoordinatorListener):
         step's aggregate), and stops once each has ended.
 
         A job without steps yields its round's result (or failure, step None) once.
-        ``TimeoutError`` if no further step ends within ``timeout`` of the call;
-        ``CoordinatorError`` as ``await_result``.
+        Once the round's result is out, the steps not heard of are read from its round/5
+        record, in the job's order. ``TimeoutError`` if no further step ends within
+        ``timeout`` of the call; ``CoordinatorError`` and ``MessageError`` as ``await_result``.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         since_ms = self._listening_since_ms
@@ -134,8 +143,14 @@ class ResultListener(CoordinatorListener):
         def ended() -> list[tuple[str, Outcome]]:
             return [e for e in self.view.steps_ended(round_, since_ms) if e[0] not in done]
 
+        def rest() -> list[str]:
+            """The steps not ended yet, once the round's result is out (its record has them)."""
+            if self.view.outcome(round_, since_ms).result is None:
+                return []
+            return [s for s in self.view.steps if s not in done]
+
         while len(done) < len(self.view.steps):
-            if not await self._wait(lambda: bool(ended()), None, deadline):
+            if not await self._wait(lambda: bool(ended() or rest()), None, deadline):
                 waiting = [s for s in self.view.steps if s not in done]
                 raise TimeoutError(
                     f"round {round_} of job {self.config.job}: steps {waiting} did not end "
@@ -143,10 +158,36 @@ class ResultListener(CoordinatorListener):
                 )
             for step, outcome in ended():
                 done.add(step)
-                if outcome.result is None:
-                    yield StepFailed(round_, step, outcome.failed or "failed")
-                else:
-                    yield await self._fetch(round_, step, outcome)
+                yield await self._item(round_, step, outcome)
+            for step in rest():  # their results were missed: the round/5 record has them
+                done.add(step)
+                yield await self._item(
+                    round_, step, await self.step_outcome(round_, since_ms, step)
+                )
+
+    def _in_record(self, round_: int, since_ms: int, step: str | None) -> bool:
+        """Whether ``step``'s outcome, not heard of, is to be read from the round/5 record:
+        the round's own result is out (stamped since ``since_ms``)."""
+        if step is None or self.view.outcome(round_, since_ms, step).known:
+            return False
+        return self.view.outcome(round_, since_ms).result is not None
+
+    async def step_outcome(self, round_: int, since_ms: int, step: str | None) -> Outcome:
+        """How ``round_`` (its ``step``) ended, as the coordinator's messages stamped since
+        ``since_ms`` say; for a step they did not, as the round/5 record the round's result
+        names says (``_round_record``); else not known yet."""
+        outcome = self.view.outcome(round_, since_ms, step)
+        if not self._in_record(round_, since_ms, step):
+            return outcome
+        assert step is not None
+        whole = self.view.outcome(round_, since_ms).result
+        assert whole is not None
+        return await self.records.step_outcome(whole, step)
+
+    async def _item(self, round_: int, step: str, outcome: Outcome) -> AggregateResult | StepFailed:
+        if outcome.result is None:
+            return StepFailed(round_, step, outcome.failed or "failed")
+        return await self._fetch(round_, step, outcome)
 
     async def _fetch(self, round_: int, step: str | None, outcome: Outcome) -> AggregateResult:
         """The closed round's (or step's) result with its aggregate fetched from the node."""

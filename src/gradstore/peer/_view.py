@@ -56,11 +56,13 @@ class RoundView:
 
 @dataclass(frozen=True)
 class Outcome:
-    """A round's (or a step's) result with its peers, or why it failed, or neither yet."""
+    """A round's (or a step's) result with its peers, or why it failed, or neither yet.
+    Read from a round/5 record (a step's result missed), it has who was excluded and why."""
 
     result: Result | None = None
     peers: bytes = b""
     failed: str | None = None
+    excluded: tuple[tuple[str, str], ...] = ()
 
     @property
     def known(self) -> bool:

@@ -23,24 +23,33 @@ _MAX_NODE_FETCHES = 64  # dag-pb nodes fetched at once by block/get (64 GiB file
 
 
 async def fetch_view(
-    node: Node, cid: CID | str, max_bytes: int, progress: ByteProgress | None
+    node: Node,
+    cid: CID | str,
+    max_bytes: int,
+    progress: ByteProgress | None,
+    *,
+    root: bytes | None = None,
 ) -> memoryview:
     """Fetch the file bytes of ``cid``, every block verified, into one buffer.
 
     On a node with fast ``cat_into`` (Kubo over plain http), the dag-pb
     nodes come from ``block/get`` and the leaves' bytes from ``cat`` straight
     into the buffer, each leaf hashed there against its CID (Kubo's ``dag/export``
-    is several times slower than ``cat``); otherwise from a CAR stream.
+    is several times slower than ``cat``); otherwise from a CAR stream. ``root``: the
+    root block's bytes when the caller fetched them already (a coordinator checks the
+    size a root declares first): verified against ``cid`` and not fetched again.
     """
-    root = CID.parse(cid)
-    assembler = FileAssembler(root, max_bytes)
+    assembler = FileAssembler(CID.parse(cid), max_bytes)
+    root_cid = assembler.root
+    if root is not None:
+        await asyncio.to_thread(assembler.add, Block(root_cid, root))
     if isinstance(node, SupportsCatInto) and node.bulk_reads:
         spans = await _fetch_inner_nodes(node, assembler)
         if assembler.done:
             return assembler.view()
         if spans is not None:
             return await _cat_leaves(node, assembler, spans, progress)
-    return await _fetch_car(node, root, assembler, progress)
+    return await _fetch_car(node, root_cid, assembler, progress)
 
 
 async def _fetch_car(

@@ -75,24 +75,35 @@ class GradientStore:
 
     # -- get ---------------------------------------------------------------
     async def fetch_document(
-        self, cid: CID | str, *, max_bytes: int | None = None, progress: ByteProgress | None = None
+        self,
+        cid: CID | str,
+        *,
+        max_bytes: int | None = None,
+        progress: ByteProgress | None = None,
+        root: bytes | None = None,
     ) -> np.ndarray:
         """Fetch the file bytes of ``cid``, every block verified, into one buffer, as a
-        NumPy array (uint8, 1-D, no copy); how, in ``_fetch.fetch_view``."""
+        NumPy array (uint8, 1-D, no copy); how, in ``_fetch.fetch_view``. ``root``: the
+        root block's bytes, if the caller has them (verified again, not fetched again)."""
         import numpy as np
 
-        view = await self.fetch_view(cid, max_bytes=max_bytes, progress=progress)
+        view = await self.fetch_view(cid, max_bytes=max_bytes, progress=progress, root=root)
         return np.frombuffer(view, dtype=np.uint8)
 
     async def fetch_view(
-        self, cid: CID | str, *, max_bytes: int | None = None, progress: ByteProgress | None = None
+        self,
+        cid: CID | str,
+        *,
+        max_bytes: int | None = None,
+        progress: ByteProgress | None = None,
+        root: bytes | None = None,
     ) -> memoryview:
         """:meth:`fetch_document`'s bytes as a memoryview: what a caller that moves bytes
         (``gradstore get`` to an ``.npz``) takes without loading NumPy."""
         from ._fetch import fetch_view
 
         limit = self.limits.max_bytes if max_bytes is None else max_bytes
-        return await fetch_view(self.node, cid, limit, progress)
+        return await fetch_view(self.node, cid, limit, progress, root=root)
 
     async def get(
         self, cid: CID | str, *, limits: Limits | None = None, progress: ByteProgress | None = None

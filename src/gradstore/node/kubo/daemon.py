@@ -274,6 +274,13 @@ class KuboDaemon(Closing):
                 )
             time.sleep(self.settings.poll_interval)
 
+    def kill(self) -> None:
+        """SIGKILL the daemon at once (a crash); ``stop()`` still cleans up."""
+        if self.running:
+            assert self._proc is not None
+            self._proc.kill()
+            self._proc.wait()
+
     def terminate(self) -> None:
         """Ask the daemon to shut down (SIGTERM) without waiting; ``stop()`` waits."""
         if self.running:

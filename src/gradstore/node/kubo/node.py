@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -215,6 +215,15 @@ class KuboNode(AsyncClosing):
                 await self.block_stat(cid, offline=True)
             params.append(("offline", "true"))
         await self.client.call("pin/add", params, cid=cid)
+
+    async def pin_many(self, cids: Sequence[CID]) -> None:
+        """One recursive ``pin/add`` of every CID (an ``arg`` each); Kubo fetches missing
+        blocks from its peers. A failure names no CID reliably: pin them one by one to know."""
+        if not cids:
+            return
+        params: rpc.Params = [("arg", str(cid)) for cid in cids]
+        params.append(("recursive", "true"))
+        await self.client.call("pin/add", params, cid=cids[0] if len(cids) == 1 else None)
 
     async def unpin(self, cid: CID) -> None:
         """``pin/rm`` of a recursive pin; a CID that is not pinned is left as is."""
