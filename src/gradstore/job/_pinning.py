@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from ._config import _Where
+from ._aggregation import Where
 
 DEFAULT_WAIT_S = 60.0
 
@@ -29,7 +28,7 @@ class PinningConfig:
     wait_s: float = DEFAULT_WAIT_S
 
 
-def parse_pinning(raw: Any, where: _Where) -> PinningConfig:
+def parse_pinning(raw: Any, where: Where) -> PinningConfig:
     """Validate ``[pinning]``: a cluster URL and 1 <= replication_min <= replication_max."""
     where.keys(raw, {"cluster", "replication_min", "replication_max", "wait_s"}, "pinning.")
     assert isinstance(raw, Mapping)
