@@ -15,12 +15,15 @@ from typing import Any
 
 import pytest
 
+from gradstore.node.cluster.daemon import CLUSTER_VERSION, loopback_settings
 from gradstore.node.kubo.daemon import DAEMON_CONFIG, MIN_KUBO_VERSION, PROFILES
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker" / "compose.yml"
 INIT_SCRIPT = ROOT / "docker" / "container-init.d" / "001-gradstore.sh"
 INSTALL_SCRIPT = ROOT / "scripts" / "install-kubo.sh"
+INSTALL_CLUSTER_SCRIPT = ROOT / "scripts" / "install-cluster.sh"
+CLUSTER_START = ROOT / "docker" / "cluster" / "start.sh"
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
 
 # Settings the test daemons use that a user's node must not: isolated test
@@ -101,6 +104,16 @@ def _pinned_kubo_version() -> str:
     return match.group(1)
 
 
+def _pinned_cluster_version() -> str:
+    match = re.search(
+        r'^CLUSTER_VERSION="\$\{CLUSTER_VERSION:-(v[0-9.]+)\}"',
+        INSTALL_CLUSTER_SCRIPT.read_text(),
+        re.M,
+    )
+    assert match, "scripts/install-cluster.sh no longer pins CLUSTER_VERSION the way this reads it"
+    return match.group(1)
+
+
 def _script_settings() -> tuple[set[str], dict[str, Any]]:
     """Profiles applied and ``ipfs config --json`` keys set by the init script."""
     profiles: set[str] = set()
@@ -160,9 +173,9 @@ def test_api_and_gateway_are_published_on_loopback_only(compose: dict[str, Any])
         published = [p for p in ports if p.split("/")[0].rsplit(":", 1)[-1] == container_port]
         assert published, f"port {container_port} not published"
         assert all(p.startswith("127.0.0.1:") for p in published), published
-    for service in compose["services"].values():  # nothing else exposes the RPC API
+    for service in compose["services"].values():  # only the swarm ports are public
         for p in service.get("ports", []):
-            assert p.startswith("127.0.0.1:") or p.split(":")[0] == "4001", p
+            assert p.startswith("127.0.0.1:") or p.split(":")[0] in ("4001", "9096"), p
 
 
 def test_kubo_has_a_healthcheck_the_coordinator_waits_for(compose: dict[str, Any]) -> None:
@@ -208,3 +221,36 @@ def test_coordinator_is_restarted_after_a_crash_not_after_its_job_is_done(
     # policy that restarts on exit 0 (always, unless-stopped) loops on a finished job
     assert compose["services"]["coordinator"]["restart"] in ("on-failure", "no")
     assert compose["services"]["kubo"]["restart"] == "unless-stopped"
+
+
+def test_cluster_image_is_the_version_the_install_script_pins(compose: dict[str, Any]) -> None:
+    version = _pinned_cluster_version()
+    assert compose["services"]["cluster"]["image"] == f"ipfs/ipfs-cluster:{version}"
+    assert version == CLUSTER_VERSION  # the version the test peers are looked up at
+
+
+def test_cluster_runs_with_the_test_peers_settings(compose: dict[str, Any]) -> None:
+    cluster = compose["services"]["cluster"]
+    env = cluster["environment"]
+    ours = loopback_settings("http://127.0.0.1:5001", "00" * 32)
+    assert env["IPFS_CLUSTER_CONSENSUS"] == "crdt"  # ClusterPeer.init: --consensus crdt
+    assert env["CLUSTER_MDNSINTERVAL"] == ours["cluster.mdns_interval"] == "0s"
+    assert env["CLUSTER_ENABLERELAYHOP"] == "false" and ours["cluster.enable_relay_hop"] is False
+    assert env["CLUSTER_IPFSHTTP_NODEMULTIADDRESS"] == "/dns4/kubo/tcp/5001"
+    assert cluster["depends_on"]["kubo"]["condition"] == "service_healthy"
+    # the secret comes from the environment, never from the file
+    assert env["CLUSTER_SECRET"] == "${GRADSTORE_CLUSTER_SECRET:-}"
+    assert cluster["profiles"] == ["cluster"]  # `up` without the profile runs no cluster
+    assert "127.0.0.1:9094:9094" in cluster["ports"]
+    assert cluster["healthcheck"]["test"][:2] == ["CMD", "ipfs-cluster-ctl"]
+
+
+def test_cluster_refuses_to_start_without_a_secret(compose: dict[str, Any]) -> None:
+    cluster = compose["services"]["cluster"]
+    assert "./cluster/start.sh:/gradstore/start.sh:ro" in cluster["volumes"]
+    assert cluster["entrypoint"] == ["/sbin/tini", "--", "/gradstore/start.sh"]
+    assert CLUSTER_START.stat().st_mode & 0o111
+    text = CLUSTER_START.read_text()
+    assert text.startswith("#!/bin/sh\n") and "\nset -eu\n" in text
+    assert 'if [ -z "${CLUSTER_SECRET:-}" ]; then' in text
+    assert "exec /usr/local/bin/entrypoint.sh daemon" in text
