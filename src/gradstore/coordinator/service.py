@@ -46,6 +46,8 @@ log = logging.getLogger("gradstore.coordinator")
 
 #: A round's status goes out at most this often (changes in between are coalesced).
 STATUS_EVERY_S: Final = 0.1
+#: How many pinned lists blocks the coordinator remembers, not to pin a repeat again.
+LISTS_PINNED_KEPT: Final = 1024
 
 
 class Coordinator(Closer):
@@ -99,6 +101,7 @@ class Coordinator(Closer):
         self._budget = ByteBudget(memory_budget_bytes)
         self._pinner = BatchPinner(node)  # verified inputs, pinned in batches
         self._keep = ByteBudget(keep_bytes)
+        self._lists_pinned: set[CID] = set()  # lists blocks pinned (repeats share them)
         self._attempts: dict[Key, asyncio.Task[None]] = {}
         self._prepared: asyncio.Task[None] | None = None
         self._journal: Journal | None = None
@@ -305,9 +308,24 @@ class Coordinator(Closer):
             data, block = encode_fitted(msg, self.key)
             if block is not None:
                 await self.node.put_block(block[1], block[0].codec)
+                await self._pin_lists(block[0])
             await self.node.publish(self.config.results_topic, data)
         except NodeError as exc:  # peers re-announce and we re-broadcast: never fatal
             log.warning("publishing on %s failed: %s", self.config.results_topic, exc)
+
+    async def _pin_lists(self, cid: CID) -> None:
+        """Pin a lists block once, as the round's other blocks are (through the node, so a
+        cluster keeps it too, submitted without waiting: a status is never held up)."""
+        if cid in self._lists_pinned:
+            return
+        try:
+            await self.node.pin_many([cid])
+        except NodeError as exc:  # the message still goes out; a later status pins again
+            log.warning("pinning the lists block %s failed: %s", cid, exc)
+            return
+        if len(self._lists_pinned) >= LISTS_PINNED_KEPT:
+            self._lists_pinned.clear()
+        self._lists_pinned.add(cid)
 
     async def _beacon(self) -> None:
         """Repeat what peers may have missed, re-signed with a fresh time."""
