@@ -78,6 +78,7 @@ class Reason(StrEnum):
     ABSENT = "absent"  # never announced
     UNAVAILABLE = "unavailable"  # announced, not fetched (in time)
     INTERNAL = "internal"  # verifying it crashed (the text reads "internal error: ...")
+    REPLICATION = "replication"  # a step or round failed: its outputs short of replication_min
     # Flower's replies
     CLIENT_ERROR = "client-error"
     IDENTITY = "identity"

@@ -27,7 +27,9 @@ from ..errors import (
     AssemblyError,
     LimitExceededError,
     NodeError,
+    Reason,
     ReplicationError,
+    reason_text,
 )
 from ..job import JobConfig
 from ..messages import (
@@ -110,7 +112,7 @@ class Closer:
             except AggregationError as exc:
                 outcome = await self._fail(judged, f"aggregation refused: {exc}")
             except ReplicationError as exc:  # retried for close_retry_s: the cluster is short
-                outcome = await self._fail(judged, f"replication: {exc}")
+                outcome = await self._fail(judged, reason_text(Reason.REPLICATION, str(exc)))
             else:
                 outcome = await self._closed(judged, closed, t_close)
         await self._unpin(self.state.release_step(r, step))
