@@ -128,9 +128,11 @@ async def run_pipeline_demo(
     data: DigitsSplit,
     *,
     on_round: Callable[[PipelineRow], None] | None = None,
+    on_replicas: Callable[[list[ReplicaRound]], None] | None = None,
 ) -> PipelineDemoResult:
     """Train the MLP for ``config.rounds`` rounds over ``node`` (``data``: one shard per
-    replica); ``on_round`` sees each finished round."""
+    replica); ``on_round`` sees each finished round, ``on_replicas`` each round's replicas'
+    accounts (where their time went)."""
     if len(data.shards) != config.replicas:
         raise ValueError(f"{len(data.shards)} shards for {config.replicas} replicas")
     model = (
@@ -145,7 +147,10 @@ async def run_pipeline_demo(
     job = pipeline_job(f"pipe-{secrets.token_hex(4)}", ckey, body, head, config, initial)
     result = PipelineDemoResult(config, job.job)
     with tempfile.TemporaryDirectory(prefix="gradstore-pipeline-state-") as state:
-        await _train(config, model, data, job, ckey, body, head, node, Path(state), result, initial)
+        await _train(
+            config, model, data, job, ckey, body, head, node, Path(state), result, initial,
+            on_replicas,
+        )  # fmt: skip
     if on_round is not None:
         for row in result.rows:
             on_round(row)
@@ -164,6 +169,7 @@ async def _train(
     state: Path,
     result: PipelineDemoResult,
     initial: Params,
+    on_replicas: Callable[[list[ReplicaRound]], None] | None,
 ) -> None:
     failure: list[str] = []
 
@@ -213,6 +219,8 @@ async def _train(
                 for k in body + head:
                     if any(not np.array_equal(params[k.did][n], whole[n]) for n in params[k.did]):
                         raise CoordinatorError(f"round {r}: replicas hold different parameters")
+                if on_replicas is not None:
+                    on_replicas([info for _, info in done])
                 bubble = sum(info.bubble_s for _, info in done)
                 wall = sum(info.wall_s for _, info in done)
                 row = PipelineRow(
