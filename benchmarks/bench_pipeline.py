@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +26,18 @@ from benchmarks._common import dump_json, kubo_binary, machine, start_daemons, t
 from gradstore.demo import digits_split
 from gradstore.demo._pipeline import PipelineDemoConfig, run_pipeline_demo
 from gradstore.node import Node, connect, stop_all
+from gradstore.pipeline.runner import ReplicaRound
 
 
 async def one(node: Node, in_flight: int, rounds: int) -> dict[str, Any]:
     cfg = PipelineDemoConfig(replicas=2, rounds=rounds, micro_batches=4, in_flight=in_flight)
     data = digits_split(cfg.replicas, cfg.seed)
-    r = await run_pipeline_demo(cfg, node, data)
+    per_round: list[list[ReplicaRound]] = []
+    cpu, wall = time.process_time(), time.perf_counter()
+    r = await run_pipeline_demo(cfg, node, data, on_replicas=per_round.append)
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     rows = r.rows[1:] or r.rows  # the first round warms up
+    reps = [x for round_ in (per_round[1:] or per_round) for x in round_]
     samples = sum(x.samples for x in rows)
     phase = sum(x.phase_s for x in rows)
     return {
@@ -40,6 +46,14 @@ async def one(node: Node, in_flight: int, rounds: int) -> dict[str, Any]:
         "phase_samples_per_s": samples / phase,
         "round_samples_per_s": samples / sum(x.seconds for x in rows),
         "bubble_fraction": sum(x.bubble_fraction for x in rows) / len(rows),
+        # per replica and round: seconds putting + announcing, fetching, other work (the
+        # stage math, verifying messages), and messages sent again
+        "put_s": sum(x.put_s for x in reps) / len(reps),
+        "fetch_s": sum(x.fetch_s for x in reps) / len(reps),
+        "math_s": sum(x.busy_s - x.put_s - x.fetch_s for x in reps) / len(reps),
+        "resent": sum(x.resent for x in reps) / len(reps),
+        # every replica and the coordinator share this process: its CPU seconds per second
+        "cpu_per_s": cpu / wall,
         "accuracy": r.rows[-1].accuracy,
     }
 
@@ -76,12 +90,17 @@ def main() -> None:
     rows = [
         [
             r["in_flight"], f"{r['phase_samples_per_s']:.0f}", f"{r['round_samples_per_s']:.0f}",
-            f"{r['bubble_fraction']:.0%}", f"{r['accuracy']:.2%}",
+            f"{r['bubble_fraction']:.0%}", f"{r['put_s'] * 1000:.0f}",
+            f"{r['fetch_s'] * 1000:.0f}", f"{r['math_s'] * 1000:.0f}", f"{r['resent']:.1f}", f"{r['cpu_per_s']:.2f}",
+            f"{r['accuracy']:.2%}",
         ]
         for r in runs
     ]  # fmt: skip
     print(table(["in flight", "samples/s (micro-batches)", "samples/s (rounds)", "bubble",
-                 "accuracy"], rows))  # fmt: skip
+                 "put ms", "fetch ms", "other ms", "re-sent", "cpu/s", "accuracy"], rows))  # fmt: skip
+    print("(put/fetch/other: per replica and round; re-sent: messages sent again, per replica "
+          "and round; cpu/s: this process's CPU seconds per second, every replica and the "
+          "coordinator)")  # fmt: skip
     print(f"4 vs 1 in flight: {speedup:.2f}x ({'ok' if speedup >= 1.5 else 'MISSED'} >= 1.5x)")
 
 

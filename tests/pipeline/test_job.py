@@ -36,6 +36,10 @@ def test_stages_are_the_steps_of_the_round_output_stage_first() -> None:
         (lambda r: r["pipeline"].update(micro_batches=0), "`pipeline.micro_batches`"),
         (lambda r: r["pipeline"].update(lanes=2), "`pipeline.lanes`"),
         (lambda r: r.pop("stages"), "`pipeline`"),
+        # errors inside a stage's table name the user's stages[i], not the reversed steps[i]
+        (lambda r: r["stages"][0].update(tensors=["fc*"]), "`stages[0].tensors[0]`"),
+        (lambda r: r["stages"][1].update(name="body"), "`stages[0].name`"),
+        (lambda r: r["stages"][1].update(tensors=["fc2.*", "x*"]), "`stages[1].tensors[1]`"),
     ],
 )
 def test_what_a_pipeline_cannot_run_is_refused_naming_the_key(change, key) -> None:  # type: ignore[no-untyped-def]

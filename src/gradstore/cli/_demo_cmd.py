@@ -56,12 +56,15 @@ def register(sub: Any) -> None:
     p.add_argument("--rounds", type=_positive_int, default=20, help="rounds to run (default 20)")
     p.add_argument(
         "--mode",
-        choices=("federated", "data-parallel", "population"),
+        choices=("federated", "data-parallel", "population", "model-parallel"),
         default="federated",
         help="federated: peers train locally and average model states (FedAvg); "
         "data-parallel: peers send gradients, one SGD step per round; population: 8 members "
         "explore lr and weight decay by population-based training, against the same members "
-        "with fixed ones (takes --seed, --hidden and the node options) (default federated)",
+        "with fixed ones (takes --seed, --hidden and the node options); model-parallel: the "
+        "mlp in two stages (fc1; fc2 and the loss), each held by --peers replicas, "
+        "micro-batches flowing between them as documents, one SGD step per round (takes "
+        "--peers, --rounds, --seed, --hidden, --lr and the node options) (default federated)",
     )
     p.add_argument(
         "--steps",
@@ -125,13 +128,14 @@ def register(sub: Any) -> None:
     p.set_defaults(run=cmd_demo)
 
 
-#: What ``--mode population`` does not use, with the values that mean "not given".
-_NOT_FOR_POPULATION: Final = {
+#: The options a mode may ignore, with the values that mean "not given".
+_UNSET: Final = {
     "peers": 4,
     "rounds": 20,
     "steps": False,
     "framework": "numpy",
     "model": None,
+    "hidden": None,
     "lr": None,
     "local_epochs": 2,
     "compress": None,
@@ -144,20 +148,60 @@ _NOT_FOR_POPULATION: Final = {
     "plot": None,
     "summary_json": None,
 }
+_AGGREGATION: Final = ("method", "trim_ratio", "byzantine", "select")
+_CLIPPING: Final = ("clip_input_norm", "clip_output_norm")
+#: Per mode: the options it ignores (a silently ignored option would mislead), and what it
+#: runs instead, for the refusal.
+IGNORED_BY_MODE: Final[dict[str, tuple[tuple[str, ...], str]]] = {
+    "population": (
+        (
+            "peers",
+            "rounds",
+            "steps",
+            "framework",
+            "model",
+            "lr",
+            "local_epochs",
+            "compress",
+            *_AGGREGATION,
+            *_CLIPPING,
+            "plot",
+            "summary_json",
+        ),
+        "it runs 8 members for 8 intervals; it takes --seed, --hidden, --quiet and the node "
+        "options",
+    ),
+    "model-parallel": (
+        (
+            "steps",
+            "framework",
+            "model",
+            "local_epochs",
+            "compress",
+            *_AGGREGATION,
+            *_CLIPPING,
+            "plot",
+            "summary_json",
+        ),
+        "it trains the mlp in two stages, each stage a step aggregated by fedavg over its "
+        "replicas; it takes --peers, --rounds, --seed, --hidden, --lr, --quiet and the node "
+        "options",
+    ),
+}
 
 
-def population_misuse(args: argparse.Namespace) -> list[str]:
-    """The options given that ``--mode population`` would ignore (it runs 8 members for 8
-    intervals: a silently ignored option would mislead)."""
+def mode_misuse(args: argparse.Namespace) -> list[str]:
+    """The options given that ``args.mode`` would ignore (``IGNORED_BY_MODE``), as flags."""
+    ignored, _ = IGNORED_BY_MODE.get(args.mode, ((), ""))
     return [
         "--" + name.replace("_", "-")
-        for name, unset in _NOT_FOR_POPULATION.items()
-        if getattr(args, name, unset) != unset
+        for name in ignored
+        if getattr(args, name, _UNSET[name]) != _UNSET[name]
     ]
 
 
 def check_population_extras() -> None:
-    """The population demo needs the demo extra (scikit-learn) only."""
+    """The population and model-parallel demos need the demo extra (scikit-learn) only."""
     from ..demo import check_demo_extras
 
     check_demo_extras("numpy", plot=False)
@@ -168,19 +212,23 @@ def cmd_demo(args: argparse.Namespace) -> int:
     a closing line and the audit command (exit 2 for a method the peers cannot run)."""
     import asyncio  # here: every command's start registers this parser, few run the demo
 
+    if ignored := mode_misuse(args):
+        print(
+            f"error: --mode {args.mode} does not take {', '.join(ignored)} "
+            f"({IGNORED_BY_MODE[args.mode][1]})",
+            file=sys.stderr,
+        )
+        return _exit.USAGE
     if args.mode == "population":
         from ._demo_population import population_demo
 
-        if ignored := population_misuse(args):
-            print(
-                f"error: --mode population does not take {', '.join(ignored)} (it runs 8 "
-                "members for 8 intervals; it takes --seed, --hidden, --quiet and the node options)",
-                file=sys.stderr,
-            )
-            return _exit.USAGE
-
         check_population_extras()
         return asyncio.run(population_demo(args))
+    if args.mode == "model-parallel":
+        from ._demo_pipeline import pipeline_demo
+
+        check_population_extras()
+        return asyncio.run(pipeline_demo(args))
     from ..demo import DemoConfig, check_demo_extras
 
     try:
@@ -279,7 +327,7 @@ async def _demo(args: argparse.Namespace, config: Any) -> int:
             f"{len(result.rows)} rounds; head record {head}",
             flush=True,
         )
-        print(_audit_line(head, coordinator.did, demo_node.reach, demo_node.gone), flush=True)
+        print(audit_line(head, coordinator.did, demo_node.reach, demo_node.gone), flush=True)
     if args.plot:
         write_plot(
             result.rows,
@@ -291,7 +339,7 @@ async def _demo(args: argparse.Namespace, config: Any) -> int:
     return _exit.SUCCESS
 
 
-def _audit_line(head: object, coordinator: str, reach: str | None, gone: str) -> str:
+def audit_line(head: object, coordinator: str, reach: str | None, gone: str) -> str:
     """The command that re-derives every round of the run, pinned to its coordinator; or,
     when the node does not outlive the demo, why there is none and how to get one."""
     if reach is not None:

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..coordinator import Coordinator, RoundOutcome
+from ..dag.cid import CID
 from ..errors import CoordinatorError
 from ..job import JobConfig, parse_job
 from ..messages import SigningKey
@@ -81,6 +82,19 @@ class PipelineDemoResult:
     rows: list[PipelineRow] = field(default_factory=list)
     last: dict[str, ReplicaRound] = field(default_factory=dict)  # did -> its last round
     params: Params = field(default_factory=dict)
+    head: CID | None = None  # the last round's record
+    coordinator: str = ""  # its did
+
+    @property
+    def bubble_s(self) -> float:
+        """Seconds the replicas waited on a neighbour, summed over every round."""
+        return sum(r.bubble_s for r in self.rows)
+
+    @property
+    def bubble_fraction(self) -> float:
+        """The bubble as a fraction of the replicas' summed micro-batch time, every round."""
+        wall = sum(r.bubble_s / r.bubble_fraction for r in self.rows if r.bubble_fraction > 0)
+        return self.bubble_s / wall if wall > 0 else 0.0
 
     @property
     def samples_per_s(self) -> float:
@@ -128,9 +142,12 @@ async def run_pipeline_demo(
     data: DigitsSplit,
     *,
     on_round: Callable[[PipelineRow], None] | None = None,
+    on_replicas: Callable[[list[ReplicaRound]], None] | None = None,
+    coordinator_key: SigningKey | None = None,
 ) -> PipelineDemoResult:
     """Train the MLP for ``config.rounds`` rounds over ``node`` (``data``: one shard per
-    replica); ``on_round`` sees each finished round."""
+    replica); ``on_round`` sees each finished round, ``on_replicas`` each round's replicas'
+    accounts (where their time went); ``coordinator_key`` signs the round records."""
     if len(data.shards) != config.replicas:
         raise ValueError(f"{len(data.shards)} shards for {config.replicas} replicas")
     model = (
@@ -139,13 +156,16 @@ async def run_pipeline_demo(
         else MLP(data.n_features, data.n_classes, config.hidden)
     )
     initial = model.init(np.random.default_rng(config.seed))
-    ckey = SigningKey.generate()
+    ckey = coordinator_key or SigningKey.generate()
     body = [SigningKey.generate() for _ in range(config.replicas)]
     head = [SigningKey.generate() for _ in range(config.replicas)]
     job = pipeline_job(f"pipe-{secrets.token_hex(4)}", ckey, body, head, config, initial)
-    result = PipelineDemoResult(config, job.job)
+    result = PipelineDemoResult(config, job.job, coordinator=ckey.did)
     with tempfile.TemporaryDirectory(prefix="gradstore-pipeline-state-") as state:
-        await _train(config, model, data, job, ckey, body, head, node, Path(state), result, initial)
+        await _train(
+            config, model, data, job, ckey, body, head, node, Path(state), result, initial,
+            on_replicas,
+        )  # fmt: skip
     if on_round is not None:
         for row in result.rows:
             on_round(row)
@@ -164,6 +184,7 @@ async def _train(
     state: Path,
     result: PipelineDemoResult,
     initial: Params,
+    on_replicas: Callable[[list[ReplicaRound]], None] | None,
 ) -> None:
     failure: list[str] = []
 
@@ -213,6 +234,8 @@ async def _train(
                 for k in body + head:
                     if any(not np.array_equal(params[k.did][n], whole[n]) for n in params[k.did]):
                         raise CoordinatorError(f"round {r}: replicas hold different parameters")
+                if on_replicas is not None:
+                    on_replicas([info for _, info in done])
                 bubble = sum(info.bubble_s for _, info in done)
                 wall = sum(info.wall_s for _, info in done)
                 row = PipelineRow(
@@ -227,6 +250,7 @@ async def _train(
                 )
                 result.rows.append(row)
                 result.params = whole
+                result.head = coordinator.head
     finally:
         stop.set()
         finished, _ = await asyncio.wait({task}, timeout=30.0)

@@ -307,6 +307,8 @@ def parse_job(raw: Mapping[str, Any], source: str = "job") -> JobConfig:
             aggregation=aggregation,
             max_name_bytes=limits.max_name_bytes,
             schema=None if schema is None else [s.name for s in schema],
+            # [[stages]] are the steps in reverse: errors name the user's stages[i]
+            label=None if "stages" not in raw else (lambda i: f"stages[{len(steps_raw) - 1 - i}]"),
         )
     pipeline = None
     if "stages" in raw:

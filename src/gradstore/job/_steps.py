@@ -9,7 +9,7 @@ with a ``[[schema]]``, to exactly one.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -140,10 +140,13 @@ def parse_steps(
     aggregation: Aggregation,
     max_name_bytes: int,
     schema: Sequence[str] | None,
+    label: Callable[[int], str] | None = None,
 ) -> tuple[StepConfig, ...]:
     """Read and check the ``[[steps]]`` tables over the job's ``peers``, ``quorum``,
     ``deadline_s`` and ``aggregation``; with a ``schema`` (its tensor names), every one of
-    them must be in exactly one step and every selector must match one of them."""
+    them must be in exactly one step and every selector must match one of them. ``label``
+    names table ``i`` in errors (default ``steps[i]``; ``[[stages]]`` name their own)."""
+    name_of = label or (lambda i: f"steps[{i}]")
     if not isinstance(raw, list):
         raise where.err("steps", "must be a list of tables ([[steps]])")
     if not raw:
@@ -152,24 +155,26 @@ def parse_steps(
         raise where.err("steps", f"lists {len(raw)} steps, more than the {MAX_STEPS} allowed")
     steps: list[StepConfig] = []
     for i, table in enumerate(raw):
-        step = _step(table, where, f"steps[{i}]", peers, quorum, deadline_s, aggregation)
+        step = _step(table, where, name_of(i), peers, quorum, deadline_s, aggregation)
         for j, selector in enumerate(step.tensors):
-            _check_selector(selector, where, f"steps[{i}].tensors[{j}]", max_name_bytes)
+            _check_selector(selector, where, f"{name_of(i)}.tensors[{j}]", max_name_bytes)
         for k, other in enumerate(steps):
             if other.name == step.name:
-                raise where.err(f"steps[{i}].name", f"{step.name!r} is the name of steps[{k}] too")
+                raise where.err(
+                    f"{name_of(i)}.name", f"{step.name!r} is the name of {name_of(k)} too"
+                )
         steps.append(step)
     index = _Index(steps)
     if index.overlap is not None:
         (a, i), (b, j) = index.overlap
         raise where.err(
-            f"steps[{b}].tensors[{j}]",
+            f"{name_of(b)}.tensors[{j}]",
             f"{str(steps[b].tensors[j])!r} (step {steps[b].name!r}) overlaps "
-            f"{str(steps[a].tensors[i])!r} of step {steps[a].name!r} (steps[{a}].tensors[{i}]):"
+            f"{str(steps[a].tensors[i])!r} of step {steps[a].name!r} ({name_of(a)}.tensors[{i}]):"
             " a tensor belongs to one step",
         )
     if schema is not None:
-        _check_schema(steps, index, schema, where)
+        _check_schema(steps, index, schema, where, name_of)
     return tuple(steps)
 
 
@@ -248,7 +253,11 @@ def _peers(raw: Any, where: Where, key: str, job_peers: Sequence[str]) -> tuple[
 
 
 def _check_schema(
-    steps: Sequence[StepConfig], index: _Index, schema: Sequence[str], where: Where
+    steps: Sequence[StepConfig],
+    index: _Index,
+    schema: Sequence[str],
+    where: Where,
+    name_of: Callable[[int], str],
 ) -> None:
     """Every schema tensor is in a step, and every selector matches a schema tensor."""
     for name in sorted(schema, key=_utf8):
@@ -260,7 +269,7 @@ def _check_schema(
             at = bisect.bisect_left(names, selector.text)
             if at == len(names) or not selector.matches(names[at]):
                 raise where.err(
-                    f"steps[{i}].tensors[{j}]", f"{str(selector)!r} matches no [[schema]] tensor"
+                    f"{name_of(i)}.tensors[{j}]", f"{str(selector)!r} matches no [[schema]] tensor"
                 )
 
 

@@ -38,6 +38,22 @@ from .message import (
 
 #: The tensor name of an activation (or activation-gradient) document.
 ACTIVATION: str = "activation"
+#: The longest a sent message waits before it is sent again (its wait doubles from
+#: ``rebroadcast_s`` up to this).
+MAX_RESEND_GAP_S: float = 4.0
+
+
+@dataclass
+class _Sent:
+    """A sent message, sent again at ``due`` (monotonic) unless answered first."""
+
+    data: bytes
+    due: float
+    gap: float
+
+
+#: Sent messages by (direction, micro-batch).
+_Outbox = dict[tuple[str, int], _Sent]
 
 
 class PipelineError(GradstoreError):
@@ -58,7 +74,8 @@ class ReplicaRound:
     """What one replica's round did: the stage's summed parameter gradients, the loss (last
     stage: of its lane's rows), the activation CIDs it took in and sent out per micro-batch
     (what ``audit`` re-executes), seconds spent waiting on its neighbours (bubble) and
-    computing, and the messages it refused on the way."""
+    computing (of which ``put_s`` putting documents and announcing them, ``fetch_s``
+    fetching them), the messages it sent again, and those it refused on the way."""
 
     grads: Params
     loss: float | None = None
@@ -67,7 +84,10 @@ class ReplicaRound:
     outputs: dict[int, CID] = field(default_factory=dict)
     bubble_s: float = 0.0
     busy_s: float = 0.0
+    put_s: float = 0.0
+    fetch_s: float = 0.0
     wall_s: float = 0.0
+    resent: int = 0
     refused: list[str] = field(default_factory=list)
 
 
@@ -141,13 +161,17 @@ class StageReplica:
         """Run micro-batches through this stage (``x``: the first stage's inputs, ``y``: the
         last stage's labels, one array per micro-batch; ``rows`` the lane's rows this
         round), publish the stage's gradients as its step, apply the step's aggregate and
-        return the new parameters. Messages are re-sent until the round's result is out."""
+        return the new parameters. A message is sent again after ``rebroadcast_s``, then
+        after twice that (up to ``MAX_RESEND_GAP_S``), until it is answered (an activation
+        by its gradient) or the round's result is out."""
         run = await self.run_id(self.pipe.deadline_s)
-        sent: list[bytes] = []
+        sent: _Outbox = {}
         stop = asyncio.Event()
-        resend = asyncio.create_task(self._resend(sent, stop))
+        counted = [0]
+        resend = asyncio.create_task(self._resend(sent, stop, counted))
         try:
             done = await self._micro_batches(run, round_, params, x, y, rows, sent)
+            done.resent = counted[0]
             own = Gradient(done.grads)
             await self.peer.publish(
                 own, round_, rows, step=self.stage, timeout=self.config.rounds.deadline_s
@@ -165,17 +189,36 @@ class StageReplica:
             with contextlib.suppress(asyncio.CancelledError):
                 await resend
 
-    async def _resend(self, sent: list[bytes], stop: asyncio.Event) -> None:
+    async def _resend(self, sent: _Outbox, stop: asyncio.Event, counted: list[int]) -> None:
+        """Send each unanswered message again when it is due, doubling its wait: pubsub may
+        drop a message, but re-sending every message on every tick costs the sender (and the
+        node) a publish per message per tick while the pipeline is busy."""
         topic = pipeline_topic(self.config.job)
         while not stop.is_set():
-            await asyncio.sleep(self.rebroadcast_s)
-            for data in list(sent):
-                await self.node.publish(topic, data)
+            now = time.monotonic()
+            wake = min((s.due for s in sent.values()), default=now + self.rebroadcast_s)
+            if wake > now:
+                await asyncio.sleep(min(wake - now, self.rebroadcast_s))
+                continue
+            for entry in list(sent.values()):
+                if entry.due <= now:
+                    entry.gap = min(entry.gap * 2, MAX_RESEND_GAP_S)
+                    entry.due = now + entry.gap
+                    counted[0] += 1
+                    await self.node.publish(topic, entry.data)
 
     async def _send(
-        self, run: str, round_: int, mb: int, direction: Direction, value: Array, sent: list[bytes]
+        self,
+        run: str,
+        round_: int,
+        mb: int,
+        direction: Direction,
+        value: Array,
+        sent: _Outbox,
+        out: ReplicaRound,
     ) -> CID:
         """Put ``value`` as a document and announce it to this lane's neighbour."""
+        t0 = time.perf_counter()
         to = self.stage_index + (1 if direction == FORWARD else -1)
         meta = {
             "kind": "activation" if direction == FORWARD else "activation-grad",
@@ -199,13 +242,19 @@ class StageReplica:
             int(time.time() * 1000),
         )
         data = encode_stage_message(msg, self.key)
-        sent.append(data)
         await self.node.publish(pipeline_topic(self.config.job), data)
+        gap = self.rebroadcast_s
+        sent[(direction, mb)] = _Sent(data, time.monotonic() + gap, gap)
+        out.put_s += time.perf_counter() - t0
         return cid
 
-    async def _fetch(self, msg: StageMessage, columns: int, rows: int | None) -> Array:
+    async def _fetch(
+        self, msg: StageMessage, columns: int, rows: int | None, out: ReplicaRound
+    ) -> Array:
         """The activation at ``msg.cid``, verified block by block, of the expected shape."""
+        t0 = time.perf_counter()
         got = await asyncio.wait_for(self.store.get(msg.cid), self.pipe.deadline_s)
+        out.fetch_s += time.perf_counter() - t0
         value = got.tensors.get(ACTIVATION)
         if (
             value is None
@@ -229,7 +278,7 @@ class StageReplica:
         x: Sequence[Array] | None,
         y: Sequence[Array] | None,
         rows: int,
-        sent: list[bytes],
+        sent: _Outbox,
     ) -> ReplicaRound:
         """Every micro-batch through this stage, forward and back (see ``train_round``)."""
         m = self.pipe.micro_batches
@@ -254,9 +303,12 @@ class StageReplica:
                 t0 = time.perf_counter()
                 xs = np.ascontiguousarray(x[next_mb], dtype=np.float64)
                 out.inputs[next_mb] = await self.store.put(Gradient({ACTIVATION: xs}))
+                out.put_s += time.perf_counter() - t0
                 act = self.layer.forward(params, xs)
                 cache[next_mb] = (xs, act)
-                out.outputs[next_mb] = await self._send(run, round_, next_mb, FORWARD, act, sent)
+                out.outputs[next_mb] = await self._send(
+                    run, round_, next_mb, FORWARD, act, sent, out
+                )
                 out.busy_s += time.perf_counter() - t0
                 next_mb += 1
                 continue
@@ -266,23 +318,24 @@ class StageReplica:
             out.bubble_s += t1 - t0
             mb = msg.micro_batch
             if msg.type == FORWARD:
-                xs = await self._fetch(msg, fan_in, None if y is None else len(y[mb]))
+                xs = await self._fetch(msg, fan_in, None if y is None else len(y[mb]), out)
                 out.inputs[mb] = msg.cid
                 if self.last:
                     assert y is not None
                     loss, gx, per_mb[mb] = self.layer.loss_backward(params, xs, y[mb], rows)
                     losses[mb] = loss
-                    await self._send(run, round_, mb, BACKWARD, gx, sent)
+                    await self._send(run, round_, mb, BACKWARD, gx, sent, out)
                 else:
                     act = self.layer.forward(params, xs)
                     cache[mb] = (xs, act)
-                    out.outputs[mb] = await self._send(run, round_, mb, FORWARD, act, sent)
+                    out.outputs[mb] = await self._send(run, round_, mb, FORWARD, act, sent, out)
             else:
+                sent.pop((FORWARD, mb), None)  # answered: the activation arrived
                 xs, act = cache.pop(mb)
-                g = await self._fetch(msg, fan_out, act.shape[0])
+                g = await self._fetch(msg, fan_out, act.shape[0], out)
                 gx, per_mb[mb] = self.layer.backward(params, xs, act, g)
                 if not self.first:
-                    await self._send(run, round_, mb, BACKWARD, gx, sent)
+                    await self._send(run, round_, mb, BACKWARD, gx, sent, out)
             out.busy_s += time.perf_counter() - t1
         # summed in micro-batch order: the same bits whatever order they arrived in
         names = self.layer.names()
