@@ -8,6 +8,7 @@ import sys
 from typing import Any, Final
 
 from . import _exit
+from ._demo_audit import audit_line
 from ._help import examples
 from ._method_args import add_method_options
 from ._nodes import add_node_options
@@ -337,14 +338,3 @@ async def _demo(args: argparse.Namespace, config: Any) -> int:
     if args.summary_json:
         write_summary(result, args.summary_json)
     return _exit.SUCCESS
-
-
-def audit_line(head: object, coordinator: str, reach: str | None, gone: str) -> str:
-    """The command that re-derives every round of the run, pinned to its coordinator; or,
-    when the node does not outlive the demo, why there is none and how to get one."""
-    if reach is not None:
-        return f"audit it: gradstore audit history {head} --coordinator {coordinator} {reach}"
-    return (
-        f"audit it: not after the demo exits ({gone}); for a command that works afterwards, "
-        "run the demo with --local DIR or against a running Kubo (--api URL)"
-    )

@@ -9,6 +9,7 @@ import os
 from typing import TYPE_CHECKING
 
 from . import _exit
+from ._demo_audit import audit_line
 
 if TYPE_CHECKING:
     from ..demo._pipeline import PipelineRow
@@ -27,7 +28,6 @@ async def pipeline_demo(args: argparse.Namespace) -> int:
     per round (loss, accuracy, bubble), a closing line and the `audit history` command."""
     from ..demo import digits_split, open_demo_node
     from ..demo._pipeline import STAGES, PipelineDemoConfig, run_pipeline_demo
-    from ._demo_cmd import audit_line
 
     cfg = PipelineDemoConfig(
         replicas=args.peers,

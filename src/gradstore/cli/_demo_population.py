@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from . import _exit
+from ._demo_audit import audit_line
 from ._text import printable
 
 if TYPE_CHECKING:
@@ -26,17 +27,6 @@ def _row(row: IntervalRow) -> str:
     return printable(
         f"interval {row.interval}: best {row.best[-6:]} validation {row.best_score:.2%} "
         f"({_hp(row.best_hparams)}); copies {copies}"
-    )
-
-
-def _audit_line(head: object, controller: str, reach: str | None, gone: str) -> str:
-    """The command that re-derives every decision, pinned to the controller; or, when the
-    node does not outlive the demo, why there is none (as the other modes say it)."""
-    if reach is not None:
-        return f"audit it: gradstore audit population {head} --coordinator {controller} {reach}"
-    return (
-        f"audit it: not after the demo exits ({gone}); for a command that works afterwards, "
-        "run the demo with --local DIR or against a running Kubo (--api URL)"
     )
 
 
@@ -75,5 +65,8 @@ async def population_demo(args: argparse.Namespace) -> int:
             f"{cfg.budget} steps each; head record {result.head}",
             flush=True,
         )
-        print(_audit_line(result.head, controller.did, demo_node.reach, demo_node.gone), flush=True)
+        line = audit_line(
+            result.head, controller.did, demo_node.reach, demo_node.gone, command="population"
+        )
+        print(line, flush=True)
     return _exit.SUCCESS
