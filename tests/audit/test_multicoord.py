@@ -142,3 +142,20 @@ def test_an_entrys_coordinator_is_encoded_only_when_it_is_another(tmp_path: Path
         )
     with pytest.raises(MessageError, match="did:key"):
         RoundStep("head", failed="gone", coordinator="not-a-did")
+
+
+def test_the_spec_reference_agrees_on_a_split_round(tmp_path: Path) -> None:
+    """docs/spec.md section 9.3 alone (``spec_reference``) audits a split round and names a
+    part signed by a coordinator that does not own its step, as gradstore does."""
+    from .test_spec import both_checks
+
+    async def main_() -> tuple[CID, CID]:
+        node = LocalNode(tmp_path)
+        single = await stepped_round(node)
+        honest, _ = await split(node, single, await signed_by(node, single.steps["head"], OWNER))
+        lying, _ = await split(node, single, await signed_by(node, single.steps["head"], THIRD))
+        return honest, lying
+
+    honest, lying = asyncio.run(main_())
+    assert both_checks(tmp_path, honest) == ("ok", "ok")
+    assert both_checks(tmp_path, lying) == ("step-owner", "step-owner")
