@@ -1127,16 +1127,23 @@ def check_round5_node(node: dict[str, Any]) -> None:
     if not isinstance(steps, list):
         raise SpecAuditError("record-format", "steps is not an array")
     for entry in steps:
+        # a step another coordinator owns names it (never the record's own coordinator)
+        owned = isinstance(entry, dict) and "coordinator" in entry
+        if owned and (
+            not isinstance(entry["coordinator"], str) or entry["coordinator"] == node["coordinator"]
+        ):
+            raise SpecAuditError("record-format", f"a step entry's owner {entry!r:.100}")
+        keys = set(entry) - {"coordinator"} if isinstance(entry, dict) else set()
         closed = (
             isinstance(entry, dict)
-            and set(entry) == {"step", "record", "output"}
+            and keys == {"step", "record", "output"}
             and isinstance(entry["record"], Link)
             and isinstance(entry["output"], Link)
             and cid_parts(entry["record"].cid)[1] == DAG_CBOR
         )
         failed = (
             isinstance(entry, dict)
-            and set(entry) == {"step", "failed"}
+            and keys == {"step", "failed"}
             and isinstance(entry["failed"], str)
             and entry["failed"] != ""
         )
@@ -1361,7 +1368,9 @@ def audit_stepped(get_block: GetBlock, node: dict[str, Any]) -> SteppedAudit:
             continue
         step = fetch_node(get_block, entry["record"].cid, "step record")
         check_step_node(step)
-        for key in ("job", "run", "round", "coordinator"):
+        if step["coordinator"] != entry.get("coordinator", node["coordinator"]):
+            raise SpecAuditError("step-owner", f"step {name}'s record is not its owner's")
+        for key in ("job", "run", "round"):
             if step[key] != node[key]:
                 raise SpecAuditError("step-link", f"step {name}'s record has another {key}")
         if step["step"] != name:

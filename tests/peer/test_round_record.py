@@ -178,8 +178,8 @@ def _part(step: str) -> Gradient:
 
 HOSTILE = {
     "another-steps-record": "which is step 'embed''s",
-    "step-of-another-round": "of another job, run, round or coordinator",
-    "step-of-another-run": "of another job, run, round or coordinator",
+    "step-of-another-round": "of another job, run or round",
+    "step-of-another-run": "of another job, run or round",
     "another-run": "the result says run",
     "not-the-coordinators": "by its coordinator",
     "no-such-step": "has no step 'head'",

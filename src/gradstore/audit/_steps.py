@@ -4,8 +4,12 @@ Every step record the round record links is fetched and audited exactly as a rou
 record is (``_checks.rederive``: signatures, which here cover the step's name, codecs,
 meta, weights, the output re-derived bit for bit), and besides:
 
+- ``step-owner``: the step record is signed by the step's owner, the coordinator the round
+  record names for it (its entry's ``coordinator``, else the record's own): in a round
+  split among coordinators (docs/design/multicoord.md), a part signed by a coordinator
+  that does not own its step fails here, whatever its signature;
 - ``step-link``: the step record is the one the round links for its step, of the same job,
-  run, round and coordinator, with the output the round names for it;
+  run and round, with the output the round names for it;
 - ``step-tensors``: every input document of a step, and so its output, holds exactly the
   tensors the step's selectors take, and no tensor is in two steps' outputs; a step record
   that lists another step's documents fails here (one announced for another step fails
@@ -130,7 +134,15 @@ async def verify_step(
 
 def check_step_link(rcid: CID, record: SteppedRoundRecord, scid: CID, step: StepRecord) -> None:
     """The step record ``scid`` must be the one ``record`` links for its step, of the same
-    job, run, round and coordinator, with the output the round names. Checks: ``step-link``."""
+    job, run and round, signed by the step's owner, with the output the round names.
+    Checks: ``step-owner``, ``step-link``."""
+    entry = record.step_of(step.step)
+    if entry is not None and step.coordinator != record.owner(entry):
+        raise AuditError(
+            "step-owner",
+            f"round {record.round} record {rcid}: step {step.step!r}'s record {scid} is signed "
+            f"by {step.coordinator}, but the step's owner is {record.owner(entry)}",
+        )
     try:
         check_step_of(record, scid, step)
     except MessageError as exc:

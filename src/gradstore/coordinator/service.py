@@ -76,6 +76,12 @@ class Coordinator(Closer):
             raise ConfigError(
                 f"the key's id {key.did} is not the job's coordinator {config.coordinator}"
             )
+        if len(config.coordinators) > 1:  # it would run the other coordinators' steps too
+            raise ConfigError(
+                f"job {config.job!r} splits its steps among {len(config.coordinators)} "
+                "coordinators ([[steps]] coordinator), which the coordinator does not run yet "
+                "(docs/design/multicoord.md); give every step the job's coordinator"
+            )
         self.config = config
         self.key = key
         self.node = node

@@ -26,6 +26,8 @@ class Where(Protocol):
 
     def int_(self, value: Any, key: str, minimum: int) -> int: ...
 
+    def did(self, value: Any, key: str) -> str: ...
+
 
 @dataclass(frozen=True)
 class Aggregation:

@@ -17,6 +17,8 @@ peers = ["did:key:z6Mk...", ...]
                 parameters and weights, keeps its clipping). Every tensor is in one step: an
                 overlap is refused, and with [[schema]] so is a tensor in no step or a selector
                 matching none. Without [[steps]], one step "all" covers every tensor.
+                coordinator (default: the job's): the did of the coordinator that owns the
+                step (docs/design/multicoord.md); the job's coordinator is the root.
 [population]    optional: population-based training over the peers (``_population``)
 [[stages]]      optional: model-parallel (pipeline) training, each stage a step (``_pipeline``)
 [pipeline]      optional with [[stages]]: micro_batches, in_flight, deadline_s
@@ -26,6 +28,7 @@ peers = ["did:key:z6Mk...", ...]
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -126,6 +129,24 @@ class JobConfig:
     def stepped(self) -> bool:
         """Whether the job file lists ``[[steps]]`` (else its one step covers every tensor)."""
         return not self.steps[0].covers_all
+
+    @property
+    def coordinators(self) -> tuple[str, ...]:
+        """Every coordinator that owns a step: the job's (the root) first, then the others
+        in the order their first step is listed. One, for a job not split among several."""
+        found = [self.coordinator]
+        for step in self.steps:
+            if step.coordinator is not None and step.coordinator not in found:
+                found.append(step.coordinator)
+        return tuple(found)
+
+    def owner(self, step: StepConfig) -> str:
+        """The did of the coordinator that owns ``step`` (the job's unless it names another)."""
+        return self.coordinator if step.coordinator is None else step.coordinator
+
+    def steps_of(self, coordinator: str) -> tuple[StepConfig, ...]:
+        """The steps ``coordinator`` owns, in the job's order."""
+        return tuple(s for s in self.steps if self.owner(s) == coordinator)
 
     @property
     def aggregation(self) -> Aggregation:
@@ -322,6 +343,7 @@ def parse_job(raw: Mapping[str, Any], source: str = "job") -> JobConfig:
             raw["population"], where, peers=peers, deadline_s=rounds.deadline_s
         )
     pinning = None if "pinning" not in raw else parse_pinning(raw["pinning"], where)
+    steps = _owned(steps, coordinator, where, raw)
     return JobConfig(
         job=job,
         coordinator=coordinator,
@@ -341,6 +363,28 @@ def parse_job(raw: Mapping[str, Any], source: str = "job") -> JobConfig:
         pipeline=pipeline,
         pinning=pinning,
     )
+
+
+def _owned(
+    steps: tuple[StepConfig, ...], root: str, where: _Where, raw: Mapping[str, Any]
+) -> tuple[StepConfig, ...]:
+    """``steps`` with an owner equal to the job's coordinator written as None (the job is
+    split only if a step names another); refuses a split in a job whose runner (pipeline,
+    population) does not split rounds."""
+    steps = tuple(
+        dataclasses.replace(s, coordinator=None) if s.coordinator == root else s for s in steps
+    )
+    other = next((i for i, s in enumerate(steps) if s.coordinator is not None), None)
+    if other is not None:
+        for section in ("stages", "population"):
+            if section in raw:
+                key = "stages" if section == "stages" else f"steps[{other}].coordinator"
+                raise where.err(
+                    key,
+                    f"a step names another coordinator than the job's, which a job with "
+                    f"[{section}] cannot have: its rounds are not split among coordinators",
+                )
+    return steps
 
 
 class _Where:

@@ -50,7 +50,8 @@ EVERYTHING: Final = Selector("", pattern=True)
 @dataclass(frozen=True)
 class StepConfig:
     """One step of a round: the tensors it covers, the peers that send them, its quorum and
-    deadline, and how it aggregates (the job's ``[aggregation]`` unless it overrides it)."""
+    deadline, and how it aggregates (the job's ``[aggregation]`` unless it overrides it).
+    ``coordinator``: the did of the coordinator that owns it (None: the job's own)."""
 
     name: str
     tensors: tuple[Selector, ...]
@@ -58,6 +59,7 @@ class StepConfig:
     quorum: int
     deadline_s: float
     aggregation: Aggregation
+    coordinator: str | None = None
 
     @property
     def covers_all(self) -> bool:
@@ -127,7 +129,15 @@ def implicit_step(
 
 def step_keys() -> set[str]:
     """The keys a ``[[steps]]`` table may hold."""
-    return {"name", "tensors", "peers", "quorum", "deadline_s", *aggregation_keys()}
+    return {
+        "name",
+        "tensors",
+        "peers",
+        "quorum",
+        "deadline_s",
+        "coordinator",
+        *aggregation_keys(),
+    }
 
 
 def parse_steps(
@@ -210,7 +220,10 @@ def _step(
     deadline_s = where.num(table.get("deadline_s", job_deadline_s), prefix + "deadline_s", True)
     aggregation = parse_aggregation(table, where, prefix, peers, job_aggregation)
     check_sizes(aggregation, where, key, prefix + "peers", peers, quorum, f"step {name!r}")
-    return StepConfig(name, selectors, peers, quorum, deadline_s, aggregation)
+    owner = table.get("coordinator")
+    if owner is not None:
+        owner = where.did(owner, prefix + "coordinator")
+    return StepConfig(name, selectors, peers, quorum, deadline_s, aggregation, owner)
 
 
 def _selector(text: Any, where: Where, key: str) -> Selector:

@@ -13,6 +13,11 @@ document holding every closed step's tensors) and the previous round's record::
 and at least one step closed (a round where every step failed has no record, like a
 failed round of a job without steps). A failed step has no step record: only its name
 and the reason. Unstepped jobs keep writing round/4 records (``messages.record``).
+
+A step owned by another coordinator than the record's (a round split among several,
+docs/design/multicoord.md) carries ``coordinator``, its owner's did, in its entry:
+``{step, record, output, coordinator}`` or ``{step, failed, coordinator}``. It is left out
+when the owner is the record's coordinator, so a single-coordinator record is unchanged.
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ _KEYS: Final = frozenset(
 )
 _CLOSED_KEYS: Final = frozenset({"step", "record", "output"})
 _FAILED_KEYS: Final = frozenset({"step", "failed"})
+#: The optional key of a step entry: the step's owner, when not the record's coordinator.
+_OWNER_KEY: Final = "coordinator"
 _WHAT: Final = "round record"
 
 
@@ -52,15 +59,19 @@ def _set(obj: object, name: str, value: object) -> None:
 
 @dataclass(frozen=True, slots=True)
 class RoundStep:
-    """One step of a stepped round: its step record and aggregate, or why it failed."""
+    """One step of a stepped round: its step record and aggregate, or why it failed;
+    ``coordinator``: its owner, when another coordinator than the round record's owns it."""
 
     step: str
     record: CID | None = None
     output: CID | None = None
     failed: str | None = None
+    coordinator: str | None = None
 
     def __post_init__(self) -> None:
         check_step("steps.step", self.step)
+        if self.coordinator is not None:
+            check_did("steps.coordinator", self.coordinator)
         if self.failed is not None:
             check_text("steps.failed", self.failed)
             if self.record is not None or self.output is not None:
@@ -103,6 +114,11 @@ class SteppedRoundRecord:
             raise MessageError(Reason.MALFORMED, "`steps` names a step twice")
         if all(s.failed is not None for s in steps):
             raise MessageError(Reason.MALFORMED, "a round/5 record has at least one closed step")
+        if any(s.coordinator == self.coordinator for s in steps):
+            raise MessageError(
+                Reason.MALFORMED,
+                "a step's `coordinator` is left out when it is the record's (one encoding)",
+            )
         _set(self, "steps", steps)
         check_link("output", self.output)
         if self.prev is not None and check_link("prev", self.prev).codec != DAG_CBOR:
@@ -118,10 +134,15 @@ class SteppedRoundRecord:
         """The entry of step ``name``, or None if the round has no such step."""
         return next((s for s in self.steps if s.step == name), None)
 
+    def owner(self, entry: RoundStep) -> str:
+        """Who must have signed ``entry``'s step record: its ``coordinator``, else ours."""
+        return self.coordinator if entry.coordinator is None else entry.coordinator
+
 
 def check_step_of(record: SteppedRoundRecord, cid: CID, step: StepRecord) -> None:
     """MessageError("malformed") unless ``step`` (the record ``cid`` names) is the one
-    ``record`` links for its step: same job, run, round and coordinator, same output."""
+    ``record`` links for its step: same job, run and round, signed by the step's owner
+    (``SteppedRoundRecord.owner``), same output."""
     entry = record.step_of(step.step)
     if entry is None or entry.record is None:
         raise MessageError(
@@ -131,10 +152,14 @@ def check_step_of(record: SteppedRoundRecord, cid: CID, step: StepRecord) -> Non
         raise MessageError(
             Reason.MALFORMED, f"step {step.step!r}'s record is {entry.record}, not {cid}"
         )
-    ours = (record.job, record.run, record.round, record.coordinator)
-    if (step.job, step.run, step.round, step.coordinator) != ours:
+    if (step.job, step.run, step.round) != (record.job, record.run, record.round):
+        raise MessageError(Reason.MALFORMED, f"step record {cid} is of another job, run or round")
+    owner = record.owner(entry)
+    if step.coordinator != owner:
         raise MessageError(
-            Reason.MALFORMED, f"step record {cid} is of another job, run, round or coordinator"
+            Reason.MALFORMED,
+            f"step {step.step!r}'s record {cid} is signed by {step.coordinator}, "
+            f"not by the step's owner {owner}",
         )
     if entry.output != step.output:
         raise MessageError(
@@ -144,9 +169,14 @@ def check_step_of(record: SteppedRoundRecord, cid: CID, step: StepRecord) -> Non
 
 
 def _step_node(entry: RoundStep) -> dict[str, Any]:
+    node: dict[str, Any]
     if entry.failed is not None:
-        return {"step": entry.step, "failed": entry.failed}
-    return {"step": entry.step, "record": entry.record, "output": entry.output}
+        node = {"step": entry.step, "failed": entry.failed}
+    else:
+        node = {"step": entry.step, "record": entry.record, "output": entry.output}
+    if entry.coordinator is not None:
+        node[_OWNER_KEY] = entry.coordinator
+    return node
 
 
 def _unsigned_node(rec: SteppedRoundRecord) -> dict[str, Any]:
@@ -184,8 +214,10 @@ def decode_stepped_record(
         raise MessageError(Reason.MALFORMED, "`steps` must be an array")
     steps = []
     for i, item in enumerate(node["steps"]):
-        entry = exact_keys(f"steps[{i}]", item, frozenset({"step"}), _CLOSED_KEYS | _FAILED_KEYS)
-        if set(entry) not in (_CLOSED_KEYS, _FAILED_KEYS):
+        entry = exact_keys(
+            f"steps[{i}]", item, frozenset({"step"}), _CLOSED_KEYS | _FAILED_KEYS | {_OWNER_KEY}
+        )
+        if set(entry) - {_OWNER_KEY} not in (_CLOSED_KEYS, _FAILED_KEYS):
             raise MessageError(
                 Reason.MALFORMED,
                 f"`steps[{i}]` has keys {sorted(entry)}: either record and output, or failed",
@@ -196,6 +228,7 @@ def decode_stepped_record(
                 record=entry.get("record"),
                 output=entry.get("output"),
                 failed=entry.get("failed"),
+                coordinator=entry.get(_OWNER_KEY),
             )
         )
     prev = node["prev"]
