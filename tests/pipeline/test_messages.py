@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from gradstore.errors import MessageError, Reason
+from gradstore.messages.wire import pack_map, unpack_map
 from gradstore.pipeline import BACKWARD, FORWARD, decode_stage_message, verify_stage_message
 
 from .helpers import BODY, HEAD, KEYS, RUN, job, message
@@ -83,3 +84,47 @@ def test_forgeries_are_refused() -> None:
     with pytest.raises(MessageError) as err:
         decode_stage_message(b"\x81\xa1v\x01")
     assert err.value.code is Reason.MALFORMED
+
+
+def _resigned(change: Any) -> bytes:
+    """A body replica's message with its pairs changed by ``change`` and signed again."""
+    pairs = [p for p in unpack_map(message(BODY[0])) if p[0] != "sig"]
+    pairs = change(pairs)
+    return pack_map([*pairs, ("sig", KEYS[0].sign(pack_map(pairs)))])
+
+
+def _set(key: str, value: Any) -> Any:
+    return lambda pairs: [(k, value if k == key else v) for k, v in pairs]
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (lambda: _resigned(_set("type", "pipeline/other")), Reason.UNKNOWN_TYPE),
+        (lambda: _resigned(lambda ps: [p for p in ps if p[0] != "replica"]), Reason.MALFORMED),
+        (lambda: _resigned(lambda ps: [*ps, ("extra", 1)]), Reason.MALFORMED),
+        (lambda: _resigned(lambda ps: [*ps[2:4], *ps[:2], *ps[4:]]), Reason.MALFORMED),
+        (
+            lambda: _resigned(lambda ps: [(k, v.upper() if k == "cid" else v) for k, v in ps]),
+            Reason.MALFORMED,
+        ),
+        (lambda: message(BODY[0])[:-1], Reason.MALFORMED),  # a sig of 63 bytes, mis-framed
+        (
+            lambda: message(BODY[0]).replace(b"\xa5round\x00", b"\xa5round\xcc\x00"),
+            Reason.MALFORMED,  # round 0 as a uint8: not canonical msgpack
+        ),
+    ],
+)
+def test_a_message_not_in_the_wire_form_is_refused(data, reason) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(MessageError) as err:
+        decode_stage_message(data())
+    assert err.value.code is reason, err.value
+
+
+def test_a_short_signature_is_malformed() -> None:
+    pairs = unpack_map(message(BODY[0]))
+    short = pack_map([*pairs[:-1], ("sig", pairs[-1][1][:63])])
+    with pytest.raises(MessageError) as err:
+        decode_stage_message(short)
+    assert err.value.code is Reason.MALFORMED
+    assert "`sig` must be 64 bytes" in str(err.value)

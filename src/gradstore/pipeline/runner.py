@@ -251,7 +251,8 @@ class StageReplica:
     async def _fetch(
         self, msg: StageMessage, columns: int, rows: int | None, out: ReplicaRound
     ) -> Array:
-        """The activation at ``msg.cid``, verified block by block, of the expected shape."""
+        """The activation at ``msg.cid``, verified block by block: one float64 tensor of the
+        expected shape (docs/spec.md section 11.3), else ``schema-mismatch``."""
         t0 = time.perf_counter()
         got = await asyncio.wait_for(self.store.get(msg.cid), self.pipe.deadline_s)
         out.fetch_s += time.perf_counter() - t0
@@ -259,6 +260,7 @@ class StageReplica:
         if (
             value is None
             or len(got.tensors) != 1
+            or value.dtype != np.float64
             or value.ndim != 2
             or value.shape[1] != columns
             or (rows is not None and value.shape[0] != rows)
@@ -266,9 +268,9 @@ class StageReplica:
             raise PipelineError(
                 Reason.SCHEMA_MISMATCH,
                 f"micro-batch {msg.micro_batch} from {msg.sender}: {msg.cid} is not one "
-                f"{ACTIVATION!r} tensor of {rows or 'n'} x {columns}",
+                f"{ACTIVATION!r} float64 tensor of {rows or 'n'} x {columns}",
             )
-        return np.asarray(value, dtype=np.float64)
+        return np.asarray(value)
 
     async def _micro_batches(
         self,
