@@ -21,10 +21,11 @@ from typing import Any, Final, Literal
 from ..dag.cid import CID
 from ..errors import MessageError, Reason
 from ..job import PipelineConfig
-from ..messages.didkey import SIGNATURE_LEN, verify_signature
+from ..messages.didkey import verify_signature
+from ..messages.envelope import open_envelope, sealed
 from ..messages.keys import SigningKey
 from ..messages.schema import check_cid, check_did, check_job, check_run, check_step, check_uint
-from ..messages.wire import pack_map, unpack_map
+from ..messages.wire import pack_map
 
 MESSAGE_VERSION: Final = 1
 FORWARD: Final = "pipeline/activation"
@@ -114,15 +115,10 @@ def decode_stage_message(data: bytes) -> StageMessage:
 
     Refusals are ``MessageError``: too-large, malformed, unknown-type, bad-signature.
     """
-    if len(data) > MAX_MESSAGE_BYTES:
-        raise MessageError(
-            Reason.TOO_LARGE, f"message is {len(data)} bytes, the limit is {MAX_MESSAGE_BYTES}"
-        )
-    pairs = unpack_map(data)
+    pairs, values = open_envelope(
+        data, max_bytes=MAX_MESSAGE_BYTES, version=MESSAGE_VERSION, what="stage message"
+    )
     keys = tuple(k for k, _ in pairs)
-    values = dict(pairs)
-    if keys[:2] != ("v", "type") or values["v"] != MESSAGE_VERSION or type(values["v"]) is not int:
-        raise MessageError(Reason.MALFORMED, f"a stage message starts with v={MESSAGE_VERSION}")
     if values["type"] not in (FORWARD, BACKWARD):
         raise MessageError(Reason.UNKNOWN_TYPE, f"not a stage message: {values['type']!r:.40}")
     if keys != _KEYS:
@@ -142,12 +138,8 @@ def decode_stage_message(data: bytes) -> StageMessage:
         cid=CID.parse(text),
         sent_at=values["sent_at"],
     )
-    sig = values["sig"]
-    if not isinstance(sig, bytes) or len(sig) != SIGNATURE_LEN:
-        raise MessageError(Reason.MALFORMED, f"`sig` must be {SIGNATURE_LEN} bytes (msgpack bin)")
-    if pack_map(_unsigned_pairs(msg)) != pack_map(pairs[:-1]):
-        raise MessageError(Reason.MALFORMED, "stage message is not in canonical form")
-    if not verify_signature(msg.sender, pack_map(pairs[:-1]), sig):
+    signed, sig = sealed(pairs, _unsigned_pairs(msg), what="stage message")
+    if not verify_signature(msg.sender, signed, sig):
         raise MessageError(Reason.BAD_SIGNATURE, f"signature is not {msg.sender}'s")
     return msg
 

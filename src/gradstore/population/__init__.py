@@ -2,38 +2,7 @@
 the roles (controller, member) that run them on IPFS nodes. The pure rules they apply are
 ``gradstore.pbt``, re-exported here."""
 
-from ..pbt import (
-    Choice,
-    Copy,
-    Decision,
-    HParams,
-    HValue,
-    MemberFailure,
-    MemberScore,
-    PopulationParams,
-    Range,
-    Stream,
-    decide,
-    explore,
-    initial_hparams,
-    quantile_size,
-    stream_key,
-)
+from .. import pbt
+from ..pbt import *  # noqa: F403  (the rules, under the names gradstore.pbt gives them)
 
-__all__ = [
-    "Choice",
-    "Copy",
-    "Decision",
-    "HParams",
-    "HValue",
-    "MemberFailure",
-    "MemberScore",
-    "PopulationParams",
-    "Range",
-    "Stream",
-    "decide",
-    "explore",
-    "initial_hparams",
-    "quantile_size",
-    "stream_key",
-]
+__all__ = list(pbt.__all__)

@@ -16,10 +16,11 @@ from typing import Any, Final
 
 from ..dag.cid import CID
 from ..errors import MessageError, Reason
-from ..messages.didkey import SIGNATURE_LEN, verify_signature
+from ..messages.didkey import verify_signature
+from ..messages.envelope import open_envelope, sealed
 from ..messages.keys import SigningKey
 from ..messages.schema import check_cid, check_job, check_run, check_uint
-from ..messages.wire import pack_map, unpack_map
+from ..messages.wire import pack_map
 
 NEXT_TYPE: Final = "population/next"
 MAX_NEXT_BYTES: Final = 4096
@@ -69,12 +70,7 @@ def verify_next(data: bytes, *, job: str, controller: str) -> NextInterval:
     Refusals are ``MessageError``: too-large, malformed, unknown-type, wrong-job,
     not-coordinator.
     """
-    if len(data) > MAX_NEXT_BYTES:
-        raise MessageError(Reason.TOO_LARGE, f"message is {len(data)} bytes")
-    pairs = unpack_map(data)
-    values = dict(pairs)
-    if [k for k, _ in pairs[:2]] != ["v", "type"] or values["v"] != 1:
-        raise MessageError(Reason.MALFORMED, "a message starts with v=1, type")
+    pairs, values = open_envelope(data, max_bytes=MAX_NEXT_BYTES, version=1, what="message")
     if values["type"] != NEXT_TYPE:
         raise MessageError(Reason.UNKNOWN_TYPE, f"not a {NEXT_TYPE} (type {values['type']!r:.40})")
     record = values.get("record")
@@ -87,14 +83,10 @@ def verify_next(data: bytes, *, job: str, controller: str) -> NextInterval:
         record=None if record is None else CID.parse(record),
         sent_at=values.get("sent_at"),  # type: ignore[arg-type]
     )
-    sig = values.get("sig")
-    if not isinstance(sig, bytes) or len(sig) != SIGNATURE_LEN or pairs[-1][0] != "sig":
-        raise MessageError(Reason.MALFORMED, f"`sig` must be the last key, {SIGNATURE_LEN} bytes")
-    if pack_map(_pairs(msg)) != pack_map(pairs[:-1]):
-        raise MessageError(Reason.MALFORMED, "message has other keys or order than its type's")
+    signed, sig = sealed(pairs, _pairs(msg), what="message")
     if msg.job != job:
         raise MessageError(Reason.WRONG_JOB, f"message is for job {msg.job!r}, not {job!r}")
-    if not verify_signature(controller, pack_map(pairs[:-1]), sig):
+    if not verify_signature(controller, signed, sig):
         raise MessageError(
             Reason.NOT_COORDINATOR, f"not signed by the controller {controller} (or altered)"
         )

@@ -21,10 +21,11 @@ from typing import Any, Final
 
 from ..dag.cid import CID
 from ..errors import MessageError, Reason
-from ..messages.didkey import SIGNATURE_LEN, verify_signature
+from ..messages.didkey import verify_signature
+from ..messages.envelope import open_envelope, sealed
 from ..messages.keys import SigningKey
 from ..messages.schema import check_cid, check_did, check_job, check_run, check_uint
-from ..messages.wire import pack_map, unpack_map
+from ..messages.wire import pack_map
 from ..pbt.decide import MemberScore
 from ..pbt.space import HValue, PopulationParams, check_value
 
@@ -123,15 +124,8 @@ def decode_report(data: bytes, *, max_bytes: int = MAX_REPORT_BYTES) -> tuple[Me
 
     Refusals are ``MessageError``: too-large, malformed, unknown-type, bad-signature.
     """
-    if len(data) > max_bytes:
-        raise MessageError(
-            Reason.TOO_LARGE, f"report is {len(data)} bytes, the limit is {max_bytes}"
-        )
-    pairs = unpack_map(data)
+    pairs, values = open_envelope(data, max_bytes=max_bytes, version=REPORT_VERSION, what="report")
     keys = tuple(k for k, _ in pairs)
-    values = dict(pairs)
-    if keys[:2] != ("v", "type") or values["v"] != REPORT_VERSION or type(values["v"]) is not int:
-        raise MessageError(Reason.MALFORMED, f"a report starts with v={REPORT_VERSION}, type")
     if values["type"] != REPORT_TYPE:
         raise MessageError(
             Reason.UNKNOWN_TYPE, f"not a {REPORT_TYPE} (type {values['type']!r:.40})"
@@ -156,11 +150,7 @@ def decode_report(data: bytes, *, max_bytes: int = MAX_REPORT_BYTES) -> tuple[Me
         hparams=dict(zip(names, vals, strict=True)),
         sent_at=values["sent_at"],
     )
-    sig = values["sig"]
-    if not isinstance(sig, bytes) or len(sig) != SIGNATURE_LEN:
-        raise MessageError(Reason.MALFORMED, f"`sig` must be {SIGNATURE_LEN} bytes (msgpack bin)")
-    if pack_map(_unsigned_pairs(rep)) != pack_map(pairs[:-1]):
-        raise MessageError(Reason.MALFORMED, "report is not in canonical form")
+    _, sig = sealed(pairs, _unsigned_pairs(rep), what="report")
     if not report_signed(rep, sig):
         raise MessageError(Reason.BAD_SIGNATURE, f"report signature is not {rep.member}'s")
     return rep, sig
