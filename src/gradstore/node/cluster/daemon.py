@@ -12,7 +12,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -23,8 +22,8 @@ from typing import Any, Final, Self
 
 import httpx
 
-from ..._closing import Closing
 from ...errors import NodeError
+from .._child import ChildProcess
 
 CLUSTER_VERSION: Final = "v1.1.6"
 """The version ``scripts/install-cluster.sh`` builds (it runs with Kubo v0.42.0)."""
@@ -104,7 +103,7 @@ def loopback_settings(ipfs_api: str, secret: str) -> dict[str, Any]:
     }
 
 
-class ClusterPeer(Closing):
+class ClusterPeer(ChildProcess):
     """One ``ipfs-cluster-service`` on loopback for a Kubo at ``ipfs_api``:
     ``ClusterPeer(bin_dir, kubo.api_url, secret).start()``; ``api_url`` is its REST API.
 
@@ -143,10 +142,6 @@ class ClusterPeer(Closing):
     @property
     def log_path(self) -> Path:
         return self.folder / "service.log"
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
 
     def init(self) -> None:
         """``ipfs-cluster-service init --consensus crdt`` (once), then the loopback settings."""
@@ -218,39 +213,9 @@ class ClusterPeer(Closing):
                 )
             time.sleep(0.1)
 
-    def _tail(self, lines: int = 20) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return "(no service log)"
-        return "\n".join(text.strip().splitlines()[-lines:])
-
-    def kill(self) -> None:
-        """SIGKILL the service at once (a crash: nothing is said to the other peers)."""
-        if self.running:
-            assert self._proc is not None
-            self._proc.kill()
-            self._proc.wait()
-
-    def terminate(self) -> None:
-        """Ask the service to shut down (SIGTERM) without waiting; ``stop()`` waits."""
-        if self.running:
-            assert self._proc is not None
-            self._proc.send_signal(signal.SIGTERM)
-
     def stop(self, grace: float = 10.0) -> None:
         """SIGTERM, wait up to ``grace`` seconds, then SIGKILL; remove a temporary folder."""
-        proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+        self._end(grace)
         if self._owns_folder:
             shutil.rmtree(self.folder, ignore_errors=True)
 

@@ -12,7 +12,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -22,8 +21,8 @@ from typing import Any, Final, Self
 
 import httpx
 
-from ..._closing import Closing
 from ...errors import NodeError
+from .._child import ChildProcess
 from .node import KuboNode
 from .rpc import api_url
 from .settings import DEFAULT_DAEMON_SETTINGS, DaemonSettings
@@ -125,7 +124,7 @@ def _set_config(config: dict[str, Any], dotted: str, value: Any) -> None:
     node[leaf] = value
 
 
-class KuboDaemon(Closing):
+class KuboDaemon(ChildProcess):
     """An isolated Kubo daemon on loopback: ``with KuboDaemon() as d: KuboNode(d.api_url)``.
 
     ``repo`` defaults to a fresh temporary directory, removed by ``stop()``.
@@ -170,10 +169,6 @@ class KuboDaemon(Closing):
     @property
     def log_path(self) -> Path:
         return self.repo / "daemon.log"
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
 
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -236,13 +231,6 @@ class KuboDaemon(Closing):
             raise
         return self
 
-    def _tail(self, lines: int = 20) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return "(no daemon log)"
-        return "\n".join(text.strip().splitlines()[-lines:])
-
     def _wait_ready(self, api_file: Path) -> None:
         assert self._proc is not None
         deadline = time.monotonic() + self.settings.start_timeout
@@ -274,33 +262,10 @@ class KuboDaemon(Closing):
                 )
             time.sleep(self.settings.poll_interval)
 
-    def kill(self) -> None:
-        """SIGKILL the daemon at once (a crash); ``stop()`` still cleans up."""
-        if self.running:
-            assert self._proc is not None
-            self._proc.kill()
-            self._proc.wait()
-
-    def terminate(self) -> None:
-        """Ask the daemon to shut down (SIGTERM) without waiting; ``stop()`` waits."""
-        if self.running:
-            assert self._proc is not None
-            self._proc.send_signal(signal.SIGTERM)
-
     def stop(self, grace: float | None = None) -> None:
         """SIGTERM, wait up to ``grace`` seconds, then SIGKILL; remove a temporary repo."""
         grace = self.settings.stop_grace if grace is None else grace
-        proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+        self._end(grace)
         self.api_url = ""
         if self._owns_repo:
             shutil.rmtree(self.repo, ignore_errors=True)
