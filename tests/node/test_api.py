@@ -9,7 +9,7 @@ import gradstore.node as node
 
 def test_all_is_complete_and_sorted() -> None:
     public = {name for name in vars(node) if not name.startswith("_")}
-    modules = {"base", "capabilities", "daemon", "kubo", "kubo_rpc", "local"}
+    modules = {"base", "capabilities", "cluster", "daemon", "kubo", "kubo_rpc", "local"}
     assert set(node.__all__) == public - modules
     assert node.__all__ == sorted(node.__all__, key=lambda n: (not n.isupper(), n))
 
