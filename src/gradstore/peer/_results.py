@@ -7,9 +7,11 @@ coordinator re-sends its results with fresh stamps, so only those stamped since 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
+from typing import Any, Final
 
 import numpy as np
 
@@ -22,6 +24,10 @@ from ..store import GradientStore
 from ._listen import DEFAULT_COORDINATOR_TIMEOUT_S, CoordinatorListener
 from ._steps import known_step
 from ._view import Outcome
+
+#: Closed steps' aggregates a peer fetches at once (``step_results``): a step's aggregate
+#: is fetched while the next steps close, not after the one before it.
+STEP_FETCHES: Final = 4
 
 
 @dataclass(frozen=True)
@@ -110,11 +116,12 @@ class ResultListener(CoordinatorListener):
     async def step_results(
         self, round_: int, *, timeout: float | None = None
     ) -> AsyncIterator[AggregateResult | StepFailed]:
-        """Each step's result of ``round_`` as the step ends, in the order they end: an
-        ``AggregateResult`` (with its aggregate fetched and verified) for a step that closed,
-        a ``StepFailed`` for one that failed, so one failed step hides no other. It yields
-        every step of the job, not only this peer's (applying the round needs every
-        step's aggregate), and stops once each has ended.
+        """Each step's result of ``round_`` as the step ends: an ``AggregateResult`` (with its
+        aggregate fetched and verified) for a step that closed, in the order their fetches
+        end (up to ``STEP_FETCHES`` at once, as the steps end), a ``StepFailed`` for one that
+        failed, so one failed step hides no other. It yields every step of the job, not only
+        this peer's (applying the round needs every step's aggregate), and stops once each
+        has ended.
 
         A job without steps yields its round's result (or failure, step None) once.
         ``TimeoutError`` if no further step ends within ``timeout`` of the call;
@@ -130,23 +137,46 @@ class ResultListener(CoordinatorListener):
                 yield StepFailed(round_, None, exc.reason)
             return
         done: set[str] = set()
+        fetches: set[asyncio.Task[AggregateResult]] = set()  # closed steps' aggregates
+        waiter: asyncio.Task[bool] | None = None  # for the next steps to end
+        limit = asyncio.Semaphore(STEP_FETCHES)
 
         def ended() -> list[tuple[str, Outcome]]:
             return [e for e in self.view.steps_ended(round_, since_ms) if e[0] not in done]
 
-        while len(done) < len(self.view.steps):
-            if not await self._wait(lambda: bool(ended()), None, deadline):
-                waiting = [s for s in self.view.steps if s not in done]
-                raise TimeoutError(
-                    f"round {round_} of job {self.config.job}: steps {waiting} did not end "
-                    f"within {timeout}s"
-                )
-            for step, outcome in ended():
-                done.add(step)
-                if outcome.result is None:
-                    yield StepFailed(round_, step, outcome.failed or "failed")
-                else:
-                    yield await self._fetch(round_, step, outcome)
+        async def fetch(step: str, outcome: Outcome) -> AggregateResult:
+            async with limit:
+                return await self._fetch(round_, step, outcome)
+
+        try:
+            while len(done) < len(self.view.steps) or fetches:
+                if waiter is None and len(done) < len(self.view.steps):
+                    waiter = asyncio.create_task(self._wait(lambda: bool(ended()), None, deadline))
+                waits = fetches if waiter is None else {*fetches, waiter}
+                over, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                for task in fetches & over:
+                    fetches.discard(task)
+                    yield task.result()
+                if waiter is None or waiter not in over:
+                    continue
+                if not waiter.result():
+                    waiting = [s for s in self.view.steps if s not in done]
+                    raise TimeoutError(
+                        f"round {round_} of job {self.config.job}: steps {waiting} did not "
+                        f"end within {timeout}s"
+                    )
+                waiter = None
+                for step, outcome in ended():
+                    done.add(step)
+                    if outcome.result is None:
+                        yield StepFailed(round_, step, outcome.failed or "failed")
+                    else:  # fetched while the next steps close
+                        fetches.add(asyncio.create_task(fetch(step, outcome)))
+        finally:
+            unfinished: list[asyncio.Task[Any]] = [*fetches, *([] if waiter is None else [waiter])]
+            for pending in unfinished:
+                pending.cancel()
+            await asyncio.gather(*unfinished, return_exceptions=True)
 
     async def _fetch(self, round_: int, step: str | None, outcome: Outcome) -> AggregateResult:
         """The closed round's (or step's) result with its aggregate fetched from the node."""
