@@ -2,9 +2,12 @@
 ``Coordinator`` that stores, journals, then publishes, in that order.
 
 Each step (a job without steps: its one step, which is the round) closes on its own, as
-soon as ``state.due`` says so: it is judged, aggregated with its own method and stored
+soon as ``state.due`` says so, on a task of its own (steps due together close
+concurrently): it is judged, aggregated with its own method and stored
 (``closing.close_round``), journaled, and only then its status and result are published;
-its inputs' memory goes back at once. A stepped round then ends once every step closed or
+its inputs' memory goes back at once. Steps partition the tensors, so concurrent closes
+hold at most the model's aggregate besides the inputs already under the fetch budget; the
+journal is one connection whose flushes take turns. A stepped round then ends once every step closed or
 failed: the model-level output (every closed step's tensors) and a round/5 record linking
 the steps' records are stored, journaled and published as the round's result. Every step
 failed: the round fails, with no record. A restart reads the records it must re-publish

@@ -8,9 +8,11 @@ batches, and only then acknowledged and fetched); the dispatcher and its fetch a
 (``inputs.verify_input``), and the kernel's preparation; the status publisher (each
 changed round at most every ``STATUS_EVERY_S``); the beacon (what peers may have missed,
 re-signed, since pubsub drops messages and peers refuse stale ones); and the round loop,
-which opens a round, closes each of its steps as soon as it is due (a job without steps:
-its one step, the round) and then ends the round (``closer``: ``closing.close_round``, and
-a stepped round's model-level output and round/5 record).
+which opens a round, starts each of its steps' close as soon as it is due, each on a task
+of its own (a job without steps: its one step, the round), so steps due together store
+and publish at once and a slow close holds up no other step; once every step is over and
+every close ended, it ends the round (``closer``: ``closing.close_round``, and a stepped
+round's model-level output and round/5 record).
 """
 
 from __future__ import annotations
@@ -40,7 +42,9 @@ from .journal import Journal
 from .outcome import RoundOutcome, format_outcome
 from .pinner import BatchPinner
 from .progress import RoundProgress
+from .rounds import RoundBook
 from .state import CoordinatorState, Effects, FetchFailed, Key
+from .steps import StepName
 
 log = logging.getLogger("gradstore.coordinator")
 
@@ -208,16 +212,21 @@ class Coordinator(Closer):
         while (count == 0 or self.round < count) and not stop.is_set():
             row = self.journal.open_round(self.round, opened_at=self.clock())
             self._apply(self.state.opened(row, self.journal.inputs(row.round), self.clock())[1])
-            steps: list[RoundOutcome] = []  # each step closes on its own, as soon as it is due
-            while not self.state.round_done(row.round):
-                if stop.is_set():
-                    return  # stopped: the round stays open in the journal
+            # each step closes on its own task, as soon as it is due, while this loop goes on
+            # starting the others' (their stores and publishes overlap; the state is one)
+            closes: dict[StepName, asyncio.Task[RoundOutcome]] = {}
+            while not self.state.round_done(row.round) or _under_way(closes):
+                if stop.is_set():  # stopped: the round stays open in the journal
+                    await asyncio.gather(*closes.values())  # the closes under way end first
+                    return
                 self._news.clear()
                 closing, wake = self.state.due(now := self.clock())
-                for book in closing:
-                    steps.append(await self._close_step(book))
-                if not closing:
+                started = [book for book in closing if book.step not in closes]
+                for book in started:
+                    closes[book.step] = self._close_task(book)
+                if not started:
                     await until(self._news, None if wake is None else wake - now)
+            steps = [closes[step].result() for step in self.state.steps if step in closes]
             outcome = await self._finish_round(row.round, steps)
             self.journal.set_stats(row.round, outcome.stats)
             await asyncio.to_thread(self.journal.flush)
@@ -225,6 +234,20 @@ class Coordinator(Closer):
             log.info("%s", format_outcome(outcome))
             if self.on_round is not None:
                 self.on_round(outcome)
+
+    def _close_task(self, book: RoundBook) -> asyncio.Task[RoundOutcome]:
+        """``_close_step(book)`` as a task of the service's group; the round loop hears
+        when it ends."""
+
+        async def close() -> RoundOutcome:
+            try:
+                return await self._close_step(book)
+            finally:
+                self._news.set()
+
+        assert self._tg is not None
+        name = f"coordinator-close-{book.round}" + ("" if book.step is None else f"-{book.step}")
+        return self._tg.create_task(close(), name=name)
 
     # -- announcements -----------------------------------------------------------------------
     async def _read(self, sub: Any) -> None:
@@ -341,6 +364,11 @@ class Coordinator(Closer):
                 await self._publish(msg)
             self.state.log_refusals(self.clock())  # a flood's last counts, once it stopped
             await asyncio.sleep(self.rebroadcast_s)
+
+
+def _under_way(tasks: dict[StepName, asyncio.Task[RoundOutcome]]) -> bool:
+    """Whether any of ``tasks`` has not ended yet."""
+    return not all(task.done() for task in tasks.values())
 
 
 async def _prepare(gradient: Gradient) -> None:

@@ -9,9 +9,11 @@ whose result the peer missed is read from the round/5 record (``_round_record``)
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
+from typing import Any, Final
 
 import numpy as np
 
@@ -25,6 +27,10 @@ from ._listen import DEFAULT_COORDINATOR_TIMEOUT_S, CoordinatorListener
 from ._round_record import RoundRecords
 from ._steps import known_step
 from ._view import Outcome
+
+#: Closed steps' aggregates a peer fetches at once (``step_results``): a step's aggregate
+#: is fetched while the next steps close, not after the one before it.
+STEP_FETCHES: Final = 4
 
 
 @dataclass(frozen=True)
@@ -118,11 +124,12 @@ class ResultListener(CoordinatorListener):
     async def step_results(
         self, round_: int, *, timeout: float | None = None
     ) -> AsyncIterator[AggregateResult | StepFailed]:
-        """Each step's result of ``round_`` as the step ends, in the order they end: an
-        ``AggregateResult`` (with its aggregate fetched and verified) for a step that closed,
-        a ``StepFailed`` for one that failed, so one failed step hides no other. It yields
-        every step of the job, not only this peer's (applying the round needs every
-        step's aggregate), and stops once each has ended.
+        """Each step's result of ``round_`` as the step ends: an ``AggregateResult`` (with its
+        aggregate fetched and verified) for a step that closed, in the order their fetches
+        end (up to ``STEP_FETCHES`` at once, as the steps end), a ``StepFailed`` for one that
+        failed, so one failed step hides no other. It yields every step of the job, not only
+        this peer's (applying the round needs every step's aggregate), and stops once each
+        has ended.
 
         A job without steps yields its round's result (or failure, step None) once.
         Once the round's result is out, the steps not heard of are read from its round/5
@@ -139,6 +146,9 @@ class ResultListener(CoordinatorListener):
                 yield StepFailed(round_, None, exc.reason)
             return
         done: set[str] = set()
+        fetches: set[asyncio.Task[AggregateResult]] = set()  # closed steps' aggregates
+        waiter: asyncio.Task[bool] | None = None  # for the next steps to end
+        limit = asyncio.Semaphore(STEP_FETCHES)
 
         def ended() -> list[tuple[str, Outcome]]:
             return [e for e in self.view.steps_ended(round_, since_ms) if e[0] not in done]
@@ -149,21 +159,45 @@ class ResultListener(CoordinatorListener):
                 return []
             return [s for s in self.view.steps if s not in done]
 
-        while len(done) < len(self.view.steps):
-            if not await self._wait(lambda: bool(ended() or rest()), None, deadline):
-                waiting = [s for s in self.view.steps if s not in done]
-                raise TimeoutError(
-                    f"round {round_} of job {self.config.job}: steps {waiting} did not end "
-                    f"within {timeout}s"
-                )
-            for step, outcome in ended():
-                done.add(step)
-                yield await self._item(round_, step, outcome)
-            for step in rest():  # their results were missed: the round/5 record has them
-                done.add(step)
-                yield await self._item(
-                    round_, step, await self.step_outcome(round_, since_ms, step)
-                )
+        async def fetch(step: str, outcome: Outcome) -> AggregateResult:
+            async with limit:
+                return await self._fetch(round_, step, outcome)
+
+        try:
+            while len(done) < len(self.view.steps) or fetches:
+                if waiter is None and len(done) < len(self.view.steps):
+                    waiter = asyncio.create_task(
+                        self._wait(lambda: bool(ended() or rest()), None, deadline)
+                    )
+                waits = fetches if waiter is None else {*fetches, waiter}
+                over, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                for task in fetches & over:
+                    fetches.discard(task)
+                    yield task.result()
+                if waiter is None or waiter not in over:
+                    continue
+                if not waiter.result():
+                    waiting = [s for s in self.view.steps if s not in done]
+                    raise TimeoutError(
+                        f"round {round_} of job {self.config.job}: steps {waiting} did not "
+                        f"end within {timeout}s"
+                    )
+                waiter = None
+                ends = ended()
+                for step in rest():  # results missed: the round/5 record has them
+                    if step not in {s for s, _ in ends}:
+                        ends.append((step, await self.step_outcome(round_, since_ms, step)))
+                for step, outcome in ends:
+                    done.add(step)
+                    if outcome.result is None:
+                        yield StepFailed(round_, step, outcome.failed or "failed")
+                    else:  # fetched while the next steps close
+                        fetches.add(asyncio.create_task(fetch(step, outcome)))
+        finally:
+            unfinished: list[asyncio.Task[Any]] = [*fetches, *([] if waiter is None else [waiter])]
+            for pending in unfinished:
+                pending.cancel()
+            await asyncio.gather(*unfinished, return_exceptions=True)
 
     def _in_record(self, round_: int, since_ms: int, step: str | None) -> bool:
         """Whether ``step``'s outcome, not heard of, is to be read from the round/5 record:
@@ -183,11 +217,6 @@ class ResultListener(CoordinatorListener):
         whole = self.view.outcome(round_, since_ms).result
         assert whole is not None
         return await self.records.step_outcome(whole, step)
-
-    async def _item(self, round_: int, step: str, outcome: Outcome) -> AggregateResult | StepFailed:
-        if outcome.result is None:
-            return StepFailed(round_, step, outcome.failed or "failed")
-        return await self._fetch(round_, step, outcome)
 
     async def _fetch(self, round_: int, step: str | None, outcome: Outcome) -> AggregateResult:
         """The closed round's (or step's) result with its aggregate fetched from the node."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from collections.abc import Callable
 
 from ..dag import CID, Block, CarReader, FileAssembler
 from ..dag.assemble import LeafSpan
@@ -178,7 +179,7 @@ async def _cat_leaves(
 
     reader = asyncio.ensure_future(read())
     try:
-        await asyncio.to_thread(verify)
+        await _own_thread(verify)
     except BaseException:
         filled.abort()
         reader.cancel()  # closes the transfer's socket; its thread ends at once
@@ -192,6 +193,35 @@ async def _cat_leaves(
     if progress is not None:
         progress(size, size)
     return result
+
+
+async def _own_thread(wait: Callable[[], None]) -> None:
+    """Run ``wait`` in a thread of its own, not in the loop's default pool: the hasher waits
+    on the read, which runs in that pool, so a pool full of waiting hashers (a few fetches
+    at once: the pool has cores + 4 threads) would never read, and every fetch would hang
+    until its timeout."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def settle(error: BaseException | None) -> None:
+        if done.done():  # cancelled meanwhile
+            return
+        if error is None:
+            done.set_result(None)
+        else:
+            done.set_exception(error)
+
+    def run() -> None:
+        error: BaseException | None = None
+        try:
+            wait()
+        except BaseException as exc:  # handed to the awaiting task
+            error = exc
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody awaits it
+            loop.call_soon_threadsafe(settle, error)
+
+    threading.Thread(target=run, name="gradstore-leaf-hasher", daemon=True).start()
+    await done
 
 
 def _add_all(assembler: FileAssembler, blocks: list[Block]) -> None:
