@@ -156,10 +156,11 @@ def test_a_peer_that_missed_the_steps_results_reads_them_from_the_round_record( 
                 await p0.await_result(0, step="body", timeout=30)
             assert failed.value.step == "body"
             assert failed.value.reason == "quorum not met: 0 verified of 1 needed"
-            got = [item async for item in p1.step_results(0, timeout=30)]
-            assert [getattr(i, "step", None) for i in got] == ["head", "body", "embed"]
-            assert got[1] == StepFailed(0, "body", "quorum not met: 0 verified of 1 needed")
-            embed = got[2]
+            # every step once; aggregates in the order their (concurrent) fetches end
+            got = {i.step: i async for i in p1.step_results(0, timeout=30)}
+            assert sorted(got) == ["body", "embed", "head"]
+            assert got["body"] == StepFailed(0, "body", "quorum not met: 0 verified of 1 needed")
+            embed = got["embed"]
             assert isinstance(embed, AggregateResult) and embed.peers == (dids[1],)
             # the peers' own inputs: verified by the record, or refused with its reason
             mine = await p1.publish(_part("head"), 0, 3, step="head", timeout=30)

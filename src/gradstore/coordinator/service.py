@@ -216,9 +216,11 @@ class Coordinator(Closer):
             # starting the others' (their stores and publishes overlap; the state is one)
             closes: dict[StepName, asyncio.Task[RoundOutcome]] = {}
             while not self.state.round_done(row.round) or _under_way(closes):
-                if stop.is_set():  # stopped: the round stays open in the journal
+                if stop.is_set():
                     await asyncio.gather(*closes.values())  # the closes under way end first
-                    return
+                    if self.state.round_done(row.round):
+                        break  # they ended it: end the round as a run would
+                    return  # stopped: the round stays open in the journal
                 self._news.clear()
                 closing, wake = self.state.due(now := self.clock())
                 started = [book for book in closing if book.step not in closes]
