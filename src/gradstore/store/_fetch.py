@@ -2,7 +2,8 @@
 
 On Kubo (a node that ``SupportsCatInto``) the dag-pb nodes come from ``block/get`` and the
 leaves' bytes from ``cat`` straight into the buffer, each leaf hashed there against its
-CID by a second thread; on other nodes, from a CAR export verified as it arrives.
+CID by a second thread (one of its own: it waits on the read, which runs in the event
+loop's pool); on other nodes, from a CAR export verified as it arrives.
 """
 
 from __future__ import annotations
