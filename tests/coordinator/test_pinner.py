@@ -85,10 +85,38 @@ def test_a_batch_with_an_input_that_cannot_be_pinned_pins_the_others_and_fails_t
             got = await asyncio.gather(
                 *(pinner.pin(cid) for cid in (good[0], bad, good[1])), return_exceptions=True
             )
-            await pinner.aclose()
             return got, await node.pins(), [*good, bad], counting.pin_adds
 
     got, pins, (first, second, bad), calls = asyncio.run(main())
     assert got[0] is None and got[2] is None and isinstance(got[1], TimeoutError)
     assert {first, second} <= pins and bad not in pins
     assert calls == 1 + 3  # the batch, then each alone
+
+
+def test_a_caller_cancelled_while_it_pins_a_batch_leaves_the_others_to_a_new_turn(
+    kubo: KuboDaemon,
+) -> None:
+    """The pinning is done by a waiting caller (no task of its own). Cancelled mid-batch (a
+    fetch attempt whose step closed), it takes its own CID out and puts the rest back: the
+    next caller pins them at once, not after the node's timeout."""
+    blocks = list(build_file([np.random.default_rng(6).bytes(5000)], chunk_size=1024))
+
+    async def main() -> tuple[float, set[CID], CID, CID]:
+        async with kubo.node() as node:
+            (good,) = await _documents(node, 1)
+            (bad,) = await node.import_car(write_car([blocks[-1].cid], blocks[1:]), pin_roots=False)
+            pinner = BatchPinner(node, timeout_s=60.0)  # type: ignore[arg-type]
+            leading = asyncio.create_task(pinner.pin(bad))  # leads the batch [bad, good]
+            waiting = asyncio.create_task(pinner.pin(good))
+            await asyncio.sleep(1.0)  # Kubo looks for bad's missing block
+            assert not waiting.done()
+            started = asyncio.get_running_loop().time()
+            leading.cancel()
+            await asyncio.wait_for(waiting, 10)
+            took = asyncio.get_running_loop().time() - started
+            assert leading.cancelled()
+            return took, await node.pins(), good, bad
+
+    took, pins, good, bad = asyncio.run(main())
+    assert good in pins and bad not in pins
+    assert took < 5.0, took

@@ -4,9 +4,10 @@ Each verified input is pinned so it stays on the coordinator's node until its st
 aggregated, and before the step's record that cites it is published (a fetch attempt
 returns only once its input is pinned). A Kubo call costs about 3 ms of the coordinator's
 CPU, and a stepped round of 64 steps x 4 peers made 256 of them; ``Node.pin_many`` takes
-many CIDs in one call. Callers queue their CID and wait; one drain task pins what is
+many CIDs in one call. Callers queue their CID and wait; one of them pins what is
 queued in one call, then what queued meanwhile, and so on, so under load the batches
-grow by themselves and alone an input waits for no one. A batch that fails, or takes
+grow by themselves and alone an input waits for no one (the pinning is done by a waiting
+caller, not a task of its own, so nothing outlives the attempts that asked). A batch that fails, or takes
 longer than ``timeout_s`` (a DAG whose blocks the node must look for), is pinned again
 one CID at a time, each within ``timeout_s``, so each caller hears its own outcome and
 one bad CID holds up the others once, for one timeout.
@@ -32,7 +33,10 @@ PIN_TIMEOUT_S: Final = 60.0
 
 
 class BatchPinner:
-    """Pins ``node``'s CIDs recursively in batches; ``pin`` returns once its CID is pinned."""
+    """Pins ``node``'s CIDs recursively in batches; ``pin`` returns once its CID is pinned.
+
+    No task of its own: the first caller to find no batch being pinned pins one (every CID
+    queued, its own among them) while the others wait for their outcome or their turn."""
 
     def __init__(
         self, node: Node, *, max_batch: int = MAX_BATCH, timeout_s: float = PIN_TIMEOUT_S
@@ -42,37 +46,49 @@ class BatchPinner:
         self.timeout_s = timeout_s
         self.calls = 0  # pin calls made to the node, batches and single ones
         self._queue: list[tuple[CID, asyncio.Future[None]]] = []
-        self._drain: asyncio.Task[None] | None = None
+        self._pinning = False  # a caller is pinning a batch
+        self._turn = asyncio.Condition()  # a batch ended: outcomes settled, a turn free
 
     async def pin(self, cid: CID) -> None:
         """Pin ``cid`` (with whatever else is queued); raises what pinning it alone raises.
-        A caller that is cancelled leaves the CID queued: it is pinned all the same."""
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._queue.append((cid, future))
-        if self._drain is None or self._drain.done():
-            self._drain = asyncio.create_task(self._drain_queue(), name="coordinator-pins")
-        await future
+        A caller cancelled while it waits takes its CID out of the queue."""
+        entry = (cid, asyncio.get_running_loop().create_future())
+        future = entry[1]
+        self._queue.append(entry)
+        try:
+            while not future.done():
+                if self._pinning:
+                    async with self._turn:
+                        await self._turn.wait_for(lambda: future.done() or not self._pinning)
+                    continue
+                if entry not in self._queue:  # never left out: queued again if it was
+                    self._queue.append(entry)
+                await self._lead()
+        finally:
+            if not future.done():  # cancelled: nobody waits for it any more
+                future.cancel()
+                if entry in self._queue:
+                    self._queue.remove(entry)
+        future.result()
 
-    async def aclose(self) -> None:
-        """Stop pinning: the CIDs still queued are not pinned (their callers are cancelled)."""
-        if self._drain is not None:
-            self._drain.cancel()
-            await asyncio.gather(self._drain, return_exceptions=True)
-        for _, future in self._queue:
-            future.cancel()
-        self._queue.clear()
-
-    async def _drain_queue(self) -> None:
-        while self._queue:
+    async def _lead(self) -> None:
+        """Pin one batch from the queue's head; whatever happens, the waiters hear of it."""
+        self._pinning = True
+        batch: list[tuple[CID, asyncio.Future[None]]] = []
+        try:
+            await asyncio.sleep(0)  # callers ready at the same moment join this batch
             batch, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch :]
-            try:
-                await self._pin(batch)
-            except asyncio.CancelledError:
-                for _, future in batch:
-                    future.cancel()
-                raise
+            await self._pin(batch)
+        finally:
+            # cancelled mid-batch: what it did not settle goes back, first in line
+            self._queue[:0] = [e for e in batch if not e[1].done()]
+            self._pinning = False
+            async with self._turn:
+                self._turn.notify_all()
 
     async def _pin(self, batch: list[tuple[CID, asyncio.Future[None]]]) -> None:
+        if not batch:  # its callers were all cancelled meanwhile
+            return
         cids = list(dict.fromkeys(cid for cid, _ in batch))  # one CID may be queued twice
         try:
             self.calls += 1

@@ -201,7 +201,6 @@ class Coordinator(Closer):
             finally:
                 for task in (*background, *self._attempts.values()):
                     task.cancel()
-                await self._pinner.aclose()
                 if self._prepared is not None:  # a thread: let it finish rather than leak it
                     await asyncio.gather(self._prepared, return_exceptions=True)
                 self._tg = None
