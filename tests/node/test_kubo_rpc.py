@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -73,15 +74,37 @@ def multipart_file(request: httpx.Request) -> bytes:
         ("http://127.0.0.1:5001/", "http://127.0.0.1:5001"),
         ("http://127.0.0.1:5001/api/v0", "http://127.0.0.1:5001"),
         ("localhost:5001", "http://localhost:5001"),
+        ("gradstore_kubo_1:5001", "http://gradstore_kubo_1:5001"),  # a Docker service name
+        ("https://kubo.example/proxy/api/v0/", "https://kubo.example/proxy"),
+        ("été.example:5001", "http://xn--t-9fab.example:5001"),
     ],
 )
 def test_api_url_accepts_urls_and_multiaddrs(address: str, url: str) -> None:
     assert rpc.api_url(address) == url
 
 
-@pytest.mark.parametrize("address", ["", "/ip4/127.0.0.1/udp/5001", "ftp://x:1"])
-def test_api_url_refuses_unusable_addresses(address: str) -> None:
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize(
+    ("address", "says"),
+    [
+        ("", "empty"),
+        ("/ip4/127.0.0.1/udp/5001", "unsupported"),
+        ("ftp://x:1", "not an http(s)"),
+        # text that no resolver could look up was percent-encoded into a host name
+        ("not an address", "spaces"),
+        ("http://exa mple.com", "spaces"),
+        ("http://a..b:5001", "not a host name"),
+        ("http://kubo!:5001", "not a host name"),
+        # ports: httpx's own error type, and ports no socket has
+        ("127.0.0.1:abc", "Invalid port"),
+        ("http://127.0.0.1:99999", "out of range"),
+        ("/ip4/127.0.0.1/tcp/70000", "out of range"),
+        # parts that were silently dropped: credentials and queries never reached Kubo
+        ("http://user:pw@127.0.0.1:5001", "credentials"),
+        ("http://127.0.0.1:5001?token=x", "query"),
+    ],
+)
+def test_api_url_refuses_unusable_addresses(address: str, says: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(says)):
         rpc.api_url(address)
 
 
