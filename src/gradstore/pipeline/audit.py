@@ -118,6 +118,8 @@ async def verify_stage(
     stage's selectors take the parameters); last ``output-cid``: the re-executed document's
     CID is the published one (or, with ``tolerance``, its activations are within it).
     """
+    if activation not in ("tanh", "none"):
+        raise ValueError(f"activation {activation!r}: tanh or none")
     published = await _fetch(store, output_cid, "output")
     x_doc = await _fetch(store, input_cid, "input")
     p_doc = await _fetch(store, params_cid, "params")
@@ -230,8 +232,6 @@ def _layer(doc: Gradient, cid: CID, activation: str) -> DenseStage:
     names = sorted(doc.tensors)
     w = names[-1] if names else ""
     layer = w.removesuffix(".weight")
-    if activation not in ("tanh", "none"):
-        raise AuditError("params-schema", f"activation {activation!r}: tanh or none")
     if len(names) != 2 or names != [f"{layer}.bias", f"{layer}.weight"] or not layer:
         raise AuditError(
             "params-schema",
