@@ -244,3 +244,10 @@ def test_pinned_to_a_job_whose_stage_another_peer_holds_fails_stage_peer(
     assert failed(kubo, config=parse_job(job), **honest(run)) == "stage-peer"
     other = {**run.job, "job": "another-job"}
     assert failed(kubo, config=parse_job(other), **honest(run)) == "expected-job"
+
+
+def test_a_negative_tolerance_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    cid = "bafkreihdwdcefgh4dqkjv67uzcmw7ojee6xedzdetojuzjevtenxquvyku"
+    argv = [cid, "--input", cid, "--params", cid, "--activation", "tanh", "--tolerance", "-1"]
+    assert main(["audit", "stage", *argv]) == 2
+    assert "--tolerance must be >= 0, got -1.0" in capsys.readouterr().err

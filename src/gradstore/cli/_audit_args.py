@@ -14,7 +14,8 @@ from ._nodes import add_node_options, add_timeout_option
 def register(sub: Any) -> None:
     audit = sub.add_parser(
         "audit",
-        help="re-check what a coordinator published: a gradient, a round, a job's history",
+        help="re-check what was published: a gradient, a round, a job's history, a "
+        "population's decisions, a pipeline stage's forward pass",
         description="Independent re-checks. Each exits 0 when every check holds, and 1 with "
         "'error: check NAME failed: ...' naming the first that does not.",
         epilog=examples(
