@@ -1,7 +1,8 @@
 """`gradstore audit stage` on real Kubo: a first-stage replica's forward pass, re-executed from
 the input and parameter CIDs it recorded in a real 2-stage run, passes bit for bit (pinned
 to the job file, and against a stage after the first); an output the stage forged passes
-every check of its documents and fails ``output-cid``; each other check is named when its
+every check of its documents and fails ``output-cid``, also when a lying body replica
+announced it in a real lane and the head took it; each other check is named when its
 document is not the one it must be. The forger is the stage itself, so the signature on
 its announcement is no defence: only re-execution is."""
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,8 +27,11 @@ from gradstore.format import Gradient
 from gradstore.job import parse_job
 from gradstore.node import KuboDaemon
 from gradstore.pipeline.audit import StageReport, verify_stage
+from gradstore.pipeline.layers import Array, DenseStage
 from gradstore.pipeline.runner import ACTIVATION
 from gradstore.store import GradientStore
+
+from .lane import M, lane_job, lane_raw, run_lane
 
 ROUNDS = 2
 
@@ -160,6 +164,31 @@ def test_a_forged_output_fails_output_cid(
     assert code == 1, said
     assert said.startswith("error: check output-cid failed: re-executing fc1 (tanh) over input ")
     assert f"not the published {forged}: the activations differ by up to 0.001" in said
+
+
+@dataclass(frozen=True)
+class Lying(DenseStage):
+    """fc1 with tanh, whose outputs are moved by 1e-3: what the stage sends and records."""
+
+    def forward(self, params: Mapping[str, Array], x: Array) -> Array:
+        return super().forward(params, x) + 1e-3
+
+
+def test_a_stage_that_announced_a_forged_output_fails_output_cid(
+    kubo: KuboDaemon, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A body replica that computes other than fc1's forward pass and announces it, signed
+    by its own key, in a real lane: the head takes it (the signature is valid; so is every
+    document), the round closes, and re-executing body's recorded micro-batch fails."""
+    body, head = run_lane(kubo, tmp_path, lane_job(in_flight=M), body_layer=Lying("fc1", "tanh"))
+    assert head.inputs == body.outputs  # the head took what body announced
+    assert body.params is not None
+    job = toml(lane_raw(), tmp_path / "job.toml")
+    argv = [body.outputs[2], "--input", body.inputs[2], "--params", body.params]
+    code, said = cli(kubo, capsys, *argv, "--activation", "tanh", "--config", job)
+    assert code == 1, said
+    assert said.startswith("error: check output-cid failed: re-executing fc1 (tanh) over input ")
+    assert f"not the published {body.outputs[2]}: the activations differ by up to 0.001" in said
 
 
 def test_a_tolerance_passes_a_difference_within_it_and_says_so(
