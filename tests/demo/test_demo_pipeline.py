@@ -1,7 +1,7 @@
 """`gradstore demo --mode model-parallel`: the MLP in two stages x 2 replicas reaches the
 data-parallel mode's held-out accuracy on the same data, on the local node and on Kubo,
 prints the pipeline's bubble, and the printed `audit history` command passes on its
-stepped round records; options the mode would ignore are refused, per mode."""
+stepped round records, as does its `audit stage` command on a micro-batch of the last round; options the mode would ignore are refused, per mode."""
 
 from __future__ import annotations
 
@@ -64,6 +64,11 @@ def test_model_parallel_reaches_data_parallel_accuracy_and_its_records_audit(  #
     assert audit[-1].endswith(
         f"{ROUNDS} round(s), {ROUNDS - 1} down to 0, all by coordinator {did}"
     )
+    stage = shlex.split(_line(lines, "audit a stage: "))
+    assert stage[:3] == ["gradstore", "audit", "stage"]
+    checked = _run(capsys, *stage[1:])
+    assert checked[-1].startswith(f"ok stage body of round {ROUNDS - 1} of job "), checked
+    assert "micro-batch 0, " in checked[-1] and "matches bit for bit" in checked[-1]
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The parsers of ``gradstore audit cid|round|history|population`` (light; the commands are in ``_audit_cmds``)."""
+"""The parsers of ``gradstore audit cid|round|history|population|stage`` (light; the commands are in ``_audit_cmds``)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from ._nodes import add_node_options, add_timeout_option
 def register(sub: Any) -> None:
     audit = sub.add_parser(
         "audit",
-        help="re-check what a coordinator published: a gradient, a round, a job's history",
+        help="re-check what was published: a gradient, a round, a job's history, a "
+        "population's decisions, a pipeline stage's forward pass",
         description="Independent re-checks. Each exits 0 when every check holds, and 1 with "
         "'error: check NAME failed: ...' naming the first that does not.",
         epilog=examples(
@@ -80,6 +81,53 @@ def register(sub: Any) -> None:
     _pins(p)
     _common(p)
     p.set_defaults(run=lazy("_population_cmds", "cmd_audit_population", blas=False))
+
+    p = asub.add_parser(
+        "stage",
+        help="re-execute a pipeline stage's forward pass from its input and parameters, "
+        "compare with its published output",
+        description="A pipeline stage's output is re-derived from the micro-batch's input "
+        "document and the stage's parameter document of the round (the CIDs the replica "
+        "recorded: `gradstore demo --mode model-parallel` prints one such command). The three "
+        "documents' meta must name the same job, round, micro-batch, stage and peer; the "
+        "layer is the one the parameters hold, its activation the model's (no document says "
+        "it). Exits 0 when the re-executed document has the published CID, 1 naming the check "
+        "that failed.",
+        epilog=examples(
+            'gradstore audit stage "$output" --input "$input" --params "$params" '
+            "--activation tanh --config job.toml",
+        ),
+    )
+    p.add_argument("output", type=cid_argument("the output CID"), help="the published output")
+    p.add_argument(
+        "--input", required=True, type=cid_argument("--input"), metavar="CID",
+        help="the micro-batch's input: the first stage's rows, or the activation it took",
+    )  # fmt: skip
+    p.add_argument(
+        "--params", required=True, type=cid_argument("--params"), metavar="CID",
+        help="the stage's parameters in that round, as the replica stored them",
+    )  # fmt: skip
+    p.add_argument(
+        "--activation", required=True, choices=("tanh", "none"),
+        help="the layer's activation function, from the model's code (the demo's fc1: tanh)",
+    )  # fmt: skip
+    p.add_argument(
+        "--config",
+        metavar="JOB_TOML",
+        default=None,
+        help="pin the job file: its name, the stage's replicas and tensors (checks "
+        "expected-job, stage-peer, params-tensors)",
+    )
+    p.add_argument(
+        "--tolerance",
+        type=float,
+        default=None,
+        metavar="X",
+        help="pass when the activations differ by at most X though the CIDs do not (another "
+        "machine or BLAS: see docs/design/pipeline.md); default: bit for bit",
+    )
+    _common(p)
+    p.set_defaults(run=lazy("_audit_cmds", "cmd_audit_stage"))
 
 
 def _pins(parser: argparse.ArgumentParser) -> None:

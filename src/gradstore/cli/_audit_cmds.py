@@ -1,4 +1,4 @@
-"""``gradstore audit cid|round|history``: the audit layer's checks as commands.
+"""``gradstore audit cid|round|history|stage``: the audit layer's checks as commands.
 
 Each prints ``ok ...`` lines on stdout when every check holds; a failed check is an
 ``AuditError`` ("check NAME failed: ...") on the one ``error:`` line, exit 1.
@@ -189,6 +189,46 @@ def cmd_audit_history(args: argparse.Namespace) -> int:
         printable(
             f"ok history of job {top.job}: {len(reports)} round(s), {top.round} down to "
             f"{bottom.round}, all by coordinator {top.coordinator}"
+        )
+    )
+    return _exit.SUCCESS
+
+
+def cmd_audit_stage(args: argparse.Namespace) -> int:
+    """Re-execute a pipeline stage's forward pass; one ``ok`` line when it gives the output."""
+    from ..pipeline.audit import verify_stage
+
+    config = load_job(args.config) if args.config else None
+    if args.tolerance is not None and not args.tolerance >= 0:
+        raise UsageError(f"--tolerance must be >= 0, got {args.tolerance}")
+    r = _run(
+        args,
+        f"stage output {args.output}, its input and parameters",
+        lambda node, store, progress: verify_stage(
+            store,
+            args.activation,
+            output_cid=CID.parse(args.output),
+            input_cid=CID.parse(args.input),
+            params_cid=CID.parse(args.params),
+            config=config,
+            tolerance=args.tolerance,
+        ),
+        args.output,
+    )
+    how = (
+        "bit for bit"
+        if r.audit.matches
+        else f"within tolerance {args.tolerance:g} (activations differ by up to "
+        f"{r.audit.max_abs_diff:.3g}; the CID re-derived is {r.audit.recomputed})"
+    )
+    source = "the job's rows" if r.first_stage else "the stage before's activation"
+    print(
+        printable(
+            f"ok stage {r.stage} of round {r.round} of job {r.job}, micro-batch "
+            f"{r.micro_batch}, peer {r.peer}: input {args.input} ({source}, {r.rows} rows) "
+            f"and parameters {args.params} ({r.layer.layer}, {args.activation}) re-executed, "
+            f"output {args.output} matches {how}"
+            + ("" if config is not None else " (not pinned to a job file: see --config)")
         )
     )
     return _exit.SUCCESS

@@ -12,7 +12,7 @@ from . import _exit
 from ._demo_audit import audit_line
 
 if TYPE_CHECKING:
-    from ..demo._pipeline import PipelineRow
+    from ..demo._pipeline import PipelineDemoResult, PipelineRow
 
 
 def _row(row: PipelineRow) -> str:
@@ -20,6 +20,20 @@ def _row(row: PipelineRow) -> str:
         f"round {row.round:3d}: loss {row.loss:.4f}, held-out accuracy {row.accuracy:.2%}, "
         f"{row.seconds:.2f} s, bubble {row.bubble_s:.2f} s ({row.bubble_fraction:.0%} of the "
         "replicas' micro-batch time)"
+    )
+
+
+def _stage_line(result: PipelineDemoResult, reach: str | None) -> str | None:
+    """The ``audit stage`` command of the first stage's replica 0, last round, micro-batch 0:
+    the CIDs it recorded (no record holds them); None when the node goes with the demo."""
+    from ..pipeline.layers import mlp_stages
+
+    body = next((r for r in result.last.values() if r.outputs and 0 in r.outputs), None)
+    if reach is None or body is None or body.params is None:
+        return None
+    return (
+        f"audit a stage: gradstore audit stage {body.outputs[0]} --input {body.inputs[0]} "
+        f"--params {body.params} --activation {mlp_stages()[0].activation} {reach}"
     )
 
 
@@ -66,5 +80,8 @@ async def pipeline_demo(args: argparse.Namespace) -> int:
             f"head record {result.head}",
             flush=True,
         )
+        stage = _stage_line(result, demo_node.reach)
+        if stage is not None:
+            print(stage, flush=True)
         print(audit_line(result.head, coordinator.did, demo_node.reach, demo_node.gone), flush=True)
     return _exit.SUCCESS

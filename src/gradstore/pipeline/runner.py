@@ -38,6 +38,9 @@ from .message import (
 
 #: The tensor name of an activation (or activation-gradient) document.
 ACTIVATION: str = "activation"
+#: The ``kind`` of the first stage's input rows and of a stage's parameters, as documents.
+STAGE_INPUT: str = "stage-input"
+STAGE_PARAMS: str = "stage-params"
 #: The longest a sent message waits before it is sent again (its wait doubles from
 #: ``rebroadcast_s`` up to this).
 MAX_RESEND_GAP_S: float = 4.0
@@ -220,14 +223,8 @@ class StageReplica:
         """Put ``value`` as a document and announce it to this lane's neighbour."""
         t0 = time.perf_counter()
         to = self.stage_index + (1 if direction == FORWARD else -1)
-        meta = {
-            "kind": "activation" if direction == FORWARD else "activation-grad",
-            "job": self.config.job,
-            "round": round_,
-            "micro_batch": mb,
-            "stage": self.stage,
-            "peer": self.key.did,
-        }
+        kind = "activation" if direction == FORWARD else "activation-grad"
+        meta = self._meta(kind, round_, mb)
         cid = await self.store.put(Gradient({ACTIVATION: np.ascontiguousarray(value)}, meta))
         msg = StageMessage(
             direction,
@@ -247,6 +244,15 @@ class StageReplica:
         sent[(direction, mb)] = _Sent(data, time.monotonic() + gap, gap)
         out.put_s += time.perf_counter() - t0
         return cid
+
+    def _meta(self, kind: str, round_: int, mb: int | None = None) -> dict[str, object]:
+        """The meta of a document this replica stores (docs/spec.md, section 11.1): what it
+        is, and whose, so an audit can tell that an input, parameters and an output belong
+        together (``audit.verify_stage``)."""
+        meta: dict[str, object] = {"kind": kind, "job": self.config.job, "round": round_}
+        if mb is not None:
+            meta["micro_batch"] = mb
+        return {**meta, "stage": self.stage, "peer": self.key.did}
 
     async def _fetch(
         self, msg: StageMessage, columns: int, rows: int | None, out: ReplicaRound
@@ -291,7 +297,10 @@ class StageReplica:
         w, _ = self.layer.names()
         fan_in, fan_out = params[w].shape[1], params[w].shape[0]
         out = ReplicaRound(grads={})
-        out.params = await self.store.put(Gradient({n: params[n] for n in self.layer.names()}))
+        names = self.layer.names()
+        out.params = await self.store.put(
+            Gradient({n: params[n] for n in names}, self._meta(STAGE_PARAMS, round_))
+        )
         per_mb: dict[int, Params] = {}
         cache: dict[int, tuple[Array, Array]] = {}
         losses: dict[int, float] = {}
@@ -304,7 +313,8 @@ class StageReplica:
                 assert x is not None
                 t0 = time.perf_counter()
                 xs = np.ascontiguousarray(x[next_mb], dtype=np.float64)
-                out.inputs[next_mb] = await self.store.put(Gradient({ACTIVATION: xs}))
+                meta = self._meta(STAGE_INPUT, round_, next_mb)
+                out.inputs[next_mb] = await self.store.put(Gradient({ACTIVATION: xs}, meta))
                 out.put_s += time.perf_counter() - t0
                 act = self.layer.forward(params, xs)
                 cache[next_mb] = (xs, act)
@@ -340,7 +350,6 @@ class StageReplica:
                     await self._send(run, round_, mb, BACKWARD, gx, sent, out)
             out.busy_s += time.perf_counter() - t1
         # summed in micro-batch order: the same bits whatever order they arrived in
-        names = self.layer.names()
         out.grads = {n: sum((per_mb[i][n] for i in range(1, m)), per_mb[0][n]) for n in names}
         if self.last:
             out.loss = sum(losses[i] for i in range(m))
