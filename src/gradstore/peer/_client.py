@@ -3,7 +3,13 @@ aggregate.
 
 Pubsub has no delivery guarantee, so a peer re-announces with backoff until the
 coordinator's signed status shows its input received, then waits until it is verified or
-refused. Announcements carry the coordinator's run id, which the peer learns from the
+refused. A peer with several announcements out (a stepped job's steps) takes the
+coordinator's acknowledgements of its other announcements as a sign that it is working
+through them: an announcement is sent again only once ``delay`` passed both since it was
+sent and since the coordinator last acknowledged one of this peer's announcements (and at
+the latest ``max_backoff_s`` after it was sent), so a lost one still goes out again.
+
+Announcements carry the coordinator's run id, which the peer learns from the
 coordinator's own signed, fresh status (``CoordinatorView``), so no message of an
 earlier run of the same job is trusted or answered.
 """
@@ -81,6 +87,9 @@ class Peer(ResultListener):
         self.first_backoff_s = first_backoff_s
         self.max_backoff_s = max_backoff_s
         self.announcements_sent = 0
+        #: When the coordinator last acknowledged (first said anything of) one of our
+        #: announcements (monotonic s; None: not yet).
+        self._acked_at: float | None = None
         #: The job's steps as this peer publishes them (which are its own, cutting).
         self.steps = PeerSteps(config, None if key is None else key.did)
 
@@ -295,7 +304,8 @@ class Peer(ResultListener):
         def moved() -> bool:
             return self.run != run or standing()[0] is not Standing.UNKNOWN
 
-        await self._wait(moved, delay, deadline)
+        if await self._until_heard(moved, delay, deadline) and self.run == run:
+            self._acked_at = time.monotonic()  # heard of: the coordinator is at work
         # A round over without a word about our input: its result may still be on its way,
         # so wait for it until a fixed time. The coordinator's repeated statuses wake the wait
         # but do not move that time (they used to restart it, so it never came).
@@ -331,6 +341,28 @@ class Peer(ResultListener):
             if deadline is not None and time.monotonic() >= deadline:
                 return False
         return False
+
+    async def _until_heard(
+        self, moved: Callable[[], bool], delay: float, deadline: float | None
+    ) -> bool:
+        """After an announcement: wait until ``moved()`` (True), or until ``delay`` passed
+        since it was sent and since the coordinator last acknowledged another of our
+        announcements, but no longer than ``max(delay, max_backoff_s)`` (False: announce
+        again). Acknowledgements of our other announcements say the coordinator is working
+        through a queue of them (64 steps announced at once took it over a second to
+        acknowledge, and each one announced again after 1 s cost it more work); when they
+        stop and ours still has no word, it was lost."""
+        sent = time.monotonic()
+        latest = sent + max(delay, self.max_backoff_s)
+        while True:
+            quiet = max(sent, self._acked_at or sent) + delay
+            left = min(quiet, latest) - time.monotonic()
+            if left <= 0:
+                return False
+            if await self._wait(moved, left, deadline):
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
 
     def _verdict_of(self, outcome: Outcome, round_: int, step: str) -> bool:
         """True if the round/5 record's ``outcome`` of ``step`` aggregated this peer's input;
