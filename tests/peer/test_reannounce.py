@@ -113,3 +113,31 @@ def test_an_announcement_with_no_word_once_the_acknowledgements_stop_goes_again(
 
 def _embeds(c: ScriptedCoordinator) -> list[object]:
     return [h for h in c.heard if h.msg.step == "embed"]
+
+
+def test_a_peer_waits_twice_as_long_as_its_acknowledgements_took_before_announcing_again(  # type: ignore[no-untyped-def]
+    kubo_factory,
+) -> None:
+    daemons = kubo_factory(2, connect=True)
+    config, coord, keys = stepped_job()
+    did = keys[0].did
+    slow_s = 1.6  # the coordinator acknowledges this long after it heard: past the 1.2 s backoff
+
+    async def go() -> None:
+        async with staged(daemons, config, coord, keys[0]) as (c, peer):
+            for step in ("head", "embed"):  # one after the other
+                publishing = asyncio.create_task(
+                    peer.publish(whole_gradient(), 0, 3, step=step, timeout=30)
+                )
+                await c.announcement(lambda a, step=step: a.step == step)
+                await asyncio.sleep(slow_s)
+                await c.status(0, step, verified=[did])
+                await asyncio.wait_for(publishing, 20)
+            sent = [h.msg.step for h in c.heard if h.msg.peer == did]
+            print(f"announcements {sent}")
+            # head: no acknowledgement timed yet, so sent again after 1.2 s; embed: the peer
+            # learned that acknowledgements take about 1.6 s, and waits 3.2 s
+            assert sent.count("head") == 2, sent
+            assert sent.count("embed") == 1, sent
+
+    asyncio.run(go())
