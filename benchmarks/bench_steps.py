@@ -218,12 +218,16 @@ async def entered_peers(
     async with contextlib.AsyncExitStack() as stack:
         # the coordinator's process starts beside them: at load 10 its imports alone took
         # over the peers' default 15 s of patience, and the run ended there
-        patience = {"coordinator_timeout_s": 120.0}
-        first = await stack.enter_async_context(Peer(config, node, keys[0], **patience))
+        patience = 120.0
+        first = await stack.enter_async_context(
+            Peer(config, node, keys[0], coordinator_timeout_s=patience)
+        )
         peers = [first]
         for key in keys[1:]:
             peers.append(
-                await stack.enter_async_context(Peer(config, node, key, listener=first, **patience))
+                await stack.enter_async_context(
+                    Peer(config, node, key, listener=first, coordinator_timeout_s=patience)
+                )
             )
         yield peers
 
