@@ -216,10 +216,19 @@ async def entered_peers(
     bench_round's peers do: the bench process decodes each status once, not once per peer,
     so it measures the coordinator)."""
     async with contextlib.AsyncExitStack() as stack:
-        first = await stack.enter_async_context(Peer(config, node, keys[0]))
+        # the coordinator's process starts beside them: at load 10 its imports alone took
+        # over the peers' default 15 s of patience, and the run ended there
+        patience = 120.0
+        first = await stack.enter_async_context(
+            Peer(config, node, keys[0], coordinator_timeout_s=patience)
+        )
         peers = [first]
         for key in keys[1:]:
-            peers.append(await stack.enter_async_context(Peer(config, node, key, listener=first)))
+            peers.append(
+                await stack.enter_async_context(
+                    Peer(config, node, key, listener=first, coordinator_timeout_s=patience)
+                )
+            )
         yield peers
 
 

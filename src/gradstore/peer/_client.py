@@ -3,7 +3,13 @@ aggregate.
 
 Pubsub has no delivery guarantee, so a peer re-announces with backoff until the
 coordinator's signed status shows its input received, then waits until it is verified or
-refused. Announcements carry the coordinator's run id, which the peer learns from the
+refused. A peer with several announcements out (a stepped job's steps) takes the
+coordinator's acknowledgements of its other announcements as a sign that it is working
+through them: an announcement is sent again only once ``delay`` passed both since it was
+sent and since the coordinator last acknowledged one of this peer's announcements (and at
+the latest ``max_backoff_s`` after it was sent), so a lost one still goes out again.
+
+Announcements carry the coordinator's run id, which the peer learns from the
 coordinator's own signed, fresh status (``CoordinatorView``), so no message of an
 earlier run of the same job is trusted or answered.
 """
@@ -81,6 +87,11 @@ class Peer(ResultListener):
         self.first_backoff_s = first_backoff_s
         self.max_backoff_s = max_backoff_s
         self.announcements_sent = 0
+        #: When the coordinator last acknowledged (first said anything of) one of our
+        #: announcements (monotonic s; None: not yet).
+        self._acked_at: float | None = None
+        #: How long the coordinator took to acknowledge our announcements, smoothed (s).
+        self._ack_s: float | None = None
         #: The job's steps as this peer publishes them (which are its own, cutting).
         self.steps = PeerSteps(config, None if key is None else key.did)
 
@@ -264,7 +275,10 @@ class Peer(ResultListener):
             retries=None, backoff=self.first_backoff_s, max_backoff=self.max_backoff_s
         ).delays()
         delay = next(delays)
-        while not await self._verdict(one.round, run, sent_at, delay, deadline, one.step):
+        first = time.monotonic()  # (about) when it first went out
+        while not await self._verdict(
+            one.round, run, sent_at, delay, deadline, one.step, first_sent=first
+        ):
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(
                     f"round {one.round}{of_step(one.step)}: the coordinator did not verify "
@@ -281,8 +295,11 @@ class Peer(ResultListener):
         delay: float,
         deadline: float | None,
         step: str | None = None,
+        *,
+        first_sent: float | None = None,
     ) -> bool:
-        """After an announcement stamped ``since_ms``: True once verified; False to announce
+        """After an announcement stamped ``since_ms`` (the input first announced at monotonic
+        ``first_sent``): True once verified; False to announce
         again (not heard of within ``delay``, the run changed, or the deadline passed);
         RefusedError if refused, or as soon as the round (or its step) failed. Only
         statuses stamped after the announcement count."""
@@ -295,7 +312,11 @@ class Peer(ResultListener):
         def moved() -> bool:
             return self.run != run or standing()[0] is not Standing.UNKNOWN
 
-        await self._wait(moved, delay, deadline)
+        if await self._until_heard(moved, delay, deadline) and self.run == run:
+            self._acked_at = now = time.monotonic()  # heard of: the coordinator is at work
+            if first_sent is not None:
+                took = now - first_sent
+                self._ack_s = took if self._ack_s is None else 0.75 * self._ack_s + 0.25 * took
         # A round over without a word about our input: its result may still be on its way,
         # so wait for it until a fixed time. The coordinator's repeated statuses wake the wait
         # but do not move that time (they used to restart it, so it never came).
@@ -331,6 +352,31 @@ class Peer(ResultListener):
             if deadline is not None and time.monotonic() >= deadline:
                 return False
         return False
+
+    async def _until_heard(
+        self, moved: Callable[[], bool], delay: float, deadline: float | None
+    ) -> bool:
+        """After an announcement: wait until ``moved()`` (True), or until ``delay`` (at least
+        twice the time our acknowledgements take, smoothed, up to ``max_backoff_s``) passed
+        since it was sent and since the coordinator last acknowledged another of our
+        announcements, but no longer than ``max(delay, max_backoff_s)`` (False: announce
+        again). Acknowledgements of our other announcements say the coordinator is working
+        through a queue of them (64 steps announced at once took it over a second to
+        acknowledge, and each one announced again after 1 s cost it more work); when they
+        stop and ours still has no word, it was lost."""
+        if self._ack_s is not None:  # not sooner than twice what acknowledgements take
+            delay = max(delay, min(2 * self._ack_s, self.max_backoff_s))
+        sent = time.monotonic()
+        latest = sent + max(delay, self.max_backoff_s)
+        while True:
+            quiet = max(sent, self._acked_at or sent) + delay
+            left = min(quiet, latest) - time.monotonic()
+            if left <= 0:
+                return False
+            if await self._wait(moved, left, deadline):
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
 
     def _verdict_of(self, outcome: Outcome, round_: int, step: str) -> bool:
         """True if the round/5 record's ``outcome`` of ``step`` aggregated this peer's input;

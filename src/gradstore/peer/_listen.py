@@ -104,7 +104,8 @@ class CoordinatorListener:
         or result (now in ``view``); whether one came."""
         async with self._news:
             try:
-                await asyncio.wait_for(self._news.wait(), timeout)
+                async with asyncio.timeout(timeout):  # in this task: see ``_wait``
+                    await self._news.wait()
             except TimeoutError:
                 return False
             return True
@@ -233,5 +234,9 @@ class CoordinatorListener:
                 limit = silent_left if until is None else min(silent_left, until - time.monotonic())
                 if limit <= 0:
                     return False
+                # the wait runs in this task (not ``wait_for``'s task of its own, which on
+                # Python 3.11 could outlive a cancelled waiter and, cancelled at shutdown,
+                # wait for ever for the condition's lock: the steps benchmark hung there)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._news.wait(), limit)
+                    async with asyncio.timeout(limit):
+                        await self._news.wait()
