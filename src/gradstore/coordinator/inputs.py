@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
@@ -64,6 +66,9 @@ from ..store import GradientStore
 from .binding import Claim, check_binding
 from .pinner import BatchPinner
 from .rounds import Schema, schema_of, schema_text
+from .spill import SpillTarget, write_spill
+
+log = logging.getLogger("gradstore.coordinator")
 
 #: Slowest transfer an attempt allows once the root is in: its timeout grows with the size.
 MIN_RATE_BYTES_S: Final = 4 * 1024 * 1024
@@ -93,6 +98,7 @@ class VerifiedInput:
     tensors: dict[str, TensorInfo]  # where each tensor lives in the document, to read it again
     seconds: float
     codec: Codec | None = None  # a compressed input's codec (the round record names it)
+    spill: Path | None = None  # its verified bytes, in the coordinator's spill file
 
 
 class ByteBudget:
@@ -163,19 +169,26 @@ async def verify_input(
     claim: Claim | None = None,
     step: StepConfig | None = None,
     pinner: BatchPinner | None = None,
+    spill: SpillTarget | None = None,
 ) -> VerifiedInput:
     """One attempt at ``cid`` (see the module docstring).
 
     ``claim``: what the announcement says of the document (None: not checked); ``step``:
     the step whose tensors the document must hold (None: any); ``pinner``: pins it with
-    other inputs in one call (None: alone). Whatever the document does wrong is a
-    ``RefusedError``; only the node's failures pass through."""
+    other inputs in one call (None: alone); ``spill``: where to write the verified bytes
+    of a document not kept in memory, if they fit on its disk (None: nowhere, it is read
+    back from the node). Whatever the document does wrong is a ``RefusedError``; only the
+    node's failures pass through."""
     with _as_refusal():
         start = time.perf_counter()
         size, root = await root_block(node, cid, store.limits, resolve_timeout_s)
         held = size + SCRATCH_BYTES
         await budget.acquire(held)
-        kept = False
+        spilled = False
+        kept = keep.try_take(size)
+        # decided before a leaf is fetched: a spill that would not fit on its disk is not made
+        to_spill = not kept and spill is not None and spill.claim(size)
+        writing: asyncio.Future[None] | None = None
         try:
             timeout = resolve_timeout_s + size / MIN_RATE_BYTES_S
             limits = store.limits
@@ -185,6 +198,9 @@ async def verify_input(
                 else:
                     fetched = store.fetch_document(cid, root=root)  # the root: not again
                     buf = await asyncio.wait_for(fetched, timeout)
+                if to_spill and spill is not None:
+                    # the bytes just hashed, written while they are decoded and checked
+                    writing = asyncio.ensure_future(asyncio.to_thread(write_spill, spill.path, buf))
                 # off the loop: a compressed payload's checks take time in proportion to it
                 gradient, header = await asyncio.to_thread(decode_with_header, buf, limits)
             except LimitExceededError as exc:  # the rest: see _as_refusal
@@ -197,8 +213,8 @@ async def verify_input(
                 raise RefusedError.parse(problem)
             pinned = node.pin(cid) if pinner is None else pinner.pin(cid)
             await asyncio.wait_for(pinned, timeout)
-            kept = keep.try_take(size)
-            return VerifiedInput(
+            spilled = writing is not None and await _written(writing, spill)
+            result = VerifiedInput(
                 peer,
                 cid,
                 num_samples,
@@ -209,9 +225,33 @@ async def verify_input(
                 {t.name: t for t in header.tensors},
                 time.perf_counter() - start,
                 header.codec,
+                spill.path if spilled and spill is not None else None,
             )
+            kept = False  # the result holds them now
+            return result
         finally:
+            if kept:
+                keep.give_back(size)
+            if to_spill and spill is not None:
+                if writing is not None:
+                    with contextlib.suppress(BaseException):
+                        await asyncio.shield(writing)  # a thread: it ends on its own
+                spill.written(size)
+                if not spilled:  # refused, failed or cancelled: its file goes
+                    spill.spills.remove([spill.path])
             await budget.release(held)
+
+
+async def _written(writing: asyncio.Future[None], spill: SpillTarget | None) -> bool:
+    """Whether the spill file was written; a disk that fails it (full, read-only) only
+    means the input is read back from the node at the close, as without a spill."""
+    try:
+        await writing
+    except OSError as exc:
+        where = None if spill is None else spill.path
+        log.warning("writing spill file %s failed (%s): read back from the node", where, exc)
+        return False
+    return True
 
 
 async def verify_gradient(

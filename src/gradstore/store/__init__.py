@@ -14,6 +14,7 @@ from .._lazy_exports import lazy_exports
 if TYPE_CHECKING:
     from ._assemble import ModelDocument, StepOutput, model_cid, open_model, open_output, put_model
     from ._put import ByteProgress, Progress
+    from ._spilled import SpilledDocument, spilled_source
     from ._store import GradientStore, VerifyReport
     from ._stored import StoredDocument, StoredGradient
     from ._stored_compressed import StoredCompressed, StoredSparse
@@ -30,6 +31,8 @@ _HOMES = {
     "Progress": "_put",
     "GradientStore": "_store",
     "VerifyReport": "_store",
+    "SpilledDocument": "_spilled",
+    "spilled_source": "_spilled",
     "StoredDocument": "_stored",
     "StoredGradient": "_stored",
     "StoredCompressed": "_stored_compressed",
@@ -43,6 +46,7 @@ __all__ = [
     "GradientStore",
     "ModelDocument",
     "Progress",
+    "SpilledDocument",
     "StepOutput",
     "StoredCompressed",
     "StoredDocument",
@@ -54,4 +58,5 @@ __all__ = [
     "open_model",
     "open_output",
     "put_model",
+    "spilled_source",
 ]
