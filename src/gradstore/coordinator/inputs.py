@@ -66,7 +66,7 @@ from ..store import GradientStore
 from .binding import Claim, check_binding
 from .pinner import BatchPinner
 from .rounds import Schema, schema_of, schema_text
-from .spill import SpillTarget, write_spill
+from .spill import SpillTarget, SpillWriter
 
 log = logging.getLogger("gradstore.coordinator")
 
@@ -184,23 +184,24 @@ async def verify_input(
         size, root = await root_block(node, cid, store.limits, resolve_timeout_s)
         held = size + SCRATCH_BYTES
         await budget.acquire(held)
-        spilled = False
         kept = keep.try_take(size)
         # decided before a leaf is fetched: a spill that would not fit on its disk is not made
         to_spill = not kept and spill is not None and spill.claim(size)
-        writing: asyncio.Future[None] | None = None
+        writer = None
         try:
             timeout = resolve_timeout_s + size / MIN_RATE_BYTES_S
             limits = store.limits
             try:
+                if to_spill and spill is not None:
+                    writer = SpillWriter(spill.path)
                 if cid.codec == RAW:  # a one-block document: the root is all of it
                     buf: Any = root
-                else:
-                    fetched = store.fetch_document(cid, root=root)  # the root: not again
+                    if writer is not None:
+                        await asyncio.to_thread(writer.write, memoryview(root))
+                else:  # the verified bytes go to the spill file as the leaves come in
+                    sink = None if writer is None else writer.write
+                    fetched = store.fetch_document(cid, root=root, sink=sink)  # not the root
                     buf = await asyncio.wait_for(fetched, timeout)
-                if to_spill and spill is not None:
-                    # the bytes just hashed, written while they are decoded and checked
-                    writing = asyncio.ensure_future(asyncio.to_thread(write_spill, spill.path, buf))
                 # off the loop: a compressed payload's checks take time in proportion to it
                 gradient, header = await asyncio.to_thread(decode_with_header, buf, limits)
             except LimitExceededError as exc:  # the rest: see _as_refusal
@@ -211,9 +212,13 @@ async def verify_input(
             )
             if problem is not None:
                 raise RefusedError.parse(problem)
+            spilled = writer is not None and _closed(writer)
+            if not kept:  # its memory goes back before the pin: the next fetch may start
+                del gradient, buf
+                await budget.release(held)
+                held = 0
             pinned = node.pin(cid) if pinner is None else pinner.pin(cid)
             await asyncio.wait_for(pinned, timeout)
-            spilled = writing is not None and await _written(writing, spill)
             result = VerifiedInput(
                 peer,
                 cid,
@@ -227,31 +232,33 @@ async def verify_input(
                 header.codec,
                 spill.path if spilled and spill is not None else None,
             )
+            if writer is not None:
+                writer = None  # the result holds its file now (or it is read from the node)
+                if not spilled and spill is not None:
+                    spill.spills.remove([spill.path])
             kept = False  # the result holds them now
             return result
         finally:
             if kept:
                 keep.give_back(size)
             if to_spill and spill is not None:
-                if writing is not None:
-                    with contextlib.suppress(BaseException):
-                        await asyncio.shield(writing)  # a thread: it ends on its own
                 spill.written(size)
-                if not spilled:  # refused, failed or cancelled: its file goes
+                if writer is not None:  # refused, failed or cancelled: its file goes
+                    writer.close()
                     spill.spills.remove([spill.path])
-            await budget.release(held)
+            if held:
+                await budget.release(held)
 
 
-async def _written(writing: asyncio.Future[None], spill: SpillTarget | None) -> bool:
-    """Whether the spill file was written; a disk that fails it (full, read-only) only
-    means the input is read back from the node at the close, as without a spill."""
-    try:
-        await writing
-    except OSError as exc:
-        where = None if spill is None else spill.path
-        log.warning("writing spill file %s failed (%s): read back from the node", where, exc)
-        return False
-    return True
+def _closed(writer: SpillWriter) -> bool:
+    """Whether the spill file holds the whole document; a disk that failed it (full,
+    read-only) only means the input is read back from the node, as without a spill."""
+    if writer.close():
+        return True
+    log.warning(
+        "writing spill file %s failed (%s): read back from the node", writer.path, writer.error
+    )
+    return False
 
 
 async def verify_gradient(

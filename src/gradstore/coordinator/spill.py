@@ -22,7 +22,7 @@ import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 log = logging.getLogger("gradstore.coordinator")
 
@@ -114,17 +114,44 @@ class SpillDir:
         self._told.discard(round_)
 
 
-def write_spill(path: Path, data: Any) -> None:
-    """Write ``data`` (a buffer: the verified document) to ``path``, replacing it; no fsync
-    (a crash's spill files are never read)."""
-    view = memoryview(data).cast("B")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o600)
-    try:
-        done = 0
-        while done < len(view):
-            done += os.write(fd, view[done : done + WRITE_BYTES])
-    finally:
-        os.close(fd)
+class SpillWriter:
+    """Writes a document's verified bytes, in order, to its spill file (the fetch's sink,
+    called from its hashing thread); a disk that fails stops it quietly (``error``): the
+    input is then read back from the node, it does not fail."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.error: OSError | None = None
+        self.written = 0
+        self._fd: int | None = None
+        try:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
+            self._fd = os.open(path, flags, 0o600)
+        except OSError as exc:
+            self.error = exc
+
+    def write(self, piece: memoryview) -> None:
+        """Append ``piece`` (no fsync: a crash's spill files are never read)."""
+        if self._fd is None or self.error is not None:
+            return
+        view = piece.cast("B") if piece.format != "B" or piece.ndim != 1 else piece
+        try:
+            done = 0
+            while done < len(view):
+                done += os.write(self._fd, view[done : done + WRITE_BYTES])
+        except OSError as exc:
+            self.error = exc
+        self.written += len(view)
+
+    def close(self) -> bool:
+        """Close the file; whether every byte was written."""
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except OSError as exc:
+                self.error = self.error or exc
+            self._fd = None
+        return self.error is None
 
 
 @dataclass(frozen=True)
