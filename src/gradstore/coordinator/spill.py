@@ -17,31 +17,20 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import os
 import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from ..store import SpillWriter, fits, free_space
+
+__all__ = ["DEFAULT_RESERVE_BYTES", "SpillDir", "SpillTarget", "SpillWriter", "fits", "free_space"]
+
 log = logging.getLogger("gradstore.coordinator")
 
 #: Free space a spill never takes: the node (often on the same disk) stores the aggregate.
 DEFAULT_RESERVE_BYTES: Final = 2 << 30
-
-#: Bytes written per ``write`` call (a document's buffer is written in pieces of this size).
-WRITE_BYTES: Final = 64 << 20
-
-
-def fits(size: int, free: int, writing: int, reserve: int) -> bool:
-    """Whether a document of ``size`` bytes may be spilled: it and ``reserve`` fit in the
-    ``free`` bytes of the disk less the ``writing`` bytes other spills are about to take."""
-    return size + reserve <= free - writing
-
-
-def free_space(path: Path) -> int:
-    """Free bytes of the file system holding ``path`` (for an unprivileged process)."""
-    return shutil.disk_usage(path).free
 
 
 class SpillDir:
@@ -112,46 +101,6 @@ class SpillDir:
         """Delete ``round_``'s folder (the round is recorded, or failed)."""
         shutil.rmtree(self.folder(round_), ignore_errors=True)
         self._told.discard(round_)
-
-
-class SpillWriter:
-    """Writes a document's verified bytes, in order, to its spill file (the fetch's sink,
-    called from its hashing thread); a disk that fails stops it quietly (``error``): the
-    input is then read back from the node, it does not fail."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.error: OSError | None = None
-        self.written = 0
-        self._fd: int | None = None
-        try:
-            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
-            self._fd = os.open(path, flags, 0o600)
-        except OSError as exc:
-            self.error = exc
-
-    def write(self, piece: memoryview) -> None:
-        """Append ``piece`` (no fsync: a crash's spill files are never read)."""
-        if self._fd is None or self.error is not None:
-            return
-        view = piece.cast("B") if piece.format != "B" or piece.ndim != 1 else piece
-        try:
-            done = 0
-            while done < len(view):
-                done += os.write(self._fd, view[done : done + WRITE_BYTES])
-        except OSError as exc:
-            self.error = exc
-        self.written += len(view)
-
-    def close(self) -> bool:
-        """Close the file; whether every byte was written."""
-        if self._fd is not None:
-            try:
-                os.close(self._fd)
-            except OSError as exc:
-                self.error = self.error or exc
-            self._fd = None
-        return self.error is None
 
 
 @dataclass(frozen=True)
