@@ -19,7 +19,8 @@ verification pass (the inputs' bytes over the time until the last was verified) 
 /proc), the spill folder's peak size and the Kubo repository's.
 
     .venv/bin/python -m benchmarks scale [--peers 16] [--mib 1024] [--method fedavg]
-        [--dtype float32] [--compress SPEC] [--only spill|re-read] [--json] [--kubo PATH]
+        [--dtype float32] [--compress SPEC] [--only spill|re-read] [--audit] [--json]
+        [--kubo PATH]
 """
 
 from __future__ import annotations
@@ -81,7 +82,12 @@ def serve(args: argparse.Namespace) -> None:
                 config, key, node, args.state, linger_s=0, spill=not args.no_spill
             )
             (outcome,) = await coordinator.run()
-            return {"status": outcome.status, "output": str(outcome.output), **outcome.stats}
+            return {
+                "status": outcome.status,
+                "output": str(outcome.output),
+                "record": str(outcome.record),
+                **outcome.stats,
+            }
         finally:
             await node.aclose()
 
@@ -207,6 +213,25 @@ async def one_round(
     }
 
 
+def audit(daemon: KuboDaemon, record: str, coordinator: str) -> dict[str, Any]:
+    """``gradstore audit round`` of the round's record, as a user runs it: seconds, peak RSS."""
+    cmd = [
+        sys.executable, "-m", "gradstore", "audit", "round", record,
+        "--coordinator", coordinator, "--api", daemon.api_url,
+    ]  # fmt: skip
+    t0 = time.perf_counter()
+    process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    peak = 0
+    while process.poll() is None:
+        peak = max(peak, _rss_peak(process.pid))
+        time.sleep(0.05)
+    seconds = time.perf_counter() - t0
+    out, err = process.communicate()
+    if process.returncode != 0:
+        raise SystemExit(f"audit round failed: {err[-2000:]}")
+    return {"seconds": seconds, "peak_rss": peak, "out": out.strip().splitlines()[-1:]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[1] if __doc__ else None)
     parser.add_argument("--peers", type=int, default=16)
@@ -215,6 +240,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", help="float32, bfloat16, float16")
     parser.add_argument("--compress", help="a codec spec, e.g. topk:0.015")
     parser.add_argument("--only", choices=WAYS)
+    parser.add_argument("--audit", action="store_true", help="then `audit round` the spill run's")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--kubo")
     parser.add_argument("--serve", help=argparse.SUPPRESS)
@@ -239,6 +265,9 @@ def main() -> None:
             repo = _du(Path(daemon.repo))
             for way in WAYS if args.only is None else (args.only,):
                 runs[way] = asyncio.run(one_round(daemon, config, job, peers, cids, tmp, way))
+                if args.audit and way == "spill":
+                    record = runs[way]["stats"]["record"]
+                    runs["audit"] = audit(daemon, record, config.coordinator)
     finally:
         stop_all([daemon])
     total = size * args.peers
@@ -261,6 +290,8 @@ def main() -> None:
         return
     rows = []
     for way, r in runs.items():
+        if way == "audit":
+            continue
         s = r["stats"]
         close = s.get("close_s", 0.0)
         verify_s = max(1e-9, s.get("started_s", r["wall_s"]) - close)
@@ -301,6 +332,12 @@ def main() -> None:
             rows,
         )
     )
+    if "audit" in runs:
+        a, spill = runs["audit"], runs["spill"]["stats"]
+        print(
+            f"\naudit round: {a['seconds']:.1f} s ({a['seconds'] / spill['started_s']:.2f}x the "
+            f"spill round's), peak RSS {a['peak_rss'] / MiB:,.0f} MiB"
+        )
 
 
 if __name__ == "__main__":
