@@ -34,7 +34,8 @@ DEFAULT_RESERVE_BYTES: Final = 2 << 30
 
 
 class SpillDir:
-    """The spill folders under ``root`` and the bytes being written to them."""
+    """The spill folders under ``root`` and the bytes being written to them. ``root`` is the
+    coordinator's own: a start deletes everything in it."""
 
     def __init__(
         self,
