@@ -223,3 +223,128 @@ def test_sigkill_mid_stepped_round_then_restart_gives_identical_cids_for_every_s
             assert rnd.run == run
 
     asyncio.run(go())
+
+
+#: A coordinator in its own process that reads every input back (``keep_bytes=0``: from its
+#: spill files). With ``hang``, its aggregation pass stops for good after its first reads
+#: (a marker file says so), for the test to SIGKILL it there.
+_SPILLING = """
+import asyncio, json, logging, sys
+from pathlib import Path
+from gradstore.coordinator import Coordinator, closing
+from gradstore.job import load_job
+from gradstore.messages import SigningKey
+from gradstore.node import KuboNode
+
+job, key, api, state, hang = sys.argv[1:6]
+logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+if hang:
+    real = closing.aggregate_streamed
+
+    class Hanging:
+        def __init__(self, source):
+            self.source, self.reads = source, 0
+
+        async def read(self, name, start, stop):
+            self.reads += 1
+            if self.reads > 1:  # the first tensor is read: hang on the next
+                Path(hang).touch()
+                await asyncio.sleep(3600)
+            return await self.source.read(name, start, stop)
+
+    async def hanging(sources, *args, **kwargs):
+        return await real([Hanging(s) for s in sources], *args, **kwargs)
+
+    closing.aggregate_streamed = hanging
+
+async def main():
+    node = KuboNode(api)
+    try:
+        coordinator = Coordinator(
+            load_job(job), SigningKey.load(key), node, state, keep_bytes=0, linger_s=0
+        )
+        (outcome,) = await coordinator.run()
+        print(json.dumps({"status": outcome.status, "output": str(outcome.output),
+                          "record": str(outcome.record),
+                          "spilled": outcome.stats.get("spilled_inputs")}), flush=True)
+    finally:
+        await node.aclose()
+
+asyncio.run(main())
+"""
+
+
+def test_sigkill_mid_aggregation_then_restart_gives_identical_cids_and_drops_spills(
+    kubo_factory, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """Killed while its aggregation pass reads the spill files; the restart deletes every
+    spill folder it finds (the crash's, a past round's), verifies the journaled inputs
+    again and closes the round with the clean run's output; then its folder goes too."""
+    daemons = kubo_factory(3, connect=True)
+    config, coord, peers = make_job(4, method="median", deadline_s=120)
+    job = write_job_toml(config, tmp_path / "job.toml")
+    key = tmp_path / "coordinator.key"
+    coord.save(key)
+    state = tmp_path / "state"
+    grads = gradients(4, 0, shape=(700, 600))  # 1.6 MiB: several windows' reads, leaves
+    samples = [5, 6, 7, 8]
+    marker = tmp_path / "aggregating"
+
+    def spawn(name: str, hang: str) -> subprocess.Popen[bytes]:
+        cmd = [sys.executable, "-c", _SPILLING, str(job), str(key), daemons[0].api_url]
+        with (
+            open(tmp_path / f"{name}.out", "wb") as out,
+            open(tmp_path / f"{name}.err", "wb") as err,
+        ):
+            return subprocess.Popen([*cmd, str(state), hang], stdout=out, stderr=err)
+
+    async def go() -> None:
+        async with world(daemons, config, coord, peers) as w:
+            first = spawn("first", str(marker))
+            try:
+                await wait_subscribed(w)
+                await publish_all(w, 0, grads, samples)
+                for _ in range(600):
+                    if marker.exists() or first.poll() is not None:
+                        break
+                    await asyncio.sleep(0.05)
+                assert marker.exists(), (tmp_path / "first.err").read_text()[-2000:]
+                spilled = list((state / "spill" / "round-0").iterdir())
+                assert len(spilled) == 4  # the aggregation pass reads these
+            finally:
+                first.send_signal(signal.SIGKILL)
+                first.wait(10)
+            assert first.returncode == -signal.SIGKILL
+            with contextlib.closing(sqlite3.connect(state / "journal.sqlite")) as conn:
+                assert conn.execute(
+                    "SELECT count(*) FROM rounds WHERE record IS NOT NULL"
+                ).fetchone() == (0,)
+            stale = state / "spill" / "round-7"
+            stale.mkdir()
+            (stale / "left.doc").write_bytes(b"from a past run")
+
+            second = spawn("second", "")
+            try:
+                await asyncio.to_thread(second.wait, 90)
+            finally:
+                if second.poll() is None:
+                    second.kill()
+                    second.wait()
+            err = (tmp_path / "second.err").read_text()
+            assert second.returncode == 0, err[-2000:]
+            got = json.loads((tmp_path / "second.out").read_text().splitlines()[-1])
+            assert got["status"] == "closed" and got["spilled"] == 4
+            assert list((state / "spill").iterdir()) == []  # the stale folder, then the round's
+
+            rcid = CID.parse(got["record"])
+            record = decode_record(await w.coord_node.get_block(rcid), cid=rcid)
+            assert [i.peer for i in record.inputs] == [p.did for p in peers]  # each once
+            assert record.run == record_run(state)
+            clean = aggregate(
+                [g.tensors for g in grads], config.params_for([p.did for p in peers]), samples
+            )
+            cids = [i.gradient for i in record.inputs]
+            meta = aggregate_meta(config.job, 0, "median", cids, run=record.run)
+            assert str(file_cid(encode(Gradient(clean, meta)))) == got["output"]
+
+    asyncio.run(go())

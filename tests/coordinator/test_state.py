@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -929,3 +930,36 @@ def test_stats_count_the_open_rounds_steps_held_bytes_and_peers() -> None:
     plain = Job()
     plain.open(0)
     assert plain.state.stats()["steps"] == {"total": 1, "completed": 0, "pending": 1, "failed": 0}
+
+
+def test_spill_files_go_with_their_step_their_round_or_an_input_that_came_too_late() -> None:
+    """A closed step's inputs' spill files are let go at once (the other step keeps its own),
+    the round's at its end, and a file of an input verified after its step closed at once."""
+    job = StepJob()
+    job.open(0)
+    for i in (0, 1):
+        job.announce(i, cid=i, step="head")
+        job.announce(i, cid=i, step="body")
+    for _ in range(4):
+        job.state.plan.next(job.now)
+
+    def spilled(i: int, step: str, schema: Schema) -> Any:
+        got = VerifiedInput(
+            job.peers[i], CID.parse(CIDS[i]), 1, 8, schema, None, None, {}, 0.1,
+            spill=Path(f"/spill/{step}-{i}"),
+        )  # fmt: skip
+        return job.state.fetched((0, job.peers[i], step), got, 0.1, job.now)
+
+    body = (("conv.w", "<f4", (3,)),)
+    for i in (0, 1):
+        assert spilled(i, "head", SCHEMA).unspill == []
+    assert spilled(0, "body", body).unspill == []
+    (head,), _ = job.state.due(job.now)
+    job.state.judge(head, job.now)
+    job.state.close_succeeded(0, job.closed_step(0, "head", [0, 1]), "head")
+    released = job.state.release_step(0, "head")
+    assert released.unspill == [Path("/spill/head-0"), Path("/spill/head-1")]
+    assert released.give_back == 0  # nothing was held in memory
+    assert job.state.forget(0, keep_pins=True).unspill == [Path("/spill/body-0")]
+    late = spilled(1, "body", body)  # its round is over: its file goes at once
+    assert late.unspill == [Path("/spill/body-1")]

@@ -10,8 +10,10 @@ aggregate with the meta the coordinator writes and compares its CID with ``outpu
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final, TypeAlias
 
 from ..aggregate import AggregationParams, Layout, NormSum, OutputClip, aggregate_streamed
@@ -34,7 +36,17 @@ from ..messages import (
     aggregate_meta,
     step_aggregate_meta,
 )
-from ..store import ByteProgress, GradientStore, StoredCompressed, StoredGradient
+from ..store import (
+    ByteProgress,
+    GradientStore,
+    SpilledDocument,
+    SpillWriter,
+    StoredCompressed,
+    StoredGradient,
+    fits,
+    free_space,
+    spilled_source,
+)
 from ._cid import fetch_with_header
 
 Aggregated: TypeAlias = RoundRecord | StepRecord
@@ -45,6 +57,9 @@ OnInput: TypeAlias = Callable[[RecordInput, DocumentHeader], None]
 
 #: What a record of each version cannot support: round/2 and round/3 carry no peer
 #: signatures, so their sample counts are checked against the documents' meta only.
+#: Free space an audit's spill files never take (else an input is read back from the node).
+SPILL_RESERVE_BYTES: Final = 2 << 30
+
 UNSUPPORTED: Final = {
     RECORD_TYPE: ("input-signature",),
     RECORD_TYPE_CODECS: ("input-signature",),
@@ -181,12 +196,15 @@ async def rederive(
     *,
     on_input: OnInput | None = None,
     progress: ByteProgress | None = None,
+    spill_dir: str | Path | None = None,
 ) -> Rederived:
     """Re-fetch every input of an already checked record, recompute, compare the output CID.
 
     Memory stays O(model), as in the coordinator: each input is fetched, verified and
-    decoded on its own, then read back from the node range by range (every leaf hashed
-    again) while the aggregate is recomputed (``aggregate_streamed``: the same bits).
+    decoded on its own, its verified bytes written to a spill file as they come (in a
+    temporary folder of ``spill_dir``, default the system's), then read back from there
+    range by range while the aggregate is recomputed (``aggregate_streamed``: the same
+    bits); where the spill would not fit on the disk, from the node, every leaf hashed again.
     Compressed inputs are decompressed range by range as the coordinator does; the codec
     the record names for each input must be its document's. ``on_input`` checks each input's
     header further (a step's tensors).
@@ -201,42 +219,107 @@ async def rederive(
     params = record_params(record)
     check_input_count(rcid, record, params)
     check_signatures(rcid, record)
+    with tempfile.TemporaryDirectory(prefix="gradstore-audit-", dir=spill_dir) as spills:
+        return await _rederive(store, rcid, record, params, Path(spills), on_input, progress)
+
+
+async def _rederive(
+    store: GradientStore,
+    rcid: CID,
+    record: Aggregated,
+    params: AggregationParams,
+    spills: Path,
+    on_input: OnInput | None,
+    progress: ByteProgress | None,
+) -> Rederived:
+    """``rederive``, each input's verified bytes spilled to a file of ``spills`` (if they
+    fit on its disk, beside ``SPILL_RESERVE_BYTES``) and read back from there."""
     sources: list[StoredGradient | StoredCompressed] = []
     layouts = []
     nbytes = 0
-    for inp in record.inputs:
-        what = f"input of {inp.peer}"
-        gradient, header = await fetch_with_header(
-            store, inp.gradient, what, prefix="input-", progress=progress
-        )
-        if inp.codec != header.codec:
-            raise AuditError(
-                "input-codec",
-                f"{where(rcid, record)} says {what} {inp.gradient} is "
-                f"{_codec_text(inp.codec)}, but the document is {_codec_text(header.codec)}",
+    try:
+        for index, inp in enumerate(record.inputs):
+            source, size, layout = await _input(
+                store, rcid, record, inp, spills / f"{index}.doc", on_input, progress
             )
-        check_document_meta(rcid, record, inp, gradient.meta)
-        if on_input is not None:
-            on_input(inp, header)
-        nbytes += gradient.nbytes
-        layouts.append([(t.name, t.array_dtype, t.shape) for t in header.tensors])
-        del gradient  # read back range by range below: one input in memory at a time
-        infos = {t.name: t for t in header.tensors}
-        try:
-            if header.codec is not None:  # decompressed range by range, as the coordinator
-                sources.append(
-                    await StoredCompressed.open(
-                        store.node, inp.gradient, infos, header.codec, store.limits.max_bytes
-                    )
-                )
-            else:
-                sources.append(
-                    await StoredGradient.open(
-                        store.node, inp.gradient, infos, store.limits.max_bytes
-                    )
-                )
-        except NodeError as exc:
-            raise AuditError("input-fetch", f"cannot read {what} {inp.gradient}: {exc}") from exc
+            sources.append(source)
+            nbytes += size
+            layouts.append(layout)
+        return await _recompute(rcid, record, params, sources, layouts, nbytes, progress)
+    finally:
+        for source in sources:
+            if isinstance(source.document, SpilledDocument):
+                source.document.close()
+
+
+async def _input(
+    store: GradientStore,
+    rcid: CID,
+    record: Aggregated,
+    inp: Any,
+    path: Path,
+    on_input: OnInput | None,
+    progress: ByteProgress | None,
+) -> tuple[StoredGradient | StoredCompressed, int, list[Any]]:
+    """One input fetched (every block verified, its bytes spilled to ``path`` as they are,
+    when they fit), checked against the record; its source, size and layout."""
+    what = f"input of {inp.peer}"
+    writer = SpillWriter(path) if _room(path.parent, store.limits.max_bytes) else None
+    try:
+        gradient, header = await fetch_with_header(
+            store,
+            inp.gradient,
+            what,
+            prefix="input-",
+            progress=progress,
+            sink=None if writer is None else writer.write,
+        )
+    finally:
+        spilled = writer is not None and writer.close()
+    if inp.codec != header.codec:
+        raise AuditError(
+            "input-codec",
+            f"{where(rcid, record)} says {what} {inp.gradient} is "
+            f"{_codec_text(inp.codec)}, but the document is {_codec_text(header.codec)}",
+        )
+    check_document_meta(rcid, record, inp, gradient.meta)
+    if on_input is not None:
+        on_input(inp, header)
+    size = gradient.nbytes
+    layout = [(t.name, t.array_dtype, t.shape) for t in header.tensors]
+    del gradient  # read back range by range: one input in memory at a time
+    infos = {t.name: t for t in header.tensors}
+    if spilled:  # the bytes just verified, from the spill file
+        return spilled_source(SpilledDocument(path, header.size), infos, header.codec), size, layout
+    try:
+        if header.codec is not None:  # decompressed range by range, as the coordinator
+            source: StoredGradient | StoredCompressed = await StoredCompressed.open(
+                store.node, inp.gradient, infos, header.codec, store.limits.max_bytes
+            )
+        else:
+            source = await StoredGradient.open(
+                store.node, inp.gradient, infos, store.limits.max_bytes
+            )
+    except NodeError as exc:
+        raise AuditError("input-fetch", f"cannot read {what} {inp.gradient}: {exc}") from exc
+    return source, size, layout
+
+
+def _room(folder: Path, max_bytes: int) -> bool:
+    """Whether the largest document the store takes fits in ``folder``'s disk (a spill)."""
+    return fits(max_bytes, free_space(folder), 0, SPILL_RESERVE_BYTES)
+
+
+async def _recompute(
+    rcid: CID,
+    record: Aggregated,
+    params: AggregationParams,
+    sources: list[StoredGradient | StoredCompressed],
+    layouts: list[list[Any]],
+    nbytes: int,
+    progress: ByteProgress | None,
+) -> Rederived:
+    """The aggregate of ``sources`` recomputed, and its CID compared with the record's."""
     if any(layout != layouts[0] for layout in layouts):
         raise AuditError(
             "aggregate",

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TextIO
 
 from ..coordinator import Coordinator, Journal, RoundOutcome, RoundProgress, format_outcome
+from ..coordinator.spill import SpillDir
 from ..job import JobConfig, load_job
 from ..messages import SigningKey
 from . import _exit
@@ -175,7 +176,10 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
                 file=sys.stderr,
                 flush=True,
             )
-            coordinator = Coordinator(config, key, node, state, on_round=report)
+            spill: bool | SpillDir = not args.no_spill
+            if args.spill_dir is not None:  # a folder of its own in it (a start empties it)
+                spill = SpillDir(Path(args.spill_dir) / f"gradstore-spill-{config.job}")
+            coordinator = Coordinator(config, key, node, state, on_round=report, spill=spill)
             lines = RoundProgressLines(sys.stderr)
 
             async def show_progress() -> None:

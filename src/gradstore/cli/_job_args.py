@@ -35,6 +35,18 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--state", default=None, help="journal folder (default: ./gradstore-state/<job>)"
     )
+    spill = p.add_mutually_exclusive_group()
+    spill.add_argument(
+        "--spill-dir",
+        default=None,
+        help="where verified inputs' spill files go (default: <state>/spill; a fast disk "
+        "makes large rounds faster, docs/design/spill.md)",
+    )
+    spill.add_argument(
+        "--no-spill",
+        action="store_true",
+        help="no spill files: read inputs back from the node when the round is aggregated",
+    )
     p.add_argument(
         "-v", "--verbose", action="count", default=0, help="log announcements (-vv: debug)"
     )

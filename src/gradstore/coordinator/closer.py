@@ -53,6 +53,7 @@ from .effects import Effects, Judged, schema_key
 from .journal import Journal
 from .outcome import RoundOutcome, format_outcome
 from .rounds import RoundBook
+from .spill import SpillDir
 from .state import CoordinatorState, StepDone
 from .statuses import Announced
 from .steps import Key, key_step
@@ -71,6 +72,7 @@ class Closer:
     close_retry_s: float
     clock: Callable[[], float]
     _attempts: dict[Key, asyncio.Task[None]]
+    _spills: SpillDir | None
 
     @property
     def journal(self) -> Journal:
@@ -173,6 +175,8 @@ class Closer:
         else:
             (outcome,) = steps
         await self._unpin(self.state.forget(round_, keep_pins=outcome.status == "closed"))
+        if self._spills is not None:  # the round is recorded (or failed): its folder goes
+            await asyncio.to_thread(self._spills.drop_round, round_)
         # from the first accepted announcement (when the round's clock started) to the end
         outcome.stats["started_s"] = round(self.clock() - started, 3)
         return outcome

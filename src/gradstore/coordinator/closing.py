@@ -21,7 +21,7 @@ from typing import Any, Final, TypeVar
 from ..aggregate import InMemory, InputSource, Layout, aggregate_streamed, compressed_source
 from ..dag import CID
 from ..dag.cid import DAG_CBOR
-from ..errors import CoordinatorError, NodeError, NodeUnreachableError
+from ..errors import CoordinatorError, DAGError, NodeError, NodeUnreachableError
 from ..format import CompressedGradient, Gradient
 from ..job import JobConfig, StepConfig
 from ..messages import (
@@ -36,7 +36,13 @@ from ..messages import (
     step_aggregate_meta,
 )
 from ..node import Node, Retry
-from ..store import GradientStore, StoredCompressed, StoredGradient
+from ..store import (
+    GradientStore,
+    SpilledDocument,
+    StoredCompressed,
+    StoredGradient,
+    spilled_source,
+)
 from .inputs import VerifiedInput
 
 log = logging.getLogger("gradstore.coordinator")
@@ -79,6 +85,19 @@ async def with_retries(
 
 #: Backoff while a round's close waits for its node (the time limit is the caller's).
 CLOSE_RETRY: Final = Retry(retries=None, backoff=0.2, max_backoff=10.0)
+
+
+def _spilled(item: VerifiedInput) -> InputSource | None:
+    """A source over ``item``'s spill file (the bytes it was verified by), or None when it
+    has none or it cannot be opened (then the node is read, as without a spill)."""
+    if item.spill is None:
+        return None
+    try:
+        document = SpilledDocument(item.spill, item.nbytes)
+    except (OSError, DAGError) as exc:
+        log.warning("spill file of %s unusable (%s): reading it from the node", item.cid, exc)
+        return None
+    return spilled_source(document, item.tensors, item.codec)
 
 
 def _opener(node: Node, item: VerifiedInput, max_bytes: int) -> Callable[[], Awaitable[Any]]:
@@ -127,25 +146,43 @@ async def close_round(
     params = aggregation.params_for([i.peer for i in verified])
     t0 = time.perf_counter()
     sources: list[InputSource] = []
-    for item in verified:
-        if isinstance(item.gradient, CompressedGradient):
-            sources.append(compressed_source(item.gradient))
-        elif item.gradient is not None:
-            sources.append(InMemory(item.gradient.tensors))
-        else:  # not kept in memory: read back from our node (pinned there), range by range
-            sources.append(
-                await with_retries(
-                    f"opening {item.cid}",
-                    _opener(node, item, store.limits.max_bytes),
-                    give_up_after=give_up_after,
+    try:
+        for item in verified:
+            spilled = _spilled(item)
+            if isinstance(item.gradient, CompressedGradient):
+                sources.append(compressed_source(item.gradient))
+            elif item.gradient is not None:
+                sources.append(InMemory(item.gradient.tensors))
+            elif spilled is not None:  # its verified bytes, from our spill file
+                sources.append(spilled)
+            else:  # read back from our node (pinned there), range by range, hashed again
+                sources.append(
+                    await with_retries(
+                        f"opening {item.cid}",
+                        _opener(node, item, store.limits.max_bytes),
+                        give_up_after=give_up_after,
+                    )
                 )
-            )
-    layout = Layout.of((t.name, t.array_dtype, t.shape) for t in verified[0].tensors.values())
-    norms = None if params.clip_input_norm is None else [i.norm or 0.0 for i in verified]
-    samples = [i.num_samples for i in verified]
-    result, info = await aggregate_streamed(sources, layout, params, samples, norms=norms)
-    del sources
+        layout = Layout.of((t.name, t.array_dtype, t.shape) for t in verified[0].tensors.values())
+        norms = None if params.clip_input_norm is None else [i.norm or 0.0 for i in verified]
+        samples = [i.num_samples for i in verified]
+        spills = sum(isinstance(getattr(s, "document", None), SpilledDocument) for s in sources)
+        log.info(
+            "round %d%s: aggregating %d inputs (%d from spill files)",
+            round_,
+            "" if step is None else f" step {step.name}",
+            len(sources),
+            spills,
+        )
+        result, info = await aggregate_streamed(sources, layout, params, samples, norms=norms)
+    finally:
+        for source in sources:
+            document = getattr(source, "document", None)
+            if isinstance(document, SpilledDocument):
+                document.close()
+        del sources
     stats["aggregate_s"] = round(time.perf_counter() - t0, 3)
+    stats["spilled_inputs"] = spills
 
     t0 = time.perf_counter()
     cids = [i.cid for i in verified]

@@ -8,6 +8,7 @@ steps has ``step`` None and is written as before steps existed.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..dag import CID
@@ -129,6 +130,7 @@ class Effects:
     news: bool = False  # a round may be ready to close: wake the round loop
     give_back: int = 0  # bytes of inputs no longer held, back to the keep budget
     unpin: list[CID] = field(default_factory=list)  # inputs no aggregated round holds
+    unspill: list[Path] = field(default_factory=list)  # spill files of inputs let go
     prepare: Gradient | None = None  # get the aggregation kernel ready for inputs like this
 
 

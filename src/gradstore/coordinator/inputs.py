@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
@@ -64,6 +66,9 @@ from ..store import GradientStore
 from .binding import Claim, check_binding
 from .pinner import BatchPinner
 from .rounds import Schema, schema_of, schema_text
+from .spill import SpillTarget, SpillWriter
+
+log = logging.getLogger("gradstore.coordinator")
 
 #: Slowest transfer an attempt allows once the root is in: its timeout grows with the size.
 MIN_RATE_BYTES_S: Final = 4 * 1024 * 1024
@@ -93,6 +98,7 @@ class VerifiedInput:
     tensors: dict[str, TensorInfo]  # where each tensor lives in the document, to read it again
     seconds: float
     codec: Codec | None = None  # a compressed input's codec (the round record names it)
+    spill: Path | None = None  # its verified bytes, in the coordinator's spill file
 
 
 class ByteBudget:
@@ -163,27 +169,38 @@ async def verify_input(
     claim: Claim | None = None,
     step: StepConfig | None = None,
     pinner: BatchPinner | None = None,
+    spill: SpillTarget | None = None,
 ) -> VerifiedInput:
     """One attempt at ``cid`` (see the module docstring).
 
     ``claim``: what the announcement says of the document (None: not checked); ``step``:
     the step whose tensors the document must hold (None: any); ``pinner``: pins it with
-    other inputs in one call (None: alone). Whatever the document does wrong is a
-    ``RefusedError``; only the node's failures pass through."""
+    other inputs in one call (None: alone); ``spill``: where to write the verified bytes
+    of a document not kept in memory, if they fit on its disk (None: nowhere, it is read
+    back from the node). Whatever the document does wrong is a ``RefusedError``; only the
+    node's failures pass through."""
     with _as_refusal():
         start = time.perf_counter()
         size, root = await root_block(node, cid, store.limits, resolve_timeout_s)
         held = size + SCRATCH_BYTES
         await budget.acquire(held)
-        kept = False
+        kept = keep.try_take(size)
+        # decided before a leaf is fetched: a spill that would not fit on its disk is not made
+        to_spill = not kept and spill is not None and spill.claim(size)
+        writer = None
         try:
             timeout = resolve_timeout_s + size / MIN_RATE_BYTES_S
             limits = store.limits
             try:
+                if to_spill and spill is not None:
+                    writer = SpillWriter(spill.path)
                 if cid.codec == RAW:  # a one-block document: the root is all of it
                     buf: Any = root
-                else:
-                    fetched = store.fetch_document(cid, root=root)  # the root: not again
+                    if writer is not None:
+                        await asyncio.to_thread(writer.write, memoryview(root))
+                else:  # the verified bytes go to the spill file as the leaves come in
+                    sink = None if writer is None else writer.write
+                    fetched = store.fetch_document(cid, root=root, sink=sink)  # not the root
                     buf = await asyncio.wait_for(fetched, timeout)
                 # off the loop: a compressed payload's checks take time in proportion to it
                 gradient, header = await asyncio.to_thread(decode_with_header, buf, limits)
@@ -195,10 +212,14 @@ async def verify_input(
             )
             if problem is not None:
                 raise RefusedError.parse(problem)
+            spilled = writer is not None and _closed(writer)
+            if not kept:  # its memory goes back before the pin: the next fetch may start
+                del gradient, buf
+                await budget.release(held)
+                held = 0
             pinned = node.pin(cid) if pinner is None else pinner.pin(cid)
             await asyncio.wait_for(pinned, timeout)
-            kept = keep.try_take(size)
-            return VerifiedInput(
+            result = VerifiedInput(
                 peer,
                 cid,
                 num_samples,
@@ -209,9 +230,35 @@ async def verify_input(
                 {t.name: t for t in header.tensors},
                 time.perf_counter() - start,
                 header.codec,
+                spill.path if spilled and spill is not None else None,
             )
+            if writer is not None:
+                writer = None  # the result holds its file now (or it is read from the node)
+                if not spilled and spill is not None:
+                    spill.spills.remove([spill.path])
+            kept = False  # the result holds them now
+            return result
         finally:
-            await budget.release(held)
+            if kept:
+                keep.give_back(size)
+            if to_spill and spill is not None:
+                spill.written(size)
+                if writer is not None:  # refused, failed or cancelled: its file goes
+                    writer.close()
+                    spill.spills.remove([spill.path])
+            if held:
+                await budget.release(held)
+
+
+def _closed(writer: SpillWriter) -> bool:
+    """Whether the spill file holds the whole document; a disk that failed it (full,
+    read-only) only means the input is read back from the node, as without a spill."""
+    if writer.close():
+        return True
+    log.warning(
+        "writing spill file %s failed (%s): read back from the node", writer.path, writer.error
+    )
+    return False
 
 
 async def verify_gradient(

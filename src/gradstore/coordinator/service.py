@@ -43,8 +43,9 @@ from .outcome import RoundOutcome, format_outcome
 from .pinner import BatchPinner
 from .progress import RoundProgress
 from .rounds import RoundBook
+from .spill import SpillDir, SpillTarget
 from .state import CoordinatorState, Effects, FetchFailed, Key
-from .steps import StepName
+from .steps import StepName, key_step
 
 log = logging.getLogger("gradstore.coordinator")
 
@@ -75,6 +76,7 @@ class Coordinator(Closer):
         close_retry_s: float = DEFAULT_CLOSE_RETRY_S,
         on_round: Callable[[RoundOutcome], None] | None = None,
         clock: Callable[[], float] = time.time,
+        spill: bool | SpillDir = True,
     ) -> None:
         if key.did != config.coordinator:
             raise ConfigError(
@@ -111,6 +113,12 @@ class Coordinator(Closer):
         self._budget = ByteBudget(memory_budget_bytes)
         self._pinner = BatchPinner(node)  # verified inputs, pinned in batches
         self._keep = ByteBudget(keep_bytes)
+        # verified inputs' bytes, read back from here at the close (False: from the node)
+        self._spills: SpillDir | None = (
+            (spill if isinstance(spill, SpillDir) else SpillDir(self.state_dir / "spill"))
+            if spill is not False
+            else None
+        )
         self._lists_pinned: set[CID] = set()  # lists blocks pinned (repeats share them)
         self._attempts: dict[Key, asyncio.Task[None]] = {}
         self._prepared: asyncio.Task[None] | None = None
@@ -164,6 +172,8 @@ class Coordinator(Closer):
                 wake.set()
         if effects.give_back:
             self._keep.give_back(effects.give_back)
+        if effects.unspill and self._spills is not None:
+            self._spills.remove(effects.unspill)
         if effects.prepare is not None and self._tg is not None:  # once per run
             self._prepared = self._tg.create_task(_prepare(effects.prepare), name="kernel")
         return effects
@@ -175,6 +185,8 @@ class Coordinator(Closer):
         with Journal(self.state_dir / "journal.sqlite") as journal:
             self._journal = journal
             try:
+                if self._spills is not None:  # a crash's, or a past round's: never trusted
+                    await asyncio.to_thread(self._spills.clear)
                 self.state.run_id = journal.bind(self.config.job, self.config.coordinator)
                 await self._recover()
                 async with self.node.subscribe(self.config.gradients_topic) as sub:
@@ -306,6 +318,7 @@ class Coordinator(Closer):
                     claim=order.claim,
                     step=order.step,
                     pinner=self._pinner,
+                    spill=self._spill_target(key),
                 )
         except RefusedError as exc:
             got = FetchFailed(exc.reason)
@@ -317,6 +330,13 @@ class Coordinator(Closer):
         finally:
             self._attempts.pop(key, None)
             self._apply(self.state.fetched(key, got, time.perf_counter() - start, self.clock()))
+
+    def _spill_target(self, key: Key) -> SpillTarget | None:
+        """Where ``key``'s verified bytes are written (None: the coordinator does not spill)."""
+        if self._spills is None:
+            return None
+        step = key_step(key)
+        return SpillTarget(self._spills, key[0], self._spills.path(key[0], key[1], step))
 
     # -- publishing ---------------------------------------------------------------------------
     async def _publisher(self) -> None:

@@ -630,6 +630,8 @@ class CoordinatorState:
         if book is None:  # the round (or step) moved on while it was verified
             if got.gradient is not None:
                 effects.give_back += got.nbytes
+            if got.spill is not None:
+                effects.unspill.append(got.spill)
             return
         self.verified[key] = got
         book.verify(peer, got.nbytes, got.schema)
@@ -782,6 +784,8 @@ class CoordinatorState:
         for _, item in items:
             if item.gradient is not None:
                 effects.give_back += item.nbytes
+            if item.spill is not None:
+                effects.unspill.append(item.spill)
             cid = item.cid.to_v1()
             if cid not in kept and cid not in unpinned:
                 unpinned.add(cid)

@@ -13,7 +13,9 @@ from .._lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from ._assemble import ModelDocument, StepOutput, model_cid, open_model, open_output, put_model
+    from ._fetch import Sink
     from ._put import ByteProgress, Progress
+    from ._spilled import SpilledDocument, SpillWriter, fits, free_space, spilled_source
     from ._store import GradientStore, VerifyReport
     from ._stored import StoredDocument, StoredGradient
     from ._stored_compressed import StoredCompressed, StoredSparse
@@ -30,6 +32,12 @@ _HOMES = {
     "Progress": "_put",
     "GradientStore": "_store",
     "VerifyReport": "_store",
+    "SpilledDocument": "_spilled",
+    "Sink": "_fetch",
+    "SpillWriter": "_spilled",
+    "fits": "_spilled",
+    "free_space": "_spilled",
+    "spilled_source": "_spilled",
     "StoredDocument": "_stored",
     "StoredGradient": "_stored",
     "StoredCompressed": "_stored_compressed",
@@ -43,6 +51,9 @@ __all__ = [
     "GradientStore",
     "ModelDocument",
     "Progress",
+    "Sink",
+    "SpillWriter",
+    "SpilledDocument",
     "StepOutput",
     "StoredCompressed",
     "StoredDocument",
@@ -50,8 +61,11 @@ __all__ = [
     "StoredSparse",
     "SyncGradientStore",
     "VerifyReport",
+    "fits",
+    "free_space",
     "model_cid",
     "open_model",
     "open_output",
     "put_model",
+    "spilled_source",
 ]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import numpy as np
 
@@ -29,6 +29,17 @@ from ..node import Node, SupportsCatInto
 
 #: Leaves fetched at once while reading one range.
 _CONCURRENT_LEAVES: Final = 4
+
+
+class ByteRanges(Protocol):
+    """A verified document read by byte ranges: from a node (``StoredDocument``) or from
+    the coordinator's own spill file (``SpilledDocument``)."""
+
+    size: int
+
+    async def read_into(self, offset: int, out: np.ndarray[Any, Any]) -> None:
+        """Fill ``out`` (uint8) with the document's bytes ``offset .. offset + len(out)``."""
+        ...
 
 
 class StoredDocument:
@@ -143,7 +154,7 @@ class StoredDocument:
 class StoredGradient:
     """An ``aggregate.InputSource`` over a verified document kept on a node."""
 
-    def __init__(self, document: StoredDocument, tensors: Mapping[str, TensorInfo]) -> None:
+    def __init__(self, document: ByteRanges, tensors: Mapping[str, TensorInfo]) -> None:
         self.document = document
         self.tensors = dict(tensors)
 

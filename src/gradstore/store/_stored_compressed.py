@@ -17,7 +17,7 @@ import numpy as np
 from ..dag import CID
 from ..format import Codec, TensorInfo, read_range, sparse_range
 from ..node import Node
-from ._stored import StoredDocument
+from ._stored import ByteRanges, StoredDocument
 
 Array = np.ndarray[Any, Any]
 
@@ -26,7 +26,7 @@ class StoredCompressed:
     """An ``aggregate.InputSource`` over a verified gradstore/2 document kept on a node."""
 
     def __init__(
-        self, document: StoredDocument, tensors: Mapping[str, TensorInfo], codec: Codec
+        self, document: ByteRanges, tensors: Mapping[str, TensorInfo], codec: Codec
     ) -> None:
         self.document = document
         self.tensors = dict(tensors)

@@ -1,0 +1,128 @@
+"""A verified document's bytes kept in a local file (a spill file), written and read by ranges.
+
+A coordinator (or an auditor) writes the bytes of a document it fetched and hashed to a
+file of its own as they are verified (``SpillWriter``, the fetch's sink), if they fit on
+the disk (``fits``); when the round is aggregated, ``SpilledDocument`` reads them back
+with ``preadv`` straight into the caller's array (off the event loop, no copy), instead of
+fetching and hashing every leaf from the node again. The file is trusted only by the
+process that wrote it: a restart deletes it and verifies the input again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+
+from ..errors import DAGError
+from ..format import Codec, TensorInfo
+from ._stored import StoredGradient
+from ._stored_compressed import StoredCompressed, StoredSparse
+
+#: Bytes written per ``write`` call (a document's buffer is written in pieces of this size).
+WRITE_BYTES: Final = 64 << 20
+
+
+def fits(size: int, free: int, writing: int, reserve: int) -> bool:
+    """Whether a document of ``size`` bytes may be spilled: it and ``reserve`` fit in the
+    ``free`` bytes of the disk less the ``writing`` bytes other spills are about to take."""
+    return size + reserve <= free - writing
+
+
+def free_space(path: Path) -> int:
+    """Free bytes of the file system holding ``path`` (for an unprivileged process)."""
+    return shutil.disk_usage(path).free
+
+
+class SpillWriter:
+    """Writes a document's verified bytes, in order, to its spill file (the fetch's sink,
+    called from its hashing thread); a disk that fails stops it quietly (``error``): the
+    input is then read back from the node, it does not fail."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.error: OSError | None = None
+        self.written = 0
+        self._fd: int | None = None
+        try:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
+            self._fd = os.open(path, flags, 0o600)
+        except OSError as exc:
+            self.error = exc
+
+    def write(self, piece: memoryview) -> None:
+        """Append ``piece`` (no fsync: a crash's spill files are never read)."""
+        if self._fd is None or self.error is not None:
+            return
+        view = piece.cast("B") if piece.format != "B" or piece.ndim != 1 else piece
+        try:
+            done = 0
+            while done < len(view):
+                done += os.write(self._fd, view[done : done + WRITE_BYTES])
+        except OSError as exc:
+            self.error = exc
+        self.written += len(view)
+
+    def close(self) -> bool:
+        """Close the file; whether every byte was written."""
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except OSError as exc:
+                self.error = self.error or exc
+            self._fd = None
+        return self.error is None
+
+
+class SpilledDocument:
+    """The ``size`` bytes of a verified document in the file at ``path`` (opened at once)."""
+
+    def __init__(self, path: str | Path, size: int) -> None:
+        self.path = Path(path)
+        self.size = size
+        self._fd: int | None = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        held = os.fstat(self._fd).st_size
+        if held != size:
+            self.close()
+            raise DAGError(f"spill file {self.path} holds {held} bytes, the document {size}")
+
+    def close(self) -> None:
+        """Close the file (reads after this fail)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    async def read_into(self, offset: int, out: np.ndarray[Any, Any]) -> None:
+        """Fill ``out`` (uint8) with the document's bytes ``offset .. offset + len(out)``."""
+        length = int(out.size)
+        if offset < 0 or offset + length > self.size:
+            raise ValueError(f"range {offset}+{length} is outside the {self.size}-byte document")
+        if length:
+            await asyncio.to_thread(self._pread, offset, out)
+
+    def _pread(self, offset: int, out: np.ndarray[Any, Any]) -> None:
+        if self._fd is None:
+            raise ValueError(f"spill file {self.path} is closed")
+        view = out.data.cast("B")
+        done = 0
+        while done < len(view):
+            got = os.preadv(self._fd, [view[done:]], offset + done)
+            if got == 0:
+                raise DAGError(f"spill file {self.path} ended at {offset + done} of {self.size}")
+            done += got
+
+
+def spilled_source(
+    document: SpilledDocument, tensors: Mapping[str, TensorInfo], codec: Codec | None
+) -> StoredGradient | StoredCompressed:
+    """An ``aggregate.InputSource`` over a spilled document: the same readers as over the
+    node (``StoredGradient``, or ``StoredCompressed``/``StoredSparse`` decompressing)."""
+    if codec is None:
+        return StoredGradient(document, tensors)
+    kind = StoredSparse if codec.sparse else StoredCompressed
+    return kind(document, tensors, codec)
