@@ -36,7 +36,9 @@ OWNER = key(101)
 PEERS = sorted((key(i) for i in range(3)), key=lambda k: k.did)
 
 
-def split_job(owner: str | None = OWNER.did, *, head_deadline_s: float = 30.0) -> dict[str, Any]:
+def split_job(
+    owner: str | None = OWNER.did, *, head_deadline_s: float = 30.0, rounds: int = 1
+) -> dict[str, Any]:
     """Three peers; step ``head`` (``fc.*``, median, all three) owned by ``owner``, then
     step ``body`` (``conv.*``, fedavg, quorum 2) owned by the root."""
     head: dict[str, Any] = {
@@ -52,7 +54,7 @@ def split_job(owner: str | None = OWNER.did, *, head_deadline_s: float = 30.0) -
         "coordinator": ROOT.did,
         "peers": [k.did for k in PEERS],
         "aggregation": {"method": "fedavg"},
-        "rounds": {"count": 1, "quorum": 3, "deadline_s": 30.0},
+        "rounds": {"count": rounds, "quorum": 3, "deadline_s": 30.0},
         "steps": [head, {"name": "body", "tensors": ["conv.*"], "quorum": 2}],
     }
 
@@ -220,15 +222,14 @@ def test_peers_hear_each_step_from_its_owner_and_the_round_from_the_root(
     kubo_factory, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
     daemons: list[KuboDaemon] = kubo_factory(3, connect=True)
-    config = parse_job(split_job())
-    grads = step_gradients(3, 0)
+    config = parse_job(split_job(rounds=2))
 
     async def go() -> None:
         root_node, owner_node, peer_node = (d.node() for d in daemons)
         try:
             root = coordinator(config, ROOT, root_node, tmp_path / "root")
             owner = coordinator(config, OWNER, owner_node, tmp_path / "owner")
-            async with running(root), running(owner):
+            async with running(root) as root_task, running(owner) as owner_task:
                 await wait_topics([peer_node], config.gradients_topic)
                 async with contextlib.AsyncExitStack() as stack:
                     peers = [
@@ -237,22 +238,32 @@ def test_peers_hear_each_step_from_its_owner_and_the_round_from_the_root(
                         )
                         for k in PEERS
                     ]
-                    whole = [Gradient({**g["head"].tensors, **g["body"].tensors}) for g in grads]
-                    # each waits for its head input to be verified: in the owner's status
-                    sent = await asyncio.gather(
-                        *(
-                            p.publish_steps(whole[i], 0, 5 + i, timeout=60)
-                            for i, p in enumerate(peers)
+                    for r in range(2):  # the owner goes on to round 1 on its own
+                        grads = step_gradients(3, r)
+                        whole = [
+                            Gradient({**g["head"].tensors, **g["body"].tensors}) for g in grads
+                        ]
+                        # each waits for its head input to be verified: in the owner's status
+                        sent = await asyncio.gather(
+                            *(
+                                p.publish_steps(whole[i], r, 5 + i, timeout=60)
+                                for i, p in enumerate(peers)
+                            )
                         )
-                    )
-                    assert all(sorted(s) == ["body", "head"] for s in sent)
-                    got = {r.step: r async for r in peers[0].step_results(0, timeout=60)}
-                    assert sorted(got) == ["body", "head"]
-                    head = got["head"]
-                    assert isinstance(head, AggregateResult)
-                    assert head.peers == tuple(k.did for k in PEERS)
-                    whole_result = await peers[1].await_result(0, timeout=60)  # the root's
-                    assert str(whole_result.record) == str(root.head)
+                        assert all(sorted(s) == ["body", "head"] for s in sent)
+                        got = {i.step: i async for i in peers[0].step_results(r, timeout=60)}
+                        assert sorted(got) == ["body", "head"]
+                        head = got["head"]
+                        assert isinstance(head, AggregateResult)
+                        assert head.peers == tuple(k.did for k in PEERS)
+                        whole_result = await peers[1].await_result(r, timeout=60)  # the root's
+                        assert whole_result.round == r
+                await asyncio.wait_for(asyncio.gather(root_task, owner_task), 30)
+            assert [o.status for o in root.outcomes] == ["closed", "closed"]
+            assert [o.status for o in owner.outcomes] == ["closed", "closed"]
+            assert str(whole_result.record) == str(root.head)
+            code, report = await audit(daemons[0].api_url, str(root.head), ROOT.did)
+            assert code == 0, report
         finally:
             for n in (root_node, owner_node, peer_node):
                 await n.aclose()
