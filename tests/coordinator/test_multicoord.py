@@ -143,6 +143,8 @@ def test_two_coordinators_split_a_round_with_the_single_coordinators_output(
                 ("body", None),  # the root's own: the entry names no owner
             ]
             assert owner.outcomes[0].record is None and owner.outcomes[0].status == "closed"
+            # the owner stayed until it heard the root's result, then stopped repeating its step
+            assert owner.state.root_round == 0 and not owner.state.step_results
             assert [o.step for o in owner.outcomes[0].steps] == ["head"]
             code, report = await audit(daemons[0].api_url, str(root.head), ROOT.did)
             assert code == 0 and "model-level output" in report, report

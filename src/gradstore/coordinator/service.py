@@ -144,6 +144,7 @@ class Coordinator(Closer):
         self._plan_wake = asyncio.Event()  # a fetch may start: new input or a free worker
         self._status_wake = asyncio.Event()
         self._remote_reads: set[tuple[int, str]] = set()  # other owners' records being read
+        self._root_news = asyncio.Event()  # at another owner: the root ended a round
 
     # -- what the state knows, as the coordinator's ------------------------------------------
     @property
@@ -242,6 +243,7 @@ class Coordinator(Closer):
             ]
             try:
                 await self._rounds(stop)
+                await self._until_root(stop)
                 if not stop.is_set() and self.linger_s > 0:
                     await until(stop, self.linger_s)  # let late peers see the last result
             finally:
@@ -326,9 +328,11 @@ class Coordinator(Closer):
 
     # -- the root: other owners' steps -------------------------------------------------------
     async def _remote(self) -> None:
-        """At the root of a job split among coordinators: hear the other owners' signed
-        step results and failures on the results topic (``remote.check_remote_step``)."""
-        if not (self.state.steps.root and self.state.steps.others):
+        """In a job split among coordinators, hear the others on the results topic: at the
+        root, the other owners' signed step results and failures
+        (``remote.check_remote_step``); at another owner, the root's round results, after
+        which its steps of that round are no longer repeated (``root_heard``)."""
+        if not self.state.steps.others:
             return
         cfg = self.config
         async with self.node.subscribe(cfg.results_topic) as sub:
@@ -343,11 +347,16 @@ class Coordinator(Closer):
                     )
                 except MessageError:
                     continue  # anyone may publish there; a peer's listener logs junk
-                if not isinstance(parsed, Result | Status) or parsed.step is None:
+                if not isinstance(parsed, Result | Status) or parsed.run != self.run_id:
                     continue
-                if parsed.run != self.run_id or not self.state.wants_remote(
-                    parsed.round, parsed.step
-                ):
+                if not self.state.steps.root:
+                    if parsed.step is None and (isinstance(parsed, Result) or parsed.failed):
+                        self.state.root_heard(parsed.round)  # the round is over at the root
+                        self._root_news.set()
+                    continue
+                if parsed.step is None:
+                    continue
+                if not self.state.wants_remote(parsed.round, parsed.step):
                     continue
                 if isinstance(parsed, Status):
                     if parsed.failed is not None:
@@ -359,6 +368,21 @@ class Coordinator(Closer):
                 if at not in self._remote_reads and self._tg is not None:
                     self._remote_reads.add(at)
                     self._tg.create_task(self._read_remote(parsed), name="coordinator-remote")
+
+    async def _until_root(self, stop: asyncio.Event) -> None:
+        """At an owner that is not the root, after its last round: keep answering its
+        steps' peers until the root's result (or failure) of that round is heard, at most
+        the job's longest step deadline plus the close retries (the root's own bound)."""
+        last = self.round - 1
+        if self.state.steps.root or last < 0:
+            return
+        bound = max(s.deadline_s for s in self.config.steps) + self.close_retry_s
+        end = self.clock() + bound
+        while self.state.root_round < last and not stop.is_set() and self.clock() < end:
+            self._root_news.clear()
+            await until(self._root_news, min(1.0, end - self.clock()))
+        if self.state.root_round < last:
+            log.warning("round %d: no result from the job's coordinator; stopping anyway", last)
 
     async def _read_remote(self, result: Result) -> None:
         """Fetch and check the step record another owner's ``result`` names; the step is

@@ -156,6 +156,8 @@ class CoordinatorState:
         #: at the root, when each round's clock started as the root saw it (any step's
         #: first announcement, its own or another owner's)
         self.remote_clock: dict[int, float] = {}
+        #: at another owner: the last round the root's result (or failure) was heard of
+        self.root_round = -1
         #: after a restart past a round's deadline, how long its journaled inputs are
         #: resolved again before it is judged (default: the deadline, at most 30 s)
         self.restart_grace_s = (
@@ -538,6 +540,14 @@ class CoordinatorState:
         self.done[round_, step] = StepDone(step, failed=reason)
         log.warning("round %d%s failed: %s", round_, _of(step), reason)
         return Effects(writes=[FailStep(round_, step, reason)], news=True)
+
+    def root_heard(self, round_: int) -> None:
+        """At another owner: the root's result (or failure) of ``round_`` is out, so its
+        steps of that round and before are no longer repeated (peers read a missed step
+        in the root's round/5 record)."""
+        if round_ > self.root_round:
+            self.root_round = round_
+            self._steps_over(round_)
 
     def wants_remote(self, round_: int, step: str | None) -> bool:
         """Whether the root still waits for ``step`` of ``round_`` from its owner."""
