@@ -56,6 +56,8 @@ from gradstore.peer import Peer
 SEED = 20261203
 #: Peers per Kubo node client (each client holds a connection pool of its own).
 PER_CLIENT = 16
+#: Announcements in flight at once (as many as `round` sends for its 1,000 peers).
+ANNOUNCING = 1000
 
 
 def coordinator_keys(n: int) -> list[SigningKey]:
@@ -184,12 +186,18 @@ async def one_round(
                 cids = await asyncio.gather(*(put(i, s) for i in range(args.peers) for s in steps))
                 start = time.perf_counter()
                 say(f"{len(owners)} coordinator(s): {len(cids)} documents stored, announcing")
+                # at most ANNOUNCING announcements in flight: 4,000 at once through two daemons
+                # overflow their pubsub validation queues ("validation ignored")
+                announcing = asyncio.Semaphore(ANNOUNCING)
+
+                async def announce(i: int, j: int, step: str) -> None:
+                    async with announcing:
+                        await peers[i].announce(
+                            cids[i * len(steps) + j], 0, 100 + i, step=step, timeout=600
+                        )
+
                 await asyncio.gather(
-                    *(
-                        peers[i].announce(cids[i * len(steps) + j], 0, 100 + i, step=s, timeout=600)
-                        for i in range(args.peers)
-                        for j, s in enumerate(steps)
-                    )
+                    *(announce(i, j, s) for i in range(args.peers) for j, s in enumerate(steps))
                 )
                 say(f"every input verified after {time.perf_counter() - start:.1f} s")
                 result = await listener.await_result(0, timeout=600)
