@@ -141,8 +141,12 @@ async def listening(w: World, node: KuboNode) -> AsyncIterator[Heard]:
         async def read() -> None:
             async for msg in follow(node, sub):
                 try:
-                    parsed = verify_message(
-                        msg.data, job=cfg.job, coordinator=cfg.coordinator, peers=cfg.roster
+                    parsed = verify_message(  # a step another coordinator owns: its owner's
+                        msg.data,
+                        job=cfg.job,
+                        coordinator=cfg.coordinator,
+                        peers=cfg.roster,
+                        owners=cfg.step_owners,
                     )
                 except MessageError:
                     continue

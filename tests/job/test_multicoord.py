@@ -78,9 +78,20 @@ def test_a_population_job_cannot_be_split() -> None:
     assert parse_job(_job(ROOT, population=population)).coordinators == (ROOT,)
 
 
-def test_the_coordinator_refuses_a_split_job_it_would_run_whole(tmp_path: Any) -> None:
+def test_each_coordinator_runs_only_the_steps_it_owns(tmp_path: Any) -> None:
     from gradstore.coordinator import Coordinator
 
-    key = SigningKey.from_seed(bytes([200]) * 32)
-    with pytest.raises(ConfigError, match="splits its steps among 2 coordinators"):
-        Coordinator(parse_job(_job(OWNER, None)), key, None, tmp_path)  # type: ignore[arg-type]
+    cfg = parse_job(_job(OWNER, None, OWNER))
+    keys = {k.did: k for k in (SigningKey.from_seed(bytes([b]) * 32) for b in (200, 201, 202))}
+    root = Coordinator(cfg, keys[ROOT], None, tmp_path / "root")  # type: ignore[arg-type]
+    owner = Coordinator(cfg, keys[OWNER], None, tmp_path / "owner")  # type: ignore[arg-type]
+    assert list(root.state.steps) == ["s1"] and root.state.steps.root
+    assert root.state.steps.others == {"s0": OWNER, "s2": OWNER}
+    assert root.state.steps.ends == ("s0", "s1", "s2")  # the root ends a round on every step
+    assert list(owner.state.steps) == ["s0", "s2"] and not owner.state.steps.root
+    assert owner.state.steps.ends == ("s0", "s2")
+    assert cfg.step_owners == {"s0": OWNER, "s2": OWNER}
+    with pytest.raises(ConfigError, match="nor the owner of any of its steps"):
+        Coordinator(cfg, keys[THIRD], None, tmp_path / "third")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="owns no step"):  # the owners learn the run from it
+        Coordinator(parse_job(_job(OWNER)), keys[OWNER], None, tmp_path / "o")  # type: ignore[arg-type]

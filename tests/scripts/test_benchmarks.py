@@ -71,6 +71,8 @@ def test_announce_runs_at_its_smallest_size():
         ("store", ["--mib", "1", "--repeat", "1"]),  # its peak-RSS probes are child processes
         ("memory", ["--peers", "2", "--mib", "1"]),  # its coordinator is a child process
         ("steps", ["--peers", "2", "--tensors", "2", "--repeat", "1"]),  # and so is this one's
+        # its coordinators are child processes, the split's root and owner among them
+        ("multicoord", ["--peers", "2", "--kib", "4", "--steps", "2", "--coordinators", "2"]),
     ],
 )
 def test_benchmarks_with_child_processes_run_at_their_smallest_size(kubo_binary, name, args):

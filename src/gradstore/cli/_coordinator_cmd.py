@@ -86,8 +86,10 @@ class Finished:
     head: str | None
 
 
-def finished_job(state: Path, config: JobConfig) -> Finished | None:
-    """The journal's word that this job is done, or None (not begun, open, or unpublished)."""
+def finished_job(state: Path, config: JobConfig, coordinator: str | None = None) -> Finished | None:
+    """The journal's word that this job is done, or None (not begun, open, or unpublished);
+    ``coordinator``: the did the journal is bound to (default the job's; in a job split
+    among coordinators, a step owner's own)."""
     path = state / "journal.sqlite"
     count = config.rounds.count
     if count == 0 or not path.is_file():
@@ -95,7 +97,7 @@ def finished_job(state: Path, config: JobConfig) -> Finished | None:
     with Journal(path) as journal:
         if (journal.get_meta("job"), journal.get_meta("coordinator")) != (
             config.job,
-            config.coordinator,
+            coordinator or config.coordinator,
         ):
             return None  # another job's folder: the coordinator itself refuses it
         rows = [row for row in journal.rounds() if row.round < count]
@@ -155,7 +157,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
         level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     state = Path(args.state) if args.state else Path("gradstore-state") / config.job
-    done = finished_job(state, config)
+    done = finished_job(state, config, key.did)
     if done is not None:
         print(_complete_line(config, state, done, _options(args)), file=sys.stderr, flush=True)
         return _exit.SUCCESS
@@ -209,7 +211,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
             f"failed; round {first.round}: {first.reason}"
         )
     if not coordinator.outcomes:  # finished in an earlier run; this one only published
-        done = finished_job(state, config)
+        done = finished_job(state, config, key.did)
         if done is not None:
             print(_complete_line(config, state, done, _options(args)), file=sys.stderr, flush=True)
     return _exit.SUCCESS

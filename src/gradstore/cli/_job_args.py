@@ -28,10 +28,21 @@ def register(sub: Any) -> None:
         epilog=examples(
             "gradstore coordinator --config job.toml --key coord.key",
             "gradstore coordinator --config job.toml --key coord.key --state ./state -v",
+            "gradstore coordinator --config job.toml --key head-owner.key --state ./head",
+            then="A job whose [[steps]] name other coordinators (steps `coordinator`) runs one\n"
+            "command per owner, each with its key and state folder: an owner runs only its\n"
+            "steps, the job's coordinator combines every step into the round's record\n"
+            "(docs/design/multicoord.md).",
         ),
     )
     p.add_argument("--config", required=True, help="job file (TOML)")
-    p.add_argument("--key", required=True, help="the coordinator's key file")
+    p.add_argument(
+        "--key",
+        required=True,
+        help="the coordinator's key file: the job's coordinator, or the owner of some of its "
+        "[[steps]] (steps `coordinator`), which runs only those steps in the job's coordinator's "
+        "run; the job's coordinator combines every step into the round's record",
+    )
     p.add_argument(
         "--state", default=None, help="journal folder (default: ./gradstore-state/<job>)"
     )

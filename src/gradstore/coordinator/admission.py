@@ -38,6 +38,7 @@ class Verdict(StrEnum):
     ACCEPT = "accept"  # journal it, then fetch and verify it
     DUPLICATE = "duplicate"  # already have exactly this: no work, no publish
     REFUSE = "refuse"
+    IGNORE = "ignore"  # for a step another coordinator owns: its owner answers it
 
 
 @dataclass(frozen=True, slots=True)

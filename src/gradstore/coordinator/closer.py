@@ -170,7 +170,9 @@ class Closer:
         first = self.state.book(round_, next(iter(self.state.steps)))
         assert first is not None
         started = first.started_at or first.opened_at
-        if self.state.steps.stepped:
+        if not self.state.steps.root:  # the root combines the steps: no record here
+            outcome = await self._part_done(round_, steps)
+        elif self.state.steps.stepped:
             outcome = await self._close_stepped(round_, steps)
         else:
             (outcome,) = steps
@@ -180,6 +182,27 @@ class Closer:
         # from the first accepted announcement (when the round's clock started) to the end
         outcome.stats["started_s"] = round(self.clock() - started, 3)
         return outcome
+
+    async def _part_done(self, round_: int, steps: list[RoundOutcome]) -> RoundOutcome:
+        """At an owner that is not the root, every step it owns is over: the round ends
+        here with no output or record of its own (the root writes them), journaled."""
+        done = self.state.round_steps(round_)
+        excluded = tuple((p, f"{o.step}: {why}") for o in steps for p, why in o.excluded)
+        now = self.state.stats()
+        stats: dict[str, Any] = {"steps": _step_counts(done), "peers": now["peers"]}
+        peers = tuple(sorted({p for o in steps for p in o.peers}))
+        if any(d.result is not None for d in done):
+            self._apply(self.state.round_closed(round_, None, None))
+            status, reason = "closed", None
+        else:
+            reason = "every step failed: " + "; ".join(f"{d.step}: {d.failed}" for d in done)
+            self._apply(self.state.close_failed(round_, reason))
+            status = "failed"
+        self.journal.mark_published(round_)  # nothing of its own to publish
+        await asyncio.to_thread(self.journal.flush)
+        return RoundOutcome(
+            round_, status, None, None, peers, excluded, reason, stats, None, tuple(steps)
+        )
 
     async def _close_stepped(self, round_: int, steps: list[RoundOutcome]) -> RoundOutcome:
         done = self.state.round_steps(round_)
@@ -211,7 +234,7 @@ class Closer:
             job=cfg.job,
             run=run,
             round=round_,
-            steps=tuple(_round_step(d) for d in done),
+            steps=tuple(_round_step(d, self.state.steps.others.get(str(d.step))) for d in done),
             output=model,
             prev=self.state.head,
             coordinator=cfg.coordinator,
@@ -300,12 +323,16 @@ async def _read(node: Node, cid: CID, decode: Callable[..., StepRecord]) -> Step
     return decode(data, cid=cid)
 
 
-def _round_step(done: StepDone) -> RoundStep:
+def _round_step(done: StepDone, owner: str | None = None) -> RoundStep:
+    """The round/5 entry of ``done``; ``owner``: its coordinator, when not the root."""
     assert done.step is not None
     if done.result is None:
-        return RoundStep(done.step, failed=done.failed or "failed")
+        return RoundStep(done.step, failed=done.failed or "failed", coordinator=owner)
     return RoundStep(
-        done.step, record=CID.parse(done.result.record), output=CID.parse(done.result.output)
+        done.step,
+        record=CID.parse(done.result.record),
+        output=CID.parse(done.result.output),
+        coordinator=owner,
     )
 
 

@@ -231,7 +231,7 @@ async def close_round(
             inputs=record_inputs,
             excluded=record_excluded,
             output=output,
-            coordinator=config.coordinator,
+            coordinator=key.did,  # the step's owner (docs/design/multicoord.md)
         )
         record_cid, record_bytes = encode_step_record(record, key)
 

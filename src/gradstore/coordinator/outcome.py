@@ -35,6 +35,8 @@ def format_outcome(outcome: RoundOutcome) -> str:
         counts = f"{steps['completed']}/{steps['total']} steps closed, {steps['failed']} failed"
         if outcome.status == "failed":
             return f"{what} failed: {outcome.reason} ({counts})"
+        if outcome.record is None:  # a part: the job's coordinator writes the round's record
+            return f"{what}: its steps are over here: {counts}, {len(outcome.peers)} peers"
         return (
             f"{what} closed: {counts}, {len(outcome.peers)} peers, "
             f"model output {outcome.output} record {outcome.record}"

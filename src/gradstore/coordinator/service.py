@@ -26,10 +26,25 @@ from typing import Any, Final
 
 from ..aggregate import prepare
 from ..dag import CID
-from ..errors import ConfigError, CoordinatorError, NodeError, Reason, RefusedError
+from ..errors import (
+    ConfigError,
+    CoordinatorError,
+    IntegrityError,
+    MessageError,
+    NodeError,
+    Reason,
+    RefusedError,
+)
 from ..format import Gradient
 from ..job import JobConfig
-from ..messages import SigningKey, encode_fitted
+from ..messages import (
+    Result,
+    SigningKey,
+    Status,
+    decode_step_record,
+    encode_fitted,
+    verify_message,
+)
 from ..node import Node, follow
 from ..store import GradientStore
 from ._tasks import relay, until, unwrap
@@ -42,6 +57,7 @@ from .journal import Journal
 from .outcome import RoundOutcome, format_outcome
 from .pinner import BatchPinner
 from .progress import RoundProgress
+from .remote import check_remote_step
 from .rounds import RoundBook
 from .spill import SpillDir, SpillTarget
 from .state import CoordinatorState, Effects, FetchFailed, Key
@@ -78,15 +94,20 @@ class Coordinator(Closer):
         clock: Callable[[], float] = time.time,
         spill: bool | SpillDir = True,
     ) -> None:
-        if key.did != config.coordinator:
+        if key.did not in config.coordinators:
             raise ConfigError(
                 f"the key's id {key.did} is not the job's coordinator {config.coordinator}"
+                + (
+                    ""
+                    if len(config.coordinators) == 1
+                    else " nor the owner of any of its steps ([[steps]] coordinator)"
+                )
             )
-        if len(config.coordinators) > 1:  # it would run the other coordinators' steps too
-            raise ConfigError(
-                f"job {config.job!r} splits its steps among {len(config.coordinators)} "
-                "coordinators ([[steps]] coordinator), which the coordinator does not run yet "
-                "(docs/design/multicoord.md); give every step the job's coordinator"
+        if len(config.coordinators) > 1 and not config.steps_of(config.coordinator):
+            raise ConfigError(  # its statuses are how the other owners learn the run
+                f"job {config.job!r}: its coordinator {config.coordinator} owns no step; "
+                "a job split among coordinators leaves at least one step to its coordinator "
+                "(docs/design/multicoord.md)"
             )
         self.config = config
         self.key = key
@@ -98,6 +119,8 @@ class Coordinator(Closer):
             restart_grace_s=restart_grace_s,
             fetch_workers=fetch_concurrency,
             fetch_attempts=fetch_attempts,
+            owner=key.did,
+            remote_grace_s=close_retry_s,
         )
         self.resolve_timeout_s = resolve_timeout_s
         self.rebroadcast_s = rebroadcast_s
@@ -128,6 +151,8 @@ class Coordinator(Closer):
         self._journal_wake = asyncio.Event()
         self._plan_wake = asyncio.Event()  # a fetch may start: new input or a free worker
         self._status_wake = asyncio.Event()
+        self._remote_reads: set[tuple[int, str]] = set()  # other owners' records being read
+        self._root_news = asyncio.Event()  # at another owner: the root ended a round
 
     # -- what the state knows, as the coordinator's ------------------------------------------
     @property
@@ -187,7 +212,9 @@ class Coordinator(Closer):
             try:
                 if self._spills is not None:  # a crash's, or a past round's: never trusted
                     await asyncio.to_thread(self._spills.clear)
-                self.state.run_id = journal.bind(self.config.job, self.config.coordinator)
+                self.state.run_id = await self._bind(journal, stop)
+                if not self.state.run_id:
+                    return self.outcomes  # stopped before the root was heard
                 await self._recover()
                 async with self.node.subscribe(self.config.gradients_topic) as sub:
                     await unwrap(self._serve(sub, stop))
@@ -195,11 +222,31 @@ class Coordinator(Closer):
                 self._journal = None
         return self.outcomes
 
+    async def _bind(self, journal: Journal, stop: asyncio.Event) -> str:
+        """The run id: the journal's (drawn on first use); at an owner that is not the root,
+        the root's, heard from its signed status first ("" if ``stop`` came before)."""
+        run = journal.bind(self.config.job, self.key.did)
+        if self.state.steps.root:
+            return run
+        adopted = await adopt_run(self.node, self.config, stop, self.clock)
+        if adopted is None:
+            return ""
+        if adopted != run:
+            if journal.rounds():
+                raise CoordinatorError(
+                    f"state {journal.path} holds run {run}, but the job's coordinator "
+                    f"{self.config.coordinator} runs {adopted}: use another --state"
+                )
+            journal.set_meta("run", adopted)
+        log.info("run %s, the job's coordinator's (it combines the steps)", adopted)
+        return adopted
+
     async def _serve(self, sub: Any, stop: asyncio.Event) -> None:
         async with asyncio.TaskGroup() as tg:
             self._tg = tg
             background = [
                 tg.create_task(self._read(sub), name="coordinator-reader"),
+                tg.create_task(self._remote(), name="coordinator-remote-steps"),
                 tg.create_task(self._journal_writer(), name="coordinator-journal"),
                 tg.create_task(self._dispatch(), name="coordinator-fetches"),
                 tg.create_task(self._publisher(), name="coordinator-statuses"),
@@ -208,6 +255,7 @@ class Coordinator(Closer):
             ]
             try:
                 await self._rounds(stop)
+                await self._until_root(stop)
                 if not stop.is_set() and self.linger_s > 0:
                     await until(stop, self.linger_s)  # let late peers see the last result
             finally:
@@ -237,7 +285,12 @@ class Coordinator(Closer):
                 started = [book for book in closing if book.step not in closes]
                 for book in started:
                     closes[book.step] = self._close_task(book)
-                if not started:
+                silent, remote_wake = self.state.remote_due(now)  # other owners' steps
+                for step, reason in silent:
+                    self._apply(self.state.remote_failed(row.round, step, reason))
+                if remote_wake is not None:
+                    wake = remote_wake if wake is None else min(wake, remote_wake)
+                if not started and not silent:
                     await until(self._news, None if wake is None else wake - now)
             steps = [closes[step].result() for step in self.state.steps if step in closes]
             outcome = await self._finish_round(row.round, steps)
@@ -284,6 +337,90 @@ class Coordinator(Closer):
             accepted = self.state.take_accepted()
             await asyncio.to_thread(self.journal.flush)
             self._apply(self.state.accepted(accepted, self.clock()))
+
+    # -- the root: other owners' steps -------------------------------------------------------
+    async def _remote(self) -> None:
+        """In a job split among coordinators, hear the others on the results topic: at the
+        root, the other owners' signed step results and failures
+        (``remote.check_remote_step``); at another owner, the root's round results, after
+        which its steps of that round are no longer repeated (``root_heard``)."""
+        if not self.state.steps.others:
+            return
+        cfg = self.config
+        async with self.node.subscribe(cfg.results_topic) as sub:
+            async for msg in follow(self.node, sub):
+                try:
+                    parsed = verify_message(
+                        msg.data,
+                        job=cfg.job,
+                        coordinator=cfg.coordinator,
+                        peers=cfg.roster,
+                        owners=cfg.step_owners,
+                    )
+                except MessageError:
+                    continue  # anyone may publish there; a peer's listener logs junk
+                if not isinstance(parsed, Result | Status) or parsed.run != self.run_id:
+                    continue
+                if not self.state.steps.root:
+                    if parsed.step is None and (isinstance(parsed, Result) or parsed.failed):
+                        self.state.root_heard(parsed.round)  # the round is over at the root
+                        self._root_news.set()
+                    continue
+                if parsed.step is None:
+                    continue
+                if not self.state.wants_remote(parsed.round, parsed.step):
+                    continue
+                if isinstance(parsed, Status):
+                    if parsed.failed is not None:
+                        self._apply(
+                            self.state.remote_failed(parsed.round, parsed.step, parsed.failed)
+                        )
+                    continue
+                at = (parsed.round, parsed.step)
+                if at not in self._remote_reads and self._tg is not None:
+                    self._remote_reads.add(at)
+                    self._tg.create_task(self._read_remote(parsed), name="coordinator-remote")
+
+    async def _until_root(self, stop: asyncio.Event) -> None:
+        """At an owner that is not the root, after its last round: keep answering its
+        steps' peers until the root's result (or failure) of that round is heard, at most
+        the job's longest step deadline plus the close retries (the root's own bound)."""
+        last = self.round - 1
+        if self.state.steps.root or last < 0:
+            return
+        bound = max(s.deadline_s for s in self.config.steps) + self.close_retry_s
+        end = self.clock() + bound
+        while self.state.root_round < last and not stop.is_set() and self.clock() < end:
+            self._root_news.clear()
+            await until(self._root_news, min(1.0, end - self.clock()))
+        if self.state.root_round < last:
+            log.warning("round %d: no result from the job's coordinator; stopping anyway", last)
+
+    async def _read_remote(self, result: Result) -> None:
+        """Fetch and check the step record another owner's ``result`` names; the step is
+        closed here once it holds (else its owner's next repeat tries again)."""
+        assert result.step is not None
+        owner = self.state.steps.others[result.step]
+        try:
+            cid = CID.parse(result.record)
+            data = await asyncio.wait_for(self.node.get_block(cid), self.resolve_timeout_s)
+            record = decode_step_record(data, cid=cid)
+            check_remote_step(
+                result, cid, record, owner=owner, job=self.config.job, run=self.run_id
+            )
+        except (MessageError, IntegrityError, NodeError, TimeoutError) as exc:
+            log.warning(
+                "round %d step %s: the result of %s is not taken: %s",
+                result.round,
+                result.step,
+                owner,
+                exc,
+            )
+        else:
+            if self.state.wants_remote(result.round, result.step):
+                self._apply(self.state.remote_closed(record, cid))
+        finally:
+            self._remote_reads.discard((result.round, result.step))
 
     # -- fetch and verify ---------------------------------------------------------------------
     async def _dispatch(self) -> None:
@@ -385,6 +522,39 @@ class Coordinator(Closer):
                 await self._publish(msg)
             self.state.log_refusals(self.clock())  # a flood's last counts, once it stopped
             await asyncio.sleep(self.rebroadcast_s)
+
+
+async def adopt_run(
+    node: Node, config: JobConfig, stop: asyncio.Event, clock: Callable[[], float]
+) -> str | None:
+    """The run id of the job's coordinator (the root), from its next signed, fresh status
+    or result on the results topic (docs/design/multicoord.md: one run per job run, the
+    root's); None if ``stop`` is set first."""
+    skew_ms = config.messages.max_clock_skew_s * 1000
+    log.info("waiting for the run of the job's coordinator %s", config.coordinator)
+    async with node.subscribe(config.results_topic) as sub:
+        heard = asyncio.ensure_future(_first_run(node, sub, config, skew_ms, clock))
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait((heard, stopped), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (heard, stopped):
+                task.cancel()
+            await asyncio.gather(heard, stopped, return_exceptions=True)
+        return heard.result() if heard.done() and not heard.cancelled() else None
+
+
+async def _first_run(
+    node: Node, sub: Any, config: JobConfig, skew_ms: float, clock: Callable[[], float]
+) -> str:
+    async for msg in follow(node, sub):
+        try:  # no owners: only the root's own signature passes
+            parsed = verify_message(msg.data, job=config.job, coordinator=config.coordinator)
+        except MessageError:
+            continue
+        if isinstance(parsed, Status | Result) and abs(parsed.sent_at - clock() * 1000) <= skew_ms:
+            return parsed.run
+    raise CoordinatorError(f"the subscription to {config.results_topic} ended")
 
 
 def _under_way(tasks: dict[StepName, asyncio.Task[RoundOutcome]]) -> bool:

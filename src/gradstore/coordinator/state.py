@@ -145,9 +145,19 @@ class CoordinatorState:
         restart_grace_s: float | None = None,
         fetch_workers: int = 16,
         fetch_attempts: int = DEFAULT_ATTEMPTS,
+        owner: str | None = None,
+        remote_grace_s: float = 0.0,
     ) -> None:
         self.config = config
-        self.steps = JobSteps(config)
+        #: the steps this coordinator runs (``owner``'s: the job's coordinator by default)
+        self.steps = JobSteps(config, owner)
+        #: at the root, how long past its deadline another owner's step may still report
+        self.remote_grace_s = remote_grace_s
+        #: at the root, when each round's clock started as the root saw it (any step's
+        #: first announcement, its own or another owner's)
+        self.remote_clock: dict[int, float] = {}
+        #: at another owner: the last round the root's result (or failure) was heard of
+        self.root_round = -1
         #: after a restart past a round's deadline, how long its journaled inputs are
         #: resolved again before it is judged (default: the deadline, at most 30 s)
         self.restart_grace_s = (
@@ -260,14 +270,17 @@ class CoordinatorState:
         (call ``announce_step_result`` with each, which marks the step closed)."""
         again = []
         for row in rows:
-            if row.round != self.round or row.step not in self.steps.configs:
+            if row.round != self.round or (
+                row.step not in self.steps.configs and row.step not in self.steps.others
+            ):
                 continue
             if row.state == "failed":
                 reason = row.reason or "failed"
                 self.done[row.round, row.step] = StepDone(row.step, failed=reason)
                 self.step_failures[row.step] = (row.round, reason)
             elif row.state == "closed" and row.record:
-                again.append((row.step, CID.parse(row.record), not row.published))
+                mine = row.step not in self.steps.others  # the root publishes its own only
+                again.append((row.step, CID.parse(row.record), mine and not row.published))
         return again
 
     def remember(self, inputs: Iterable[InputRow]) -> None:
@@ -294,6 +307,8 @@ class CoordinatorState:
         if not isinstance(ann, Announce):
             detail = f"{type(ann).__name__} on the gradients topic"
             return self._refused(Reason.UNEXPECTED_TYPE, detail, None, now), Effects()
+        if ann.step is not None and ann.step in self.steps.others:
+            return self._other_owner(ann, now), Effects()
         state = AdmissionState(
             run=self.run_id,
             open_round=self.round,
@@ -331,6 +346,18 @@ class CoordinatorState:
         return Verdict.ACCEPT, Effects(
             writes=[Accept(ann.round, ann.peer, ann.cid, ann.num_samples, data, ann.step)]
         )
+
+    def _other_owner(self, ann: Announce, now: float) -> Verdict:
+        """An announcement for a step another coordinator owns: its owner answers it, this
+        one ignores it (a second answer would be noise); the root notes when the round's
+        clock started, for the deadline of the step's result."""
+        if (
+            self.steps.root
+            and ann.run == self.run_id
+            and self.round <= ann.round <= self.round + self.config.rounds.max_ahead
+        ):
+            self.remote_clock.setdefault(ann.round, now)
+        return Verdict.IGNORE
 
     def _may_tell(self, round_: int, step: StepName) -> bool:
         """Whether a refusal for ``step`` of ``round_`` may get a small book of its own: a
@@ -492,8 +519,80 @@ class CoordinatorState:
         return closing, wake
 
     def round_done(self, round_: int) -> bool:
-        """Whether every step of ``round_`` closed or failed."""
-        return all((round_, step) in self.done for step in self.steps)
+        """Whether every step of ``round_`` closed or failed (at an owner that is not the
+        root: every step it owns)."""
+        return all((round_, step) in self.done for step in self.steps.ends)
+
+    # -- the root: other owners' steps -----------------------------------------------------
+    def remote_closed(self, record: StepRecord, cid: CID) -> Effects:
+        """Another owner's step record ``cid`` (its signed result, the record checked by
+        the service) closed its step: the step is over here too (journaled)."""
+        step = record.step
+        assert step is not None
+        result = Announced.of(record, str(cid))
+        self.done[record.round, step] = StepDone(step, result=result)
+        log.info("round %d%s: closed by %s (%s)", record.round, _of(step), record.coordinator, cid)
+        writes: list[Write] = [CloseStep(record.round, step, result.output, str(cid))]
+        return Effects(writes=writes, news=True)
+
+    def remote_failed(self, round_: int, step: str, reason: str) -> Effects:
+        """Another owner's step failed (its signed status said so, or it never reported)."""
+        self.done[round_, step] = StepDone(step, failed=reason)
+        log.warning("round %d%s failed: %s", round_, _of(step), reason)
+        return Effects(writes=[FailStep(round_, step, reason)], news=True)
+
+    def root_heard(self, round_: int) -> None:
+        """At another owner: the root's result (or failure) of ``round_`` is out, so its
+        steps of that round and before are no longer repeated (peers read a missed step
+        in the root's round/5 record)."""
+        if round_ > self.root_round:
+            self.root_round = round_
+            self._steps_over(round_)
+
+    def wants_remote(self, round_: int, step: str | None) -> bool:
+        """Whether the root still waits for ``step`` of ``round_`` from its owner."""
+        return (
+            step is not None
+            and step in self.steps.others
+            and self.steps.root
+            and round_ >= self.round
+            and (round_, step) not in self.done
+        )
+
+    def remote_due(self, now: float) -> tuple[list[tuple[str, str]], float | None]:
+        """Other owners' steps of the open round past their deadline and the close retries
+        with no word from their owner: ``(step, reason)`` to fail; and when to look again."""
+        r = self.round
+        if not self.steps.root or self._opened != r or not self.steps.others:
+            return [], None
+        starts = [self.remote_clock[r]] if r in self.remote_clock else []
+        starts += [b.started_at for b in self.rounds.get(r, {}).values() if b.started_at]
+        if not starts:
+            return [], None
+        started = min(starts)
+        over: list[tuple[str, str]] = []
+        wake: float | None = None
+        for step, owner in self.steps.others.items():
+            if (r, step) in self.done:
+                continue
+            due = started + self._deadline_of(step) + self.remote_grace_s
+            if now >= due:
+                over.append(
+                    (
+                        step,
+                        reason_text(Reason.UNAVAILABLE, f"no result from its coordinator {owner}"),
+                    )
+                )
+            else:
+                wake = due if wake is None else min(wake, due)
+        return over, wake
+
+    def _deadline_of(self, step: str) -> float:
+        """The deadline (seconds from the round's clock) of any step of the job."""
+        for config in self.config.steps:
+            if config.name == step:
+                return config.deadline_s
+        raise KeyError(step)
 
     def progress(self, now: float) -> RoundProgress | None:
         """The open round's counts and time left (None between rounds); a stepped job's
@@ -510,7 +609,7 @@ class CoordinatorState:
             deadline = book.deadline(self.steps[step].deadline_s)
             if deadline is not None and (self.round, step) not in self.done:
                 deadlines.append(deadline)
-        over = [d for (r, _), d in self.done.items() if r == self.round]
+        over = [d for (r, s), d in self.done.items() if r == self.round and s in self.steps.configs]
         stats = self.stats()
         return RoundProgress(
             round=self.round,
@@ -533,7 +632,9 @@ class CoordinatorState:
         memory for aggregation (every step's, under one budget), and how many peers take
         part in the round (an accepted announcement in any of its steps)."""
         r = self.round
-        over = [d for (done_r, _), d in self.done.items() if done_r == r]
+        over = [
+            d for (done_r, s), d in self.done.items() if done_r == r and s in self.steps.configs
+        ]
         failed = sum(d.failed is not None for d in over)
         books = self.rounds.get(r, {})
         peers = {
@@ -711,13 +812,15 @@ class CoordinatorState:
         return Effects(writes=[FailStep(round_, step, reason)])
 
     def round_steps(self, round_: int) -> list[StepDone]:
-        """How each step of a stepped ``round_`` ended, in the job's order."""
-        return [self.done[round_, step] for step in self.steps]
+        """How each step of a stepped ``round_`` ended, in the job's order (at the root,
+        other owners' steps too)."""
+        return [self.done[round_, step] for step in self.steps.ends]
 
-    def round_closed(self, round_: int, output: CID, record: CID) -> Effects:
+    def round_closed(self, round_: int, output: CID | None, record: CID | None) -> Effects:
         """A stepped round's model-level output and round/5 record are stored: its journal
-        row (commit it, then ``announce_result`` with ``round_result``)."""
-        return Effects(writes=[CloseRound(round_, str(output), str(record))])
+        row (commit it, then ``announce_result`` with ``round_result``). At an owner that
+        is not the root, None and None: its steps are over, the root writes the rest."""
+        return Effects(writes=[CloseRound(round_, str(output or ""), str(record or ""))])
 
     def round_result(self, round_: int, output: CID, record: CID) -> Announced:
         """What a stepped round's result says: its round/5 record and model-level output."""
@@ -737,6 +840,9 @@ class CoordinatorState:
     def announce_step_result(self, record: StepRecord, cid: CID) -> None:
         """A step's record is durable: the beacon repeats its result; the step is over."""
         done = Announced.of(record, str(cid))
+        if record.step in self.steps.others:  # another owner's (a restart): its owner repeats it
+            self.done[record.round, record.step] = StepDone(record.step, result=done)
+            return
         self.step_results[record.step] = done
         self._backoff.changed((record.round, record.step))
         if record.round == self.round:
@@ -801,6 +907,8 @@ class CoordinatorState:
             del self.announced[key]
         for over in [k for k in self.done if k[0] <= round_]:
             del self.done[over]
+        for r in [r for r in self.remote_clock if r <= round_]:
+            del self.remote_clock[r]
         for book in books.values():
             self._keep_past_book(book)
         self._backoff.drop(lambda key: key[0] <= round_)

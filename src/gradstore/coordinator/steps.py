@@ -35,12 +35,33 @@ def key_step(key: Key) -> StepName:
 
 class JobSteps:
     """The job's steps by wire name, in the job's (backward) order: each one's config, rank
-    (0 first: fetches go to the first step in backward order), peers and configured schema."""
+    (0 first: fetches go to the first step in backward order), peers and configured schema.
 
-    def __init__(self, config: JobConfig) -> None:
+    In a job split among coordinators (docs/design/multicoord.md), ``owner`` (a
+    coordinator's did) keeps only the steps it owns in ``configs`` (those it runs);
+    ``others`` maps each other step to its owner, and ``order`` lists every step of the job.
+    The root (the job's coordinator) waits on every step to end a round (``ends``), any
+    other owner on its own."""
+
+    def __init__(self, config: JobConfig, owner: str | None = None) -> None:
         self.stepped = config.stepped
+        owner = config.coordinator if owner is None else owner
+        self.root = owner == config.coordinator
         names: list[StepName] = [s.name for s in config.steps] if self.stepped else [None]
-        self.configs: dict[StepName, StepConfig] = dict(zip(names, config.steps, strict=True))
+        self.order: tuple[StepName, ...] = tuple(names)
+        self.others: dict[str, str] = {
+            s.name: config.owner(s)
+            for s in config.steps
+            if self.stepped and config.owner(s) != owner
+        }
+        self.all_peers: dict[str, frozenset[str]] = {
+            s.name: frozenset(s.peers) for s in config.steps if self.stepped
+        }
+        self.configs: dict[StepName, StepConfig] = {
+            name: step
+            for name, step in zip(names, config.steps, strict=True)
+            if name not in self.others
+        }
         self.rank: dict[StepName, int] = {name: i for i, name in enumerate(names)}
         self.peers: dict[StepName, frozenset[str]] = {
             name: frozenset(step.peers) for name, step in self.configs.items()
@@ -64,11 +85,17 @@ class JobSteps:
         return self.configs[name]
 
     @property
+    def ends(self) -> tuple[StepName, ...]:
+        """The steps whose end ends a round here: every step at the root, else its own."""
+        return self.order if self.root else tuple(self.configs)
+
+    @property
     def admission(self) -> Mapping[str, frozenset[str]] | None:
-        """Each step's peers for ``admission.admit`` (None: the job has no steps)."""
+        """Each step's peers for ``admission.admit`` (None: the job has no steps): every
+        step of the job, so a step the job lacks is told as such whoever hears it."""
         if not self.stepped:
             return None
-        return {name: peers for name, peers in self.peers.items() if name is not None}
+        return self.all_peers
 
     def books(self, round_: int, opened_at: float) -> RoundBooks:
         """Fresh books for every step of ``round_``."""

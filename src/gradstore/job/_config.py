@@ -144,6 +144,12 @@ class JobConfig:
         """The did of the coordinator that owns ``step`` (the job's unless it names another)."""
         return self.coordinator if step.coordinator is None else step.coordinator
 
+    @cached_property
+    def step_owners(self) -> dict[str, str]:
+        """Each step another coordinator than the job's owns, with its owner's did: whom
+        its statuses and results must be signed by (``messages.verify_message(owners=)``)."""
+        return {s.name: self.owner(s) for s in self.steps if self.owner(s) != self.coordinator}
+
     def steps_of(self, coordinator: str) -> tuple[StepConfig, ...]:
         """The steps ``coordinator`` owns, in the job's order."""
         return tuple(s for s in self.steps if self.owner(s) == coordinator)

@@ -8,7 +8,7 @@ by the job's coordinator, which the receiver must supply.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import Any, Final
 
 from ..errors import MessageError, Reason
@@ -139,8 +139,13 @@ def verify_message(
     coordinator: str,
     peers: Roster | Collection[str] | None = None,
     max_bytes: int = MAX_MESSAGE_BYTES,
+    owners: Mapping[str, str] | None = None,
 ) -> Message:
     """Decode a message and accept it only if it belongs to ``job`` and is signed by the right key.
+
+    ``owners`` (a job split among coordinators, docs/design/multicoord.md): the did that
+    owns each step another coordinator than ``coordinator`` owns; a status or result of
+    such a step must be signed by that owner, every other one by ``coordinator``.
 
     An announcement must be signed by its ``peer``, who must be in ``peers``
     when given; a result or status must be signed by ``coordinator`` (they name
@@ -160,10 +165,13 @@ def verify_message(
         if not verify_signature(msg.peer, unsigned, signature):
             raise MessageError(Reason.BAD_SIGNATURE, f"announcement signature is not {msg.peer}'s")
     else:
-        if not verify_signature(coordinator, unsigned, signature):
+        signer = coordinator
+        if owners and msg.step is not None:
+            signer = owners.get(msg.step, coordinator)
+        if not verify_signature(signer, unsigned, signature):
             raise MessageError(
                 Reason.NOT_COORDINATOR,
-                f"{msg.kind.value} is not signed by coordinator {coordinator} (or was altered)",
+                f"{msg.kind.value} is not signed by coordinator {signer} (or was altered)",
             )
         if peers is not None:
             check_bitmaps(msg, peers if isinstance(peers, Roster) else Roster(peers))

@@ -2,7 +2,8 @@
 verified, checked for freshness and kept in a ``CoordinatorView``; and waiting on them.
 
 Anyone can publish on the topic, so every message is verified against the job's
-coordinator key and roster, and junk is logged once per reason. Many peers in one process
+coordinator key (a step another coordinator owns: that owner's, docs/design/multicoord.md)
+and roster, and junk is logged once per reason. Many peers in one process
 may share one subscription (``listener``): its messages are decoded and verified once.
 """
 
@@ -117,8 +118,12 @@ class CoordinatorListener:
             if summary is not None:
                 log.warning("on %s: %s", cfg.results_topic, summary)
             try:
-                parsed = verify_message(
-                    msg.data, job=cfg.job, coordinator=cfg.coordinator, peers=cfg.roster
+                parsed = verify_message(  # a step another coordinator owns: its owner signs
+                    msg.data,
+                    job=cfg.job,
+                    coordinator=cfg.coordinator,
+                    peers=cfg.roster,
+                    owners=cfg.step_owners,
                 )
             except MessageError as exc:  # anyone can publish here: no sender to name
                 if self._ignored.refused(exc.reason, None, time.monotonic()):

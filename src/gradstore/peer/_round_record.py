@@ -71,6 +71,13 @@ class RoundRecords:
                 f"which is step {found.step!r}'s",
             )
         check_step_of(record, cid, found)  # job, run, round, coordinator and output
+        owner = self.config.step_owners.get(step, self.config.coordinator)
+        if found.coordinator != owner:  # the job file names the step's owner, not the record
+            raise MessageError(
+                Reason.MALFORMED,
+                f"step {step!r}'s record {cid} is signed by {found.coordinator}, "
+                f"but the job's owner of the step is {owner}",
+            )
         roster = self.config.roster
         peers = [i.peer for i in found.inputs]
         if any(p not in roster for p in peers):
