@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
+from typing import Any
 
 
 async def until(event: asyncio.Event, timeout: float | None) -> None:
@@ -29,3 +30,8 @@ async def unwrap(coro: Awaitable[None]) -> None:
         if len(errors) == 1:
             raise errors[0] from None
         raise
+
+
+def under_way(tasks: Mapping[Any, asyncio.Task[Any]]) -> bool:
+    """Whether any of ``tasks`` has not ended yet."""
+    return not all(task.done() for task in tasks.values())

@@ -12,13 +12,21 @@ a step record (``gradstore/step/1``: no ``prev``, the step's name and selectors)
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
-from ..aggregate import InMemory, InputSource, Layout, aggregate_streamed, compressed_source
+from ..aggregate import (
+    InMemory,
+    InputSource,
+    Layout,
+    aggregate_streamed,
+    compressed_source,
+    prepare,
+)
 from ..dag import CID
 from ..dag.cid import DAG_CBOR
 from ..errors import CoordinatorError, DAGError, NodeError, NodeUnreachableError
@@ -261,3 +269,13 @@ async def put_record(
     await with_retries(
         f"pinning the {what}", lambda: node.pin(cid, recursive=False), give_up_after=give_up_after
     )
+
+
+async def prepare_aggregation(gradient: Gradient) -> None:
+    """Get the aggregators' compiled kernel ready for inputs like ``gradient``, off the loop."""
+    try:
+        ready = await asyncio.to_thread(prepare, gradient.tensors)
+    except Exception:  # the aggregate stage would meet the same problem and report it
+        log.exception("preparing the aggregation kernel failed")
+    else:
+        log.debug("aggregation kernel: %s", "numba" if ready else "NumPy")

@@ -24,42 +24,32 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
-from ..aggregate import prepare
 from ..dag import CID
 from ..errors import (
-    ConfigError,
     CoordinatorError,
-    IntegrityError,
-    MessageError,
     NodeError,
     Reason,
     RefusedError,
 )
-from ..format import Gradient
 from ..job import JobConfig
 from ..messages import (
-    Result,
     SigningKey,
-    Status,
-    decode_step_record,
     encode_fitted,
-    verify_message,
 )
 from ..node import Node, follow
 from ..store import GradientStore
-from ._tasks import relay, until, unwrap
+from ._tasks import relay, under_way, until, unwrap
 from .admission import Verdict
-from .closer import Closer
-from .closing import DEFAULT_CLOSE_RETRY_S
+from .closing import DEFAULT_CLOSE_RETRY_S, prepare_aggregation
 from .fetch_plan import DEFAULT_ATTEMPTS
 from .inputs import ByteBudget, VerifiedInput, verify_input
 from .journal import Journal
 from .outcome import RoundOutcome, format_outcome
 from .pinner import BatchPinner
 from .progress import RoundProgress
-from .remote import check_remote_step
 from .rounds import RoundBook
-from .spill import SpillDir, SpillTarget
+from .spill import SpillDir
+from .split import SplitSteps, check_owner
 from .state import CoordinatorState, Effects, FetchFailed, Key
 from .steps import StepName, key_step
 
@@ -71,7 +61,7 @@ STATUS_EVERY_S: Final = 0.1
 LISTS_PINNED_KEPT: Final = 1024
 
 
-class Coordinator(Closer):
+class Coordinator(SplitSteps):
     """Runs the rounds of one job over one node (its steps' too: ``closer``)."""
 
     def __init__(
@@ -94,21 +84,7 @@ class Coordinator(Closer):
         clock: Callable[[], float] = time.time,
         spill: bool | SpillDir = True,
     ) -> None:
-        if key.did not in config.coordinators:
-            raise ConfigError(
-                f"the key's id {key.did} is not the job's coordinator {config.coordinator}"
-                + (
-                    ""
-                    if len(config.coordinators) == 1
-                    else " nor the owner of any of its steps ([[steps]] coordinator)"
-                )
-            )
-        if len(config.coordinators) > 1 and not config.steps_of(config.coordinator):
-            raise ConfigError(  # its statuses are how the other owners learn the run
-                f"job {config.job!r}: its coordinator {config.coordinator} owns no step; "
-                "a job split among coordinators leaves at least one step to its coordinator "
-                "(docs/design/multicoord.md)"
-            )
+        check_owner(config, key.did)
         self.config = config
         self.key = key
         self.node = node
@@ -200,7 +176,9 @@ class Coordinator(Closer):
         if effects.unspill and self._spills is not None:
             self._spills.remove(effects.unspill)
         if effects.prepare is not None and self._tg is not None:  # once per run
-            self._prepared = self._tg.create_task(_prepare(effects.prepare), name="kernel")
+            self._prepared = self._tg.create_task(
+                prepare_aggregation(effects.prepare), name="kernel"
+            )
         return effects
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -221,25 +199,6 @@ class Coordinator(Closer):
             finally:
                 self._journal = None
         return self.outcomes
-
-    async def _bind(self, journal: Journal, stop: asyncio.Event) -> str:
-        """The run id: the journal's (drawn on first use); at an owner that is not the root,
-        the root's, heard from its signed status first ("" if ``stop`` came before)."""
-        run = journal.bind(self.config.job, self.key.did)
-        if self.state.steps.root:
-            return run
-        adopted = await adopt_run(self.node, self.config, stop, self.clock)
-        if adopted is None:
-            return ""
-        if adopted != run:
-            if journal.rounds():
-                raise CoordinatorError(
-                    f"state {journal.path} holds run {run}, but the job's coordinator "
-                    f"{self.config.coordinator} runs {adopted}: use another --state"
-                )
-            journal.set_meta("run", adopted)
-        log.info("run %s, the job's coordinator's (it combines the steps)", adopted)
-        return adopted
 
     async def _serve(self, sub: Any, stop: asyncio.Event) -> None:
         async with asyncio.TaskGroup() as tg:
@@ -274,7 +233,7 @@ class Coordinator(Closer):
             # each step closes on its own task, as soon as it is due, while this loop goes on
             # starting the others' (their stores and publishes overlap; the state is one)
             closes: dict[StepName, asyncio.Task[RoundOutcome]] = {}
-            while not self.state.round_done(row.round) or _under_way(closes):
+            while not self.state.round_done(row.round) or under_way(closes):
                 if stop.is_set():
                     await asyncio.gather(*closes.values())  # the closes under way end first
                     if self.state.round_done(row.round):
@@ -338,90 +297,6 @@ class Coordinator(Closer):
             await asyncio.to_thread(self.journal.flush)
             self._apply(self.state.accepted(accepted, self.clock()))
 
-    # -- the root: other owners' steps -------------------------------------------------------
-    async def _remote(self) -> None:
-        """In a job split among coordinators, hear the others on the results topic: at the
-        root, the other owners' signed step results and failures
-        (``remote.check_remote_step``); at another owner, the root's round results, after
-        which its steps of that round are no longer repeated (``root_heard``)."""
-        if not self.state.steps.others:
-            return
-        cfg = self.config
-        async with self.node.subscribe(cfg.results_topic) as sub:
-            async for msg in follow(self.node, sub):
-                try:
-                    parsed = verify_message(
-                        msg.data,
-                        job=cfg.job,
-                        coordinator=cfg.coordinator,
-                        peers=cfg.roster,
-                        owners=cfg.step_owners,
-                    )
-                except MessageError:
-                    continue  # anyone may publish there; a peer's listener logs junk
-                if not isinstance(parsed, Result | Status) or parsed.run != self.run_id:
-                    continue
-                if not self.state.steps.root:
-                    if parsed.step is None and (isinstance(parsed, Result) or parsed.failed):
-                        self.state.root_heard(parsed.round)  # the round is over at the root
-                        self._root_news.set()
-                    continue
-                if parsed.step is None:
-                    continue
-                if not self.state.wants_remote(parsed.round, parsed.step):
-                    continue
-                if isinstance(parsed, Status):
-                    if parsed.failed is not None:
-                        self._apply(
-                            self.state.remote_failed(parsed.round, parsed.step, parsed.failed)
-                        )
-                    continue
-                at = (parsed.round, parsed.step)
-                if at not in self._remote_reads and self._tg is not None:
-                    self._remote_reads.add(at)
-                    self._tg.create_task(self._read_remote(parsed), name="coordinator-remote")
-
-    async def _until_root(self, stop: asyncio.Event) -> None:
-        """At an owner that is not the root, after its last round: keep answering its
-        steps' peers until the root's result (or failure) of that round is heard, at most
-        the job's longest step deadline plus the close retries (the root's own bound)."""
-        last = self.round - 1
-        if self.state.steps.root or last < 0:
-            return
-        bound = max(s.deadline_s for s in self.config.steps) + self.close_retry_s
-        end = self.clock() + bound
-        while self.state.root_round < last and not stop.is_set() and self.clock() < end:
-            self._root_news.clear()
-            await until(self._root_news, min(1.0, end - self.clock()))
-        if self.state.root_round < last:
-            log.warning("round %d: no result from the job's coordinator; stopping anyway", last)
-
-    async def _read_remote(self, result: Result) -> None:
-        """Fetch and check the step record another owner's ``result`` names; the step is
-        closed here once it holds (else its owner's next repeat tries again)."""
-        assert result.step is not None
-        owner = self.state.steps.others[result.step]
-        try:
-            cid = CID.parse(result.record)
-            data = await asyncio.wait_for(self.node.get_block(cid), self.resolve_timeout_s)
-            record = decode_step_record(data, cid=cid)
-            check_remote_step(
-                result, cid, record, owner=owner, job=self.config.job, run=self.run_id
-            )
-        except (MessageError, IntegrityError, NodeError, TimeoutError) as exc:
-            log.warning(
-                "round %d step %s: the result of %s is not taken: %s",
-                result.round,
-                result.step,
-                owner,
-                exc,
-            )
-        else:
-            if self.state.wants_remote(result.round, result.step):
-                self._apply(self.state.remote_closed(record, cid))
-        finally:
-            self._remote_reads.discard((result.round, result.step))
-
     # -- fetch and verify ---------------------------------------------------------------------
     async def _dispatch(self) -> None:
         """Start fetch attempts as the plan allows; wake on news or at the next retry time."""
@@ -455,7 +330,9 @@ class Coordinator(Closer):
                     claim=order.claim,
                     step=order.step,
                     pinner=self._pinner,
-                    spill=self._spill_target(key),
+                    spill=None
+                    if self._spills is None
+                    else self._spills.target(*key[:2], key_step(key)),
                 )
         except RefusedError as exc:
             got = FetchFailed(exc.reason)
@@ -467,13 +344,6 @@ class Coordinator(Closer):
         finally:
             self._attempts.pop(key, None)
             self._apply(self.state.fetched(key, got, time.perf_counter() - start, self.clock()))
-
-    def _spill_target(self, key: Key) -> SpillTarget | None:
-        """Where ``key``'s verified bytes are written (None: the coordinator does not spill)."""
-        if self._spills is None:
-            return None
-        step = key_step(key)
-        return SpillTarget(self._spills, key[0], self._spills.path(key[0], key[1], step))
 
     # -- publishing ---------------------------------------------------------------------------
     async def _publisher(self) -> None:
@@ -522,51 +392,3 @@ class Coordinator(Closer):
                 await self._publish(msg)
             self.state.log_refusals(self.clock())  # a flood's last counts, once it stopped
             await asyncio.sleep(self.rebroadcast_s)
-
-
-async def adopt_run(
-    node: Node, config: JobConfig, stop: asyncio.Event, clock: Callable[[], float]
-) -> str | None:
-    """The run id of the job's coordinator (the root), from its next signed, fresh status
-    or result on the results topic (docs/design/multicoord.md: one run per job run, the
-    root's); None if ``stop`` is set first."""
-    skew_ms = config.messages.max_clock_skew_s * 1000
-    log.info("waiting for the run of the job's coordinator %s", config.coordinator)
-    async with node.subscribe(config.results_topic) as sub:
-        heard = asyncio.ensure_future(_first_run(node, sub, config, skew_ms, clock))
-        stopped = asyncio.ensure_future(stop.wait())
-        try:
-            await asyncio.wait((heard, stopped), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (heard, stopped):
-                task.cancel()
-            await asyncio.gather(heard, stopped, return_exceptions=True)
-        return heard.result() if heard.done() and not heard.cancelled() else None
-
-
-async def _first_run(
-    node: Node, sub: Any, config: JobConfig, skew_ms: float, clock: Callable[[], float]
-) -> str:
-    async for msg in follow(node, sub):
-        try:  # no owners: only the root's own signature passes
-            parsed = verify_message(msg.data, job=config.job, coordinator=config.coordinator)
-        except MessageError:
-            continue
-        if isinstance(parsed, Status | Result) and abs(parsed.sent_at - clock() * 1000) <= skew_ms:
-            return parsed.run
-    raise CoordinatorError(f"the subscription to {config.results_topic} ended")
-
-
-def _under_way(tasks: dict[StepName, asyncio.Task[RoundOutcome]]) -> bool:
-    """Whether any of ``tasks`` has not ended yet."""
-    return not all(task.done() for task in tasks.values())
-
-
-async def _prepare(gradient: Gradient) -> None:
-    """Get the aggregators' compiled kernel ready for inputs like ``gradient``, off the loop."""
-    try:
-        ready = await asyncio.to_thread(prepare, gradient.tensors)
-    except Exception:  # the aggregate stage would meet the same problem and report it
-        log.exception("preparing the aggregation kernel failed")
-    else:
-        log.debug("aggregation kernel: %s", "numba" if ready else "NumPy")

@@ -64,6 +64,10 @@ class SpillDir:
         digest = hashlib.sha256(f"{peer}\0{step or ''}".encode()).hexdigest()[:32]
         return self.folder(round_) / f"{digest}.doc"
 
+    def target(self, round_: int, peer: str, step: str | None) -> SpillTarget:
+        """Where ``peer``'s input to ``round_`` (and ``step``) is spilled."""
+        return SpillTarget(self, round_, self.path(round_, peer, step))
+
     def claim(self, round_: int, size: int) -> bool:
         """Whether a document of ``size`` bytes may be spilled now (then call ``written``)."""
         folder = self.folder(round_)
