@@ -98,6 +98,18 @@ def peak_rss() -> int:
     return _status_kib("VmHWM") * 1024
 
 
+def peak_rss_of(pid: int) -> int:
+    """Another process's peak RSS (VmHWM) in bytes; 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except FileNotFoundError:
+        pass
+    return 0
+
+
 # --- output ---------------------------------------------------------------------------------------
 
 

@@ -32,7 +32,15 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks._common import MiB, dump_json, kubo_binary, machine, start_daemons, table
+from benchmarks._common import (
+    MiB,
+    dump_json,
+    kubo_binary,
+    machine,
+    peak_rss_of,
+    start_daemons,
+    table,
+)
 from gradstore.coordinator import Coordinator
 from gradstore.format import Gradient
 from gradstore.job import JobConfig, load_job
@@ -77,17 +85,6 @@ def serve(args: argparse.Namespace) -> None:
     print(json.dumps(asyncio.run(run())), flush=True)
 
 
-def _rss_peak(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except FileNotFoundError:
-        pass
-    return 0
-
-
 async def one_round(
     daemons: list[KuboDaemon], args: argparse.Namespace, tmp: Path, in_memory: bool
 ) -> dict[str, Any]:
@@ -122,7 +119,7 @@ async def one_round(
             async with Peer(config, node, key) as peer:
                 cids.append(await peer.store.put(peer.prepare(Gradient({"w": values}), 0, 1 + i)))
             del values
-            peak = max(peak, _rss_peak(process.pid))
+            peak = max(peak, peak_rss_of(process.pid))
         t_put = time.perf_counter() - t0
 
         async def announce(i: int) -> None:
@@ -132,7 +129,7 @@ async def one_round(
         t0 = time.perf_counter()
         await asyncio.gather(*(announce(i) for i in range(args.peers)))
         while process.poll() is None:
-            peak = max(peak, _rss_peak(process.pid))
+            peak = max(peak, peak_rss_of(process.pid))
             await asyncio.sleep(0.05)
         t_round = time.perf_counter() - t0
         out, _ = process.communicate()

@@ -40,7 +40,15 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks._common import MiB, dump_json, kubo_binary, machine, start_daemons, table
+from benchmarks._common import (
+    MiB,
+    dump_json,
+    kubo_binary,
+    machine,
+    peak_rss_of,
+    start_daemons,
+    table,
+)
 from gradstore.compress import compress
 from gradstore.coordinator import Coordinator
 from gradstore.dag import CID
@@ -92,17 +100,6 @@ def serve(args: argparse.Namespace) -> None:
             await node.aclose()
 
     print(json.dumps(asyncio.run(run())), flush=True)
-
-
-def _rss_peak(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except FileNotFoundError:
-        pass
-    return 0
 
 
 def _du(path: Path) -> int:
@@ -188,7 +185,7 @@ async def one_round(
             await asyncio.gather(*(announce(i) for i in range(len(peers))))
             last_du = 0.0
             while process.poll() is None:
-                peak = max(peak, _rss_peak(process.pid))
+                peak = max(peak, peak_rss_of(process.pid))
                 if time.monotonic() - last_du > 0.5:
                     spill_peak = max(spill_peak, _du(state / "spill"))
                     last_du = time.monotonic()
@@ -223,7 +220,7 @@ def audit(daemon: KuboDaemon, record: str, coordinator: str, max_bytes: int) -> 
     process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak = 0
     while process.poll() is None:
-        peak = max(peak, _rss_peak(process.pid))
+        peak = max(peak, peak_rss_of(process.pid))
         time.sleep(0.05)
     seconds = time.perf_counter() - t0
     out, err = process.communicate()
