@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gradstore.coordinator import Coordinator, service
+from gradstore.coordinator import Coordinator, closing
 from gradstore.node import LocalNode
 from gradstore.peer import Peer
 
@@ -26,7 +26,7 @@ def test_the_first_verified_input_prepares_the_kernel_once(
         prepared.append(dict(tensors))
         return False
 
-    monkeypatch.setattr(service, "prepare", record)
+    monkeypatch.setattr(closing, "prepare", record)
 
     async def go() -> None:
         node = LocalNode(tmp_path / "node")

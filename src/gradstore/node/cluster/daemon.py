@@ -104,6 +104,10 @@ def loopback_settings(ipfs_api: str, secret: str) -> dict[str, Any]:
 
 
 _READY: Final = "IPFS Cluster is READY"  # what the service logs once it takes requests
+_PORT_TAKEN: Final = "address already in use"  # what it logs when a listen port was taken
+
+#: Launches of a peer whose listen ports another process took meanwhile (see ``start``).
+PORT_ATTEMPTS: Final = 3
 
 
 class ClusterPeer(ChildProcess):
@@ -173,14 +177,39 @@ class ClusterPeer(ChildProcess):
         self.cluster_addr = f"{listen}/p2p/{self.peer_id}"
 
     def start(self) -> Self:
-        """Init if needed, launch the service and wait until its REST API answers ``/id``."""
+        """Init if needed, launch the service and wait until its REST API answers ``/id``.
+
+        A port picked free at init can be taken by another process before the service binds
+        it (a test run starts many daemons at once): the service then exits at startup
+        with "address already in use", and it is started again on new free ports, up to
+        ``PORT_ATTEMPTS`` times in all.
+        """
         if self.running:
             return self
         self.init()
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            self._launch()
+            try:
+                self._wait_ready()
+            except NodeError:
+                taken = _PORT_TAKEN in self._log_text()
+                self._end(0.0)
+                if not taken or attempt == PORT_ATTEMPTS:
+                    self.stop()
+                    raise
+                self._new_ports()
+            except BaseException:
+                self.stop()
+                raise
+            else:
+                return self
+        raise AssertionError("unreachable")  # the last attempt returns or raises
+
+    def _launch(self) -> None:
         args = [str(self.binary), "--config", str(self.folder), "daemon"]
         if self.bootstrap:
             args += ["--bootstrap", ",".join(self.bootstrap)]
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 (closed in stop())
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop())
         self._proc = subprocess.Popen(
             args,
             stdin=subprocess.DEVNULL,
@@ -188,12 +217,16 @@ class ClusterPeer(ChildProcess):
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        try:
-            self._wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-        return self
+
+    def _new_ports(self) -> None:
+        """Give every listen address of the config a new free port (then read it again)."""
+        config_path = self.folder / "service.json"
+        config = json.loads(config_path.read_text())
+        for key, value in loopback_settings(self.ipfs_api, self.secret).items():
+            if key.endswith("listen_multiaddress"):
+                _set(config, key, value)
+        config_path.write_text(json.dumps(config, indent=2))
+        self.init()
 
     def _log_text(self) -> str:
         try:
