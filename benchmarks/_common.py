@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gradstore.job import JobConfig, load_job
+from gradstore.messages import SigningKey
 from gradstore.node import KuboDaemon, find_kubo_binary, stop_all
 
 MiB = 1 << 20
@@ -108,6 +110,25 @@ def peak_rss_of(pid: int) -> int:
     except FileNotFoundError:
         pass
     return 0
+
+
+def one_round_job(
+    n: int, method: str, max_bytes: int, path: Path, *, name: str, seed: int
+) -> tuple[JobConfig, list[SigningKey]]:
+    """A one-round job file of ``n`` seeded peers at ``path`` (all in the quorum, an hour's
+    deadline, limits of ``max_bytes``), its coordinator's key beside it (``.key``)."""
+    coord = SigningKey.from_seed(bytes([seed]) * 32)
+    peers = [SigningKey.from_seed((i + 1).to_bytes(32, "big")) for i in range(n)]
+    dids = ", ".join(f'"{k.did}"' for k in peers)
+    extra = {"trimmed_mean": "trim_ratio = 0.25\n", "krum": "byzantine = 1\n"}.get(method, "")
+    path.write_text(
+        f'job = "{name}"\ncoordinator = "{coord.did}"\npeers = [{dids}]\n'
+        f'[aggregation]\nmethod = "{method}"\n{extra}'
+        f"[rounds]\ncount = 1\nquorum = {n}\ndeadline_s = 3600\n"
+        f"[limits]\nmax_gradient_bytes = {max_bytes}\nmax_elements = {max_bytes}\n"
+    )
+    coord.save(path.with_suffix(".key"))
+    return load_job(path), peers
 
 
 # --- output ---------------------------------------------------------------------------------------

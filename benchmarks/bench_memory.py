@@ -37,6 +37,7 @@ from benchmarks._common import (
     dump_json,
     kubo_binary,
     machine,
+    one_round_job,
     peak_rss_of,
     start_daemons,
     table,
@@ -52,17 +53,7 @@ SEED = 20261201
 
 
 def make_job(n: int, method: str, max_bytes: int, path: Path) -> tuple[JobConfig, list[SigningKey]]:
-    coord = SigningKey.from_seed(b"\xc9" * 32)
-    peers = [SigningKey.from_seed((i + 1).to_bytes(32, "big")) for i in range(n)]
-    dids = ", ".join(f'"{k.did}"' for k in peers)
-    path.write_text(
-        f'job = "bench-memory"\ncoordinator = "{coord.did}"\npeers = [{dids}]\n'
-        f'[aggregation]\nmethod = "{method}"\n'
-        f"[rounds]\ncount = 1\nquorum = {n}\ndeadline_s = 3600\n"
-        f"[limits]\nmax_gradient_bytes = {max_bytes}\nmax_elements = {max_bytes}\n"
-    )
-    coord.save(path.with_suffix(".key"))
-    return load_job(path), peers
+    return one_round_job(n, method, max_bytes, path, name="bench-memory", seed=0xC9)
 
 
 def serve(args: argparse.Namespace) -> None:

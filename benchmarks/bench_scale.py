@@ -45,6 +45,7 @@ from benchmarks._common import (
     dump_json,
     kubo_binary,
     machine,
+    one_round_job,
     peak_rss_of,
     start_daemons,
     table,
@@ -64,18 +65,7 @@ WAYS = ("spill", "re-read")
 
 
 def make_job(n: int, method: str, max_bytes: int, path: Path) -> tuple[JobConfig, list[SigningKey]]:
-    coord = SigningKey.from_seed(b"\xca" * 32)
-    peers = [SigningKey.from_seed((i + 1).to_bytes(32, "big")) for i in range(n)]
-    dids = ", ".join(f'"{k.did}"' for k in peers)
-    extra = {"trimmed_mean": "trim_ratio = 0.25\n", "krum": "byzantine = 1\n"}.get(method, "")
-    path.write_text(
-        f'job = "bench-scale"\ncoordinator = "{coord.did}"\npeers = [{dids}]\n'
-        f'[aggregation]\nmethod = "{method}"\n{extra}'
-        f"[rounds]\ncount = 1\nquorum = {n}\ndeadline_s = 3600\n"
-        f"[limits]\nmax_gradient_bytes = {max_bytes}\nmax_elements = {max_bytes}\n"
-    )
-    coord.save(path.with_suffix(".key"))
-    return load_job(path), peers
+    return one_round_job(n, method, max_bytes, path, name="bench-scale", seed=0xCA)
 
 
 def serve(args: argparse.Namespace) -> None:
