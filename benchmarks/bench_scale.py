@@ -101,10 +101,22 @@ def _du(path: Path) -> int:
     return total
 
 
+#: Float32 elements per tensor: a tensor's bytes are one msgpack bin (at most 2^32 - 1), so a
+#: gradient above 1 GiB is made of several tensors, as a model's is.
+TENSOR_ELEMENTS = 1024 * MiB // 4
+
+
 def _gradient(rng: np.random.Generator, mib: int, dtype: np.dtype[Any]) -> Gradient:
-    values = np.empty(mib * MiB // 4, np.float32)
-    rng.standard_normal(dtype=np.float32, out=values)
-    return Gradient({"w": values if dtype == np.float32 else values.astype(dtype)})
+    """``mib`` MiB of float32 normals (in tensors of at most 1 GiB), cast to ``dtype``."""
+    tensors = {}
+    left = mib * MiB // 4
+    while left:
+        values = np.empty(min(left, TENSOR_ELEMENTS), np.float32)
+        rng.standard_normal(dtype=np.float32, out=values)
+        name = "w" if not tensors else f"w{len(tensors)}"
+        tensors[name] = values if dtype == np.float32 else values.astype(dtype)
+        left -= values.size
+    return Gradient(tensors)
 
 
 async def store_inputs(

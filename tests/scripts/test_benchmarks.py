@@ -73,6 +73,8 @@ def test_announce_runs_at_its_smallest_size():
         ("steps", ["--peers", "2", "--tensors", "2", "--repeat", "1"]),  # and so is this one's
         # its coordinators are child processes, the split's root and owner among them
         ("multicoord", ["--peers", "2", "--kib", "4", "--steps", "2", "--coordinators", "2"]),
+        # one coordinator process per way (spill, then the Kubo re-read), then `audit round`
+        ("scale", ["--peers", "2", "--mib", "1", "--audit"]),
     ],
 )
 def test_benchmarks_with_child_processes_run_at_their_smallest_size(kubo_binary, name, args):
