@@ -108,7 +108,7 @@ TENSOR_ELEMENTS = 1024 * MiB // 4
 
 def _gradient(rng: np.random.Generator, mib: int, dtype: np.dtype[Any]) -> Gradient:
     """``mib`` MiB of float32 normals (in tensors of at most 1 GiB), cast to ``dtype``."""
-    tensors = {}
+    tensors: dict[str, np.ndarray[Any, Any]] = {}
     left = mib * MiB // 4
     while left:
         values = np.empty(min(left, TENSOR_ELEMENTS), np.float32)
