@@ -17,6 +17,12 @@ once. Measured by the coordinator (its journal), in wall seconds:
   steps      when each step's result was published, from the same first announcement
              (first, median and last step)
 
+Load-independent beside them: the coordinator's CPU seconds, its Kubo RPC requests by
+command (counted by the client, ``GRADSTORE_RPC_COUNTS``), and the Kubo daemon's CPU
+seconds from the peers' first announcement to the coordinator's exit, and the peers' (this
+process's) CPU seconds from then until every input was verified: all three share the
+machine's cores.
+
 The two jobs alternate for --repeat runs; the table gives medians, and the ratio of the
 medians is the step overhead (target: at most 1.5x).
 
@@ -49,6 +55,7 @@ from gradstore.format import Gradient
 from gradstore.job import JobConfig, parse_job
 from gradstore.messages import SigningKey
 from gradstore.node import KuboDaemon, KuboNode, stop_all
+from gradstore.node.kubo.counts import ENV as RPC_COUNTS_ENV
 from gradstore.peer import Peer
 
 SEED = 20250919
@@ -142,6 +149,7 @@ async def one_round(
          "--key", str(state / "coord.key"), "--api", daemon.api_url,
          "--state", str(state / "state")],
         stdout=log, stderr=subprocess.STDOUT,
+        env={**os.environ, RPC_COUNTS_ENV: str(state / "rpc.json")},
     )  # fmt: skip
     node = daemon.node()  # one client: Kubo refuses concurrent publishes from one host
     try:
@@ -154,6 +162,7 @@ async def one_round(
                     cids[step] = await peer.store.put(peer.prepare(part, 0, 100, step=step))
                 stored.append(cids)
             put_s = time.perf_counter() - t
+            kubo_cpu, peers_cpu = process_cpu_s(daemon), time.process_time()
             start = time.perf_counter()
             await asyncio.gather(
                 *(
@@ -163,8 +172,10 @@ async def one_round(
                 )
             )
             verified_s = time.perf_counter() - start
+            peers_cpu = time.process_time() - peers_cpu
             announcements = sum(peer.announcements_sent for peer in peers)
         code, cpu_s = await asyncio.to_thread(wait_cpu, process)
+        kubo_cpu = process_cpu_s(daemon) - kubo_cpu
     finally:
         if process.poll() is None:
             process.kill()
@@ -181,6 +192,7 @@ async def one_round(
         raise SystemExit(
             f"{label}: the round did not close every step: exit {code}, {stats}\n{said}"
         )
+    requests: dict[str, int] = json.loads((state / "rpc.json").read_text())
     # a step's result is published at the end of its close, open_s after the round opened
     published = sorted(row.opened_at + s["open_s"] + s["close_s"] - first for s in steps.values())
     return {
@@ -196,7 +208,20 @@ async def one_round(
         "step_close_s": statistics.median(s["close_s"] for s in steps.values()),
         "announcements_per_input": announcements / sum(len(c) for c in stored),
         "coordinator_cpu_s": cpu_s,
+        "requests": requests,
+        "kubo_cpu_s": kubo_cpu,
+        "peers_cpu_s": peers_cpu,
     }
+
+
+def process_cpu_s(daemon: KuboDaemon) -> float:
+    """The CPU seconds (user + system) the Kubo daemon's process used so far (it serves the
+    coordinator's requests, and the peers' announcements and statuses too)."""
+    pid = daemon.pid
+    if pid is None:
+        return 0.0
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def wait_cpu(process: subprocess.Popen[bytes]) -> tuple[int, float]:
@@ -237,6 +262,7 @@ def report(data: dict[str, Any]) -> str:
     rows = []
     medians: dict[str, float] = {}
     cpu: dict[str, float] = {}
+    counts: dict[str, str] = {}
     for label in (f"{data['tensors']}-steps", "1-step"):
         mine = [r for r in runs if r["job"] == label]
         med = {k: statistics.median(r[k] for r in mine) for k in mine[0] if k.endswith("_s")}
@@ -254,8 +280,12 @@ def report(data: dict[str, Any]) -> str:
                 f"{med['verified_s']:.3f}",
                 f"{statistics.median(r['announcements_per_input'] for r in mine):.2f}",
                 f"{statistics.median(r['coordinator_cpu_s'] for r in mine):.1f}",
+                f"{statistics.median(sum(r['requests'].values()) for r in mine):.0f}",
+                f"{statistics.median(r['kubo_cpu_s'] for r in mine):.1f}",
+                f"{statistics.median(r['peers_cpu_s'] for r in mine):.1f}",
             ]
         )
+        counts[label] = requests_line(mine)
     many = f"{data['tensors']}-steps"
     ratio = medians[many] / medians["1-step"]
     cpu_ratio = cpu[many] / cpu["1-step"]
@@ -275,13 +305,25 @@ def report(data: dict[str, Any]) -> str:
             "peers verified",
             "announcements / input",
             "coordinator CPU s",
+            "Kubo requests",
+            "Kubo CPU s",
+            "peers CPU s",
         ],
         rows,
     )
+    by_command = "\n".join(f"  {label}: {line}" for label, line in counts.items())
     return (
-        f"{head}\n\n{body}\n\nstep overhead: {ratio:.2f}x the time (target <= 1.5x), "
+        f"{head}\n\n{body}\n\ncoordinator's Kubo requests by command (medians):\n"
+        f"{by_command}\n\nstep overhead: {ratio:.2f}x the time (target <= 1.5x), "
         f"{cpu_ratio:.2f}x the coordinator's CPU"
     )
+
+
+def requests_line(runs: list[dict[str, Any]]) -> str:
+    """The coordinator's Kubo requests by command, medians over ``runs``, most first."""
+    commands = {c for r in runs for c in r["requests"]}
+    med = {c: statistics.median(r["requests"].get(c, 0) for r in runs) for c in commands}
+    return ", ".join(f"{c} {n:.0f}" for c, n in sorted(med.items(), key=lambda cn: -cn[1]))
 
 
 def main() -> None:

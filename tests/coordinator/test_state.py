@@ -634,6 +634,7 @@ def test_each_steps_status_has_its_own_deadline_on_the_rounds_clock_until_it_clo
     job.open(0)
     for i in (0, 1):
         job.announce(i, cid=i, step="head")
+    job.announce(2, step="body")
     deadlines = {s.step: s.deadline for s in job.state.due_statuses(0)}
     assert deadlines == {"head": int((job.now + 30) * 1000), "body": int((job.now + 60) * 1000)}
     for _ in range(2):
@@ -711,13 +712,28 @@ def test_each_step_verifies_against_its_own_tensors_and_schema() -> None:
 def test_each_steps_status_is_its_own_and_the_beacon_repeats_open_steps() -> None:
     job = StepJob()
     job.open(0)
-    assert [(s.round, s.step) for s in job.state.due_statuses(0)] == [(0, "head"), (0, "body")]
+    assert [(s.round, s.step) for s in job.state.due_statuses(0)] == [(0, "head")]  # untouched
     job.announce(0, step="body")
     (status,) = job.state.due_statuses(0)
     assert status.step == "body" and status.received == job.config.roster.bitmap([job.peers[0]])
     job.state.close_failed(0, "quorum not met", "head")
     job.state.beacon()
     assert [s.step for s in job.state.due_statuses(0)] == ["body"]  # head is over
+
+
+def test_a_stepped_rounds_untouched_steps_are_quiet_but_for_one() -> None:
+    """A step no peer announced to has nothing to tell any peer: at the round's open only
+    the first step's status goes (the run, and the round is open), and the beacon repeats
+    an untouched step only when nothing else goes out (64 steps cost 64 empty statuses at
+    the open and at each repeat)."""
+    job = ManySteps(8)
+    job.open(0)
+    assert [s.step for s in job.state.due_statuses(0)] == ["s00"]
+    job.announce(0, step="s05")
+    assert [s.step for s in job.state.due_statuses(0)] == ["s05"]
+    sent = [job.period() for _ in range(16)]
+    assert all(len(one) == 1 for one in sent)  # one status a period, not the 8 steps'
+    assert [sent[p - 1] for p in (1, 2, 4, 8, 16)] == [[("Status", "s05")]] * 5
 
 
 def test_step_results_and_failures_are_repeated_by_the_beacon() -> None:
@@ -786,7 +802,9 @@ def test_the_beacon_repeats_each_steps_message_with_backoff_bounded_over_time() 
     n, periods = 16, 64
     job = ManySteps(n)
     job.open(0)
-    assert len(job.state.due_statuses(0)) == n  # opening changed every step: sent at once
+    for step in job.names:  # a step no peer announced to is quiet (test below)
+        job.announce(0, step=step)
+    assert len(job.state.due_statuses(0)) == n  # every step changed: sent at once
     sent = [job.period() for _ in range(periods)]
     assert all(len(one) >= 1 for one in sent)  # never a silent period while a round is open
     per_step = Counter(step for one in sent for _, step in one)
@@ -799,6 +817,8 @@ def test_the_beacon_repeats_each_steps_message_with_backoff_bounded_over_time() 
 def test_a_changed_step_goes_back_to_the_short_period() -> None:
     job = ManySteps(8)
     job.open(0)
+    for step in job.names:
+        job.announce(1, step=step)
     job.state.due_statuses(0)
     for _ in range(20):
         job.period()  # every step is on the 8-period cadence now (ages 16 and 24 due)
@@ -854,12 +874,9 @@ def test_once_the_rounds_result_is_out_its_steps_are_no_longer_repeated() -> Non
     job.state.forget(0, keep_pins=True)
     job.open(1)
     job.state.due_statuses(0)
-    for _ in range(2):  # round 1's steps are new; round 0's result alone stands for its steps
-        assert sorted(job.period(), key=str) == [
-            ("Result", None),
-            ("Status", "s00"),
-            ("Status", "s01"),
-        ]
+    for _ in range(2):  # round 1's steps are new (untouched: the first one's status says
+        # the round is open); round 0's result alone stands for its steps
+        assert sorted(job.period(), key=str) == [("Result", None), ("Status", "s00")]
     assert job.period() == [("Result", None)]  # repeated every period: no silence
 
 

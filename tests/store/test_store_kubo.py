@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from gradstore.dag import CID, file_cid
 from gradstore.errors import BlockNotFoundError, IntegrityError, InvalidDocumentError, NodeError
 from gradstore.format import CompressedGradient, Gradient, encode
 from gradstore.node import KuboDaemon, KuboNode
+from gradstore.node.kubo import counts
 from gradstore.node.kubo.guarded_import import CanaryGuardedImport
 from gradstore.store import GradientStore, _put
 
@@ -175,12 +177,11 @@ class _Recording:
         node.guarded_import = guarded_import  # type: ignore[method-assign]
 
 
-@pytest.mark.parametrize("n", [100, 700_000])  # one raw leaf as the root; three leaves
-def test_put_pins_only_the_root_and_leaves_its_canaries_to_the_gc(kubo: KuboDaemon, n: int) -> None:
+def test_put_pins_only_the_root_and_leaves_its_canaries_to_the_gc(kubo: KuboDaemon) -> None:
     # The canaries are not removed by put: block/rm makes Kubo walk every pinned DAG to
     # check them, a cost that grows with all the node keeps (docs/design/storage.md). They stay
     # unpinned, and a GC removes them without touching the pinned gradient.
-    g = _gradient(n, seed=SEED + 2)  # blocks no other test pins
+    g = _gradient(700_000, seed=SEED + 2)  # three leaves, over SMALL_PUT_BYTES: guarded
 
     async def go() -> None:
         async with kubo.node() as node:
@@ -199,6 +200,34 @@ def test_put_pins_only_the_root_and_leaves_its_canaries_to_the_gc(kubo: KuboDaem
                 assert not await node.has_block(canary)
             # the whole DAG is there: Kubo walks it offline without complaint
             stat = await node.dag_stat(cid, offline=True)
+            assert stat["TotalSize"] >= encode(g).size
+            assert decode_equal(await GradientStore(node).get(cid), g)
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("n", [100, 400_000])  # one raw leaf as the root; two leaves
+def test_a_small_put_is_one_request_that_pins_its_whole_dag(kubo: KuboDaemon, n: int) -> None:
+    # A document of at most SMALL_PUT_BYTES (a step's aggregate) goes as one complete CAR
+    # whose root the import pins, in one request instead of the guarded streams' five (two
+    # imports, a dag/put, two canary checks): a GC right after leaves it whole.
+    g = _gradient(n, seed=SEED + 6)  # blocks no other test pins
+    assert encode(g).size <= _put.SMALL_PUT_BYTES
+
+    async def go() -> None:
+        async with kubo.node() as node:
+            recording = _Recording(node)
+            before_pins = await node.pins()
+            before = Counter(counts.REQUESTS)
+            cid = await GradientStore(node).put(g)
+            sent = Counter(counts.REQUESTS)
+            sent.subtract(before)
+            assert +sent == Counter({"dag/import": 1})
+            assert recording.imports == []  # no guarded import
+            assert cid == file_cid(encode(g))
+            assert await node.pins() - before_pins == {cid}
+            await asyncio.to_thread(kubo.run, "repo", "gc", "--quiet")
+            stat = await node.dag_stat(cid, offline=True)  # raises if a block is missing
             assert stat["TotalSize"] >= encode(g).size
             assert decode_equal(await GradientStore(node).get(cid), g)
 
@@ -314,8 +343,8 @@ class _WrongDagPut(httpx.AsyncBaseTransport):
 
 
 def test_a_node_that_stores_another_root_fails_the_put(kubo: KuboDaemon) -> None:
-    g = _gradient(300_000, seed=SEED + 3)
-    other = file_cid(encode(_gradient(300_000, seed=SEED + 4)))
+    g = _gradient(700_000, seed=SEED + 3)  # over SMALL_PUT_BYTES: its root goes by dag/put
+    other = file_cid(encode(_gradient(700_000, seed=SEED + 4)))
 
     async def go() -> None:
         async with KuboNode(kubo.api_url, transport=_WrongDagPut(other)) as node:

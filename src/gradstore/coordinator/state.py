@@ -960,16 +960,36 @@ class CoordinatorState:
         )
 
     def due_statuses(self, sent_at: int) -> list[Status]:
-        """The statuses that changed since the last call, by round (and step, in order)."""
+        """The statuses that changed since the last call, by round (and step, in order);
+        in a stepped job, of the steps no peer announced to only one, and only when no
+        other status is due (``_untouched``)."""
         rank = self.steps.rank
         due = sorted(self._dirty, key=lambda rs: (rs[0], rank.get(rs[1], -1)))
         self._dirty = set()
+        if self.steps.stepped:
+            said = [key for key in due if not self._untouched(*key)]
+            due = said or due[:1]
         failed = {key: d.failed for key, d in self.done.items() if d.failed is not None}
         return [
             s
             for s in (self.status(r, sent_at, failed.get((r, step)), step) for r, step in due)
             if s is not None
         ]
+
+    def _untouched(self, round_: int, step: StepName) -> bool:
+        """Whether the open step ``step`` of ``round_`` has nothing to say to any peer: no
+        input received, none refused. A stepped job publishes such a status only when no
+        other is due (at the round's open, the first step's; as the beacon's last resort):
+        it tells a peer the run and that the round is open, which one step's status does
+        for all, and no peer waits on it (64 of them went out at each open and at each of
+        the beacon's repeats, a third of a 64-step round's messages)."""
+        book = self.book(round_, step)
+        return (
+            book is not None
+            and (round_, step) not in self.done
+            and not book.refusals
+            and all(slot.state == PeerState.PENDING for slot in book.slots.values())
+        )
 
     def result(self, sent_at: int) -> Result | None:
         """The last result, re-stamped (None: no round closed yet)."""

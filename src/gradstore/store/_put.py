@@ -6,7 +6,10 @@ over ``_PUT_STREAMS`` concurrent imports (Kubo then writes on every core). The
 few dag-pb nodes follow once the last leaf is hashed: only then is the root
 known. On a node that ``SupportsGuardedImport`` (Kubo) the imports hold its GC lock
 and the root is pinned without the node's DAG walk; elsewhere they are CAR
-imports and the node pins the root named by the last CAR.
+imports and the node pins the root named by the last CAR. A small document (at most
+``SMALL_PUT_BYTES``, e.g. one step's aggregate) goes as one complete CAR whose root the
+import pins: one request, where the streams, the dag-pb nodes and the guarded pin took
+five (Kubo's walk over a few MiB is negligible, and the import holds its GC lock).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
-from typing import TypeAlias
+from typing import Final, TypeAlias
 
 from ..dag import CID, EMPTY_FILE, Block, build_file, write_car
 from ..dag.car import write_car_async
@@ -38,12 +41,16 @@ PROGRESS_BYTES = (
 _QUEUE_BLOCKS = 16  # leaves hashed ahead of the upload (16 MiB)
 _PUT_HASH_THREADS = 2  # sha256 threads while the node ingests
 _PUT_STREAMS = 2  # concurrent leaf imports
+#: A document at most this large is hashed first and sent as one CAR (``_put_small``).
+SMALL_PUT_BYTES: Final = 2 << 20
 
 
 async def put_document(
     node: Node, doc: EncodedDocument, *, pin: bool, progress: ByteProgress | None
 ) -> CID:
     """Store ``doc``'s DAG on ``node`` and return its root, which the node must agree on."""
+    if doc.size <= SMALL_PUT_BYTES:
+        return await _put_small(node, doc, pin=pin, progress=progress)
     loop = asyncio.get_running_loop()
     leaves: asyncio.Queue[Block | BaseException | None] = asyncio.Queue(maxsize=_QUEUE_BLOCKS)
     inner: list[Block] = []
@@ -122,6 +129,19 @@ async def put_document(
     if progress is not None:
         progress(doc.size, doc.size)
     return root.cid
+
+
+async def _put_small(
+    node: Node, doc: EncodedDocument, *, pin: bool, progress: ByteProgress | None
+) -> CID:
+    """A small ``doc`` in one request: its blocks (zero-copy leaves) hashed in a thread,
+    then one complete CAR naming its root, which the node pins."""
+    blocks = await asyncio.to_thread(list, build_file(doc))
+    root = blocks[-1].cid  # the last block is the root (one chunk: the leaf itself)
+    await _import_checked(node, root, blocks, pin)
+    if progress is not None:
+        progress(doc.size, doc.size)
+    return root
 
 
 async def _import_checked(node: Node, root: CID, blocks: Sequence[Block], pin: bool) -> None:

@@ -19,6 +19,7 @@ from urllib.parse import quote, urlsplit
 from ...dag.cid import CID
 from ...errors import NodeError
 from . import rpc
+from .counts import count
 from .settings import Timeouts
 
 _MAX_LINE = 64 * 1024  # status, header, chunk-size and trailer lines
@@ -110,6 +111,7 @@ class BulkRead:
         ``overflow()`` builds the exception for a body longer than ``out``.
         ``progress(n)`` is called (in this thread) as the filled prefix grows.
         """
+        count(self.command)
         try:
             sock = socket.create_connection((self.host, self.port), timeout=timeouts.connect)
         except OSError as exc:

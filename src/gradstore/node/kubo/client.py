@@ -19,6 +19,7 @@ from ...dag.cid import CID
 from ...errors import NodeError
 from .._config import Retry
 from . import rpc
+from .counts import count
 from .settings import DEFAULT_TIMEOUTS, Timeouts
 
 if TYPE_CHECKING:
@@ -116,6 +117,7 @@ class KuboClient(AsyncClosing):
         """Send one request; return its streaming answer once it is a 200 (the caller closes it).
         ``length``: the body's size in bytes, when known before it is sent."""
         client = client or self._client
+        count(command)
         request = self._request(client, command, params, body, boundary, length)
         with self._mapped(command):
             response = await client.send(request, stream=True)

@@ -170,6 +170,11 @@ class KuboDaemon(ChildProcess):
     def log_path(self) -> Path:
         return self.repo / "daemon.log"
 
+    @property
+    def pid(self) -> int | None:
+        """The daemon's process id (None: not started), e.g. to measure its CPU."""
+        return None if self._proc is None else self._proc.pid
+
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
         env["IPFS_PATH"] = str(self.repo)
