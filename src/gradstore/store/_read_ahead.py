@@ -32,14 +32,15 @@ from ..node import SupportsCatInto
 from ._stored import ByteRanges, StoredDocument
 
 #: Bytes of ranges held or in flight across the documents of one pool.
-DEFAULT_BUDGET_BYTES: Final = 128 << 20
+DEFAULT_BUDGET_BYTES: Final = 96 << 20
 
 #: Ranges of one document in flight or held (the one being read, and those after it).
 DEFAULT_DEPTH: Final = 2
 
 #: Ranged ``cat`` transfers in flight across the pool's documents (each holds a thread of
-#: the event loop's default pool while it reads and hashes; that pool has cores + 4).
-DEFAULT_REQUESTS: Final = 4
+#: the event loop's default pool while it reads and hashes; that pool has cores + 4, six
+#: on two cores: one stays free for the aggregation's kernel).
+DEFAULT_REQUESTS: Final = 5
 
 #: The largest range: beyond it a request's own cost is lost in its transfer.
 MAX_RANGE_BYTES: Final = 16 << 20
