@@ -8,10 +8,12 @@ made and stored one at a time; --dtype, --compress a codec spec), then a plain
 this daemon. Then one coordinator process per way, one after the other in the same run,
 each on its own state folder, runs the round from the same announcements:
 
-  spill    the default: each input's verified bytes are written to the coordinator's
-           spill file while it is verified, and the aggregation pass reads them back
-  re-read  spill=False: the aggregation pass reads every input back from Kubo by ranges,
-           every leaf hashed again (how gradstore worked before)
+  spill    spill=True (the default with a remote node): each input's verified bytes are
+           written to the coordinator's spill file while it is verified, and the
+           aggregation pass reads them back
+  re-read  spill=False (the default with a node on this machine): the aggregation pass
+           reads every input back from Kubo by large ranges read ahead, every leaf hashed
+           again (the stats' read_requests: how many ranged cats)
 
 Reported per way: the round's seconds (first announcement to published aggregate), the
 verification pass (the inputs' bytes over the time until the last was verified) against
@@ -20,7 +22,9 @@ verification pass (the inputs' bytes over the time until the last was verified) 
 
     .venv/bin/python -m benchmarks scale [--peers 16] [--mib 1024] [--method fedavg]
         [--dtype float32] [--compress SPEC] [--only spill|re-read] [--audit] [--json]
-        [--kubo PATH]
+        [--kubo PATH] [--profile DIR]
+
+GRADSTORE_BENCH_LOG=1 logs each input's stages (waited, fetched, checked, pinned).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -61,7 +66,9 @@ from gradstore.peer import Peer
 from gradstore.store import GradientStore
 
 SEED = 20261203
-WAYS = ("spill", "re-read")
+#: The re-read first: the spill run writes the inputs again, which can push Kubo's blocks
+#: (what the re-read reads) out of the page cache.
+WAYS = ("re-read", "spill")
 
 
 def make_job(n: int, method: str, max_bytes: int, path: Path) -> tuple[JobConfig, list[SigningKey]]:
@@ -72,6 +79,9 @@ def serve(args: argparse.Namespace) -> None:
     """The coordinator process (``--serve``): one round, then its stats as JSON."""
     config = load_job(args.serve)
     key = SigningKey.load(Path(args.serve).with_suffix(".key"))
+    if os.environ.get("GRADSTORE_BENCH_LOG"):  # each input's stages, the close's line
+        logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+        logging.getLogger("gradstore.coordinator").setLevel(logging.DEBUG)
 
     async def run() -> dict[str, Any]:
         node = KuboNode(args.api)
@@ -161,10 +171,14 @@ async def one_round(
     cids: list[str],
     tmp: Path,
     way: str,
+    profile_dir: str | None = None,
 ) -> dict[str, Any]:
     state = tmp / f"{way}-state"
+    profile = (
+        ["-m", "cProfile", "-o", str(Path(profile_dir) / f"{way}.prof")] if profile_dir else []
+    )
     cmd = [
-        sys.executable, "-m", "benchmarks.bench_scale", "--serve", str(job),
+        sys.executable, *profile, "-m", "benchmarks.bench_scale", "--serve", str(job),
         "--api", daemon.api_url, "--state", str(state),
     ]  # fmt: skip
     if way == "re-read":
@@ -242,6 +256,9 @@ def main() -> None:
     parser.add_argument("--audit", action="store_true", help="then `audit round` the spill run's")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--kubo")
+    parser.add_argument(
+        "--profile", metavar="DIR", help="run each coordinator under cProfile, <way>.prof in DIR"
+    )
     parser.add_argument("--serve", help=argparse.SUPPRESS)
     parser.add_argument("--api", help=argparse.SUPPRESS)
     parser.add_argument("--state", help=argparse.SUPPRESS)
@@ -263,7 +280,9 @@ def main() -> None:
             put_s = time.perf_counter() - t0
             repo = _du(Path(daemon.repo))
             for way in WAYS if args.only is None else (args.only,):
-                runs[way] = asyncio.run(one_round(daemon, config, job, peers, cids, tmp, way))
+                runs[way] = asyncio.run(
+                    one_round(daemon, config, job, peers, cids, tmp, way, args.profile)
+                )
                 if args.audit and way == "spill":
                     record = runs[way]["stats"]["record"]
                     limit = args.mib * MiB + MiB
@@ -306,8 +325,10 @@ def main() -> None:
                 f"{verify_rate / data['get_mb_s']:.2f}",
                 f"{aggregate_s:.1f}",
                 f"{total / aggregate_s / 1e6:,.0f}",
+                f"{total / aggregate_s / 1e6 / data['get_mb_s']:.2f}",
                 f"{r['peak_rss'] / MiB:,.0f}",
                 f"{r['spill_peak'] / MiB:,.0f}",
+                f"{s.get('read_requests', 0):,}",
             ]
         )
     what = args.dtype + (f", {args.compress}" if args.compress else "")
@@ -326,8 +347,10 @@ def main() -> None:
                 "vs get",
                 "aggregate s",
                 "aggregate MB/s",
+                "vs get",
                 "peak RSS MiB",
                 "spill MiB",
+                "cats",
             ],
             rows,
         )

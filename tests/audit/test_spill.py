@@ -1,6 +1,8 @@
-"""An audit reads its inputs back from its own spill files (the bytes it just verified),
-not from the node, and gives the same verdict; where a spill would not fit on the disk it
-reads the node, as before. Real Kubo: its fetch hands the verified bytes over as they come."""
+"""An audit of a remote node's round reads its inputs back from its own spill files (the
+bytes it just verified), not from the node, and gives the same verdict; where a spill would
+not fit on the disk, or the node is on this machine (the coordinator's rule), it reads the
+node back by ranges read ahead. Real Kubo: its fetch hands the verified bytes over as they
+come."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import gradstore.audit._checks as checks
 from gradstore.audit import verify_round
 from gradstore.format import Gradient
 from gradstore.node import KuboDaemon
-from gradstore.store import StoredCompressed, StoredGradient
+from gradstore.store import StoredDocument
 
 from .rounds import COORDINATOR, signed_round
 
@@ -31,8 +33,12 @@ def _no_node_reads(monkeypatch: pytest.MonkeyPatch) -> None:
     async def refuse(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("an input was read back from the node")
 
-    monkeypatch.setattr(StoredGradient, "open", refuse)
-    monkeypatch.setattr(StoredCompressed, "open", refuse)
+    monkeypatch.setattr(StoredDocument, "open", refuse)
+
+
+def _remote(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The audit takes its (loopback) node for one on another machine: it spills."""
+    monkeypatch.setattr(checks, "node_is_remote", lambda api: True)
 
 
 @pytest.mark.parametrize("method", ["fedavg", "trimmed_mean"])
@@ -51,28 +57,53 @@ def test_an_audit_reads_its_spill_files_not_the_node(
             report = await verify_round(node, made.record_cid, coordinator=COORDINATOR.did)
             assert report.inputs == 4
 
+    _remote(monkeypatch)
     # a temporary folder of this test's own: other processes' audits may use the real one
     monkeypatch.setattr(checks.tempfile, "tempdir", str(tmp_path))
     asyncio.run(go())
     assert not list(tmp_path.glob("gradstore-audit-*"))  # the spill folder went with the audit
 
 
+def _counting(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """The CIDs the audit opens on the node to read back, in order."""
+    opened: list[object] = []
+    real = StoredDocument.open
+
+    async def counting(*args: Any, **kwargs: Any) -> StoredDocument:
+        opened.append(args[1])
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(StoredDocument, "open", counting)
+    return opened
+
+
 def test_an_audit_without_room_for_spills_reads_the_node(
     kubo: KuboDaemon, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    opened: list[object] = []
-    real = StoredGradient.open
-
-    async def counting(*args: Any, **kwargs: Any) -> StoredGradient:
-        opened.append(args[1])
-        return await real(*args, **kwargs)
+    _remote(monkeypatch)
 
     async def go() -> None:
         async with kubo.node() as node:
             made = await signed_round(node, _gradients(), [3, 1, 4, 1])
             monkeypatch.setattr(checks, "free_space", lambda _: 1 << 30)  # < max + reserve
-            monkeypatch.setattr(StoredGradient, "open", counting)
+            opened = _counting(monkeypatch)
             report = await verify_round(node, made.record_cid, coordinator=COORDINATOR.did)
             assert report.inputs == 4 and len(opened) == 4
 
     asyncio.run(go())
+
+
+def test_an_audit_of_a_node_on_this_machine_reads_it_back_without_spill_files(
+    kubo: KuboDaemon, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def go() -> None:
+        async with kubo.node() as node:
+            made = await signed_round(node, _gradients(), [3, 1, 4, 1], "median")
+            opened = _counting(monkeypatch)
+            report = await verify_round(node, made.record_cid, coordinator=COORDINATOR.did)
+            assert report.inputs == 4 and len(opened) == 4
+
+    monkeypatch.setattr(checks.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(checks, "SpillWriter", None)  # a spill file would be a TypeError
+    asyncio.run(go())
+    assert not list(tmp_path.iterdir())

@@ -261,7 +261,8 @@ async def main():
     node = KuboNode(api)
     try:
         coordinator = Coordinator(
-            load_job(job), SigningKey.load(key), node, state, keep_bytes=0, linger_s=0
+            load_job(job), SigningKey.load(key), node, state, keep_bytes=0, linger_s=0,
+            spill=True,
         )
         (outcome,) = await coordinator.run()
         print(json.dumps({"status": outcome.status, "output": str(outcome.output),

@@ -18,7 +18,7 @@ from gradstore.compress import compress
 from gradstore.coordinator import ByteBudget, verify_input
 from gradstore.coordinator.closing import close_round
 from gradstore.coordinator.inputs import VerifiedInput
-from gradstore.coordinator.spill import SpillDir, SpillTarget, fits
+from gradstore.coordinator.spill import SpillDir, SpillTarget, fits, node_is_remote, spill_dir_for
 from gradstore.dag import CID
 from gradstore.format import CompressedGradient, Gradient
 from gradstore.node import KuboDaemon
@@ -115,6 +115,8 @@ def test_spilled_inputs_aggregate_to_the_cids_of_reading_them_back_from_the_node
                         announcements=signed,
                     )
                     assert closed.stats["spilled_inputs"] == (N if way == "spill" else 0)
+                    # read back from the node: by ranges read ahead (ReadAhead), every leaf hashed
+                    assert (closed.stats["read_requests"] > 0) == (way == "node")
                     outputs[way] = closed.output
                 assert outputs["spill"] == outputs["node"], method
 
@@ -196,3 +198,20 @@ def test_fits_counts_the_reserve_and_the_spills_being_written() -> None:
     assert fits(10, free=30, writing=0, reserve=20)
     assert not fits(10, free=30, writing=1, reserve=20)
     assert not fits(11, free=30, writing=0, reserve=20)
+
+
+def test_unless_told_a_coordinator_spills_only_when_its_node_is_on_another_machine(
+    tmp_path: Path,
+) -> None:
+    # a node here holds the inputs' blocks on this machine already: they are read back
+    for local in (None, "http://127.0.0.1:5001", "http://localhost:5001", "http://[::1]:5001"):
+        assert not node_is_remote(local), local
+        assert spill_dir_for(None, local, tmp_path) is None
+    for remote in ("http://10.1.2.3:5001", "http://kubo:5001", "https://ipfs.example.org"):
+        assert node_is_remote(remote), remote
+        got = spill_dir_for(None, remote, tmp_path)
+        assert got is not None and got.root == tmp_path
+    told = SpillDir(tmp_path / "fast")
+    assert spill_dir_for(told, None, tmp_path) is told
+    assert spill_dir_for(True, None, tmp_path) is not None
+    assert spill_dir_for(False, "http://10.1.2.3:5001", tmp_path) is None

@@ -1,5 +1,6 @@
 """The fast get path on real Kubo (dag-pb nodes by block/get, leaves by `cat` straight into the
-buffer, each leaf hashed in place): a TCP proxy in front of the daemon lies about `cat`'s bytes."""
+buffer, each leaf hashed in place), and ranged reads (``StoredDocument``, read ahead by
+``ReadAhead``): a TCP proxy in front of the daemon lies about `cat`'s bytes."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from gradstore.dag import CID
 from gradstore.errors import DAGError, IntegrityError
 from gradstore.format import Gradient, encode
 from gradstore.node import KuboDaemon, KuboNode
-from gradstore.store import GradientStore, StoredDocument
+from gradstore.store import GradientStore, ReadAhead, ReadAheadPool, StoredDocument, read_ahead
 
 pytestmark = pytest.mark.kubo
 MIB = 1 << 20
@@ -221,3 +222,80 @@ def test_ranged_reads_verify_every_leaf_they_touch(kubo: KuboDaemon) -> None:
 
 def encode_bytes(g: Gradient) -> bytes:
     return b"".join(bytes(piece) for piece in encode(g))
+
+
+def _large_gradient() -> Gradient:
+    rng = np.random.default_rng(4242)
+    return Gradient({"w": rng.standard_normal(1_800_000).astype(np.float32)})  # 7.2 MB: 7 leaves
+
+
+def test_read_ahead_gives_the_documents_bytes_in_any_order_by_ranges_of_several_leaves(
+    kubo: KuboDaemon,
+) -> None:
+    # the aggregation pass reads an input front to back through ReadAhead: ranges of whole
+    # leaves kept in flight ahead of it; going back or jumping ahead starts over where it lands
+    g = _large_gradient()
+    cid = _put(kubo, g)
+    doc = encode_bytes(g)
+
+    async def go() -> None:
+        with proxy(kubo) as p:
+            async with KuboNode(p.url) as node:
+                stored = await StoredDocument.open(node, cid, 16 * MIB)
+                pool = ReadAheadPool(8 * MIB, depth=2)  # one document: ranges of 4 leaves
+                reader = read_ahead(stored, pool)
+                assert isinstance(reader, ReadAhead) and pool.range_bytes() == 4 * MIB
+                out = np.empty(700_000, np.uint8)
+                offsets = [*range(0, len(doc) - out.size, out.size), 10, 5 * MIB + 3, 2 * MIB]
+                for offset in offsets:  # front to back, then back, ahead, back
+                    await reader.read_into(offset, out)
+                    assert out.tobytes() == doc[offset : offset + out.size], offset
+                tail = np.empty(100, np.uint8)
+                await reader.read_into(len(doc) - 100, tail)
+                assert tail.tobytes() == doc[-100:]
+                reader.close()
+                assert p.cat_requests == pool.requests <= 6  # not one request per read
+        assert len(stored.leaves) == 7
+
+    asyncio.run(go())
+
+
+def test_read_ahead_keeps_the_next_range_in_flight_while_the_reader_works(
+    kubo: KuboDaemon,
+) -> None:
+    g = _large_gradient()
+    cid = _put(kubo, g)
+
+    async def go() -> None:
+        async with kubo.node() as node:
+            stored = await StoredDocument.open(node, cid, 16 * MIB)
+            pool = ReadAheadPool(4 * MIB, depth=2)  # ranges of 2 leaves, 2 in flight
+            reader = read_ahead(stored, pool)
+            await reader.read_into(0, np.empty(1000, np.uint8))
+            assert pool.requests == 2  # the second range was asked for with the first
+            await reader.read_into(MIB, np.empty(MIB + 10, np.uint8))  # into the second
+            assert pool.requests == 3
+            assert isinstance(reader, ReadAhead)
+            reader.close()
+
+    asyncio.run(go())
+
+
+def test_read_ahead_hashes_every_leaf_before_handing_out_a_byte(kubo: KuboDaemon) -> None:
+    g = _large_gradient()
+    cid = _put(kubo, g)
+
+    async def go() -> None:
+        with proxy(kubo, flip_at=MIB + 777) as p:  # the second leaf of every range
+            async with KuboNode(p.url) as node:
+                stored = await StoredDocument.open(node, cid, 16 * MIB)
+                reader = read_ahead(stored, ReadAheadPool(8 * MIB, depth=2))
+                out = np.zeros(1000, np.uint8)  # in the first leaf: intact, but its range is not
+                with pytest.raises(IntegrityError) as info:
+                    await reader.read_into(0, out)
+                assert CID.parse(info.value.cid) == stored.leaves[1].cid
+                assert not out.any()  # nothing was handed out
+                assert isinstance(reader, ReadAhead)
+                reader.close()
+
+    asyncio.run(go())

@@ -39,12 +39,17 @@ from ..messages import (
 from ..store import (
     ByteProgress,
     GradientStore,
+    ReadAhead,
+    ReadAheadPool,
     SpilledDocument,
     SpillWriter,
     StoredCompressed,
+    StoredDocument,
     StoredGradient,
     fits,
     free_space,
+    node_is_remote,
+    read_ahead,
     spilled_source,
 )
 from ._cid import fetch_with_header
@@ -201,10 +206,12 @@ async def rederive(
     """Re-fetch every input of an already checked record, recompute, compare the output CID.
 
     Memory stays O(model), as in the coordinator: each input is fetched, verified and
-    decoded on its own, its verified bytes written to a spill file as they come (in a
-    temporary folder of ``spill_dir``, default the system's), then read back from there
-    range by range while the aggregate is recomputed (``aggregate_streamed``: the same
-    bits); where the spill would not fit on the disk, from the node, every leaf hashed again.
+    decoded on its own, then read back range by range while the aggregate is recomputed
+    (``aggregate_streamed``: the same bits). By the coordinator's rule
+    (docs/design/spill.md): from a node on this machine, by large ranges read ahead, every
+    leaf hashed again; from a remote node, or with a ``spill_dir``, from spill files of its
+    verified bytes, written as they come (in a temporary folder of ``spill_dir``, default
+    the system's), or from the node where a spill would not fit on the disk.
     Compressed inputs are decompressed range by range as the coordinator does; the codec
     the record names for each input must be its document's. ``on_input`` checks each input's
     header further (a step's tensors).
@@ -219,6 +226,8 @@ async def rederive(
     params = record_params(record)
     check_input_count(rcid, record, params)
     check_signatures(rcid, record)
+    if spill_dir is None and not node_is_remote(getattr(store.node, "api", None)):
+        return await _rederive(store, rcid, record, params, None, on_input, progress)
     with tempfile.TemporaryDirectory(prefix="gradstore-audit-", dir=spill_dir) as spills:
         return await _rederive(store, rcid, record, params, Path(spills), on_input, progress)
 
@@ -228,19 +237,22 @@ async def _rederive(
     rcid: CID,
     record: Aggregated,
     params: AggregationParams,
-    spills: Path,
+    spills: Path | None,
     on_input: OnInput | None,
     progress: ByteProgress | None,
 ) -> Rederived:
     """``rederive``, each input's verified bytes spilled to a file of ``spills`` (if they
-    fit on its disk, beside ``SPILL_RESERVE_BYTES``) and read back from there."""
+    fit on its disk, beside ``SPILL_RESERVE_BYTES``) and read back from there, or (None,
+    no room) read back from the node through one read-ahead pool."""
     sources: list[StoredGradient | StoredCompressed] = []
     layouts = []
     nbytes = 0
+    pool = ReadAheadPool()
     try:
         for index, inp in enumerate(record.inputs):
+            path = None if spills is None else spills / f"{index}.doc"
             source, size, layout = await _input(
-                store, rcid, record, inp, spills / f"{index}.doc", on_input, progress
+                store, rcid, record, inp, path, pool, on_input, progress
             )
             sources.append(source)
             nbytes += size
@@ -248,7 +260,7 @@ async def _rederive(
         return await _recompute(rcid, record, params, sources, layouts, nbytes, progress)
     finally:
         for source in sources:
-            if isinstance(source.document, SpilledDocument):
+            if isinstance(source.document, SpilledDocument | ReadAhead):
                 source.document.close()
 
 
@@ -257,14 +269,16 @@ async def _input(
     rcid: CID,
     record: Aggregated,
     inp: Any,
-    path: Path,
+    path: Path | None,
+    pool: ReadAheadPool,
     on_input: OnInput | None,
     progress: ByteProgress | None,
 ) -> tuple[StoredGradient | StoredCompressed, int, list[Any]]:
     """One input fetched (every block verified, its bytes spilled to ``path`` as they are,
-    when they fit), checked against the record; its source, size and layout."""
+    if given and they fit), checked against the record; its source, size and layout."""
     what = f"input of {inp.peer}"
-    writer = SpillWriter(path) if _room(path.parent, store.limits.max_bytes) else None
+    spill = path is not None and _room(path.parent, store.limits.max_bytes)
+    writer = SpillWriter(path) if spill and path is not None else None
     try:
         gradient, header = await fetch_with_header(
             store,
@@ -289,20 +303,13 @@ async def _input(
     layout = [(t.name, t.array_dtype, t.shape) for t in header.tensors]
     del gradient  # read back range by range: one input in memory at a time
     infos = {t.name: t for t in header.tensors}
-    if spilled:  # the bytes just verified, from the spill file
+    if spilled and path is not None:  # the bytes just verified, from the spill file
         return spilled_source(SpilledDocument(path, header.size), infos, header.codec), size, layout
-    try:
-        if header.codec is not None:  # decompressed range by range, as the coordinator
-            source: StoredGradient | StoredCompressed = await StoredCompressed.open(
-                store.node, inp.gradient, infos, header.codec, store.limits.max_bytes
-            )
-        else:
-            source = await StoredGradient.open(
-                store.node, inp.gradient, infos, store.limits.max_bytes
-            )
+    try:  # read ahead by large ranges, decompressed range by range, as the coordinator
+        document = await StoredDocument.open(store.node, inp.gradient, store.limits.max_bytes)
     except NodeError as exc:
         raise AuditError("input-fetch", f"cannot read {what} {inp.gradient}: {exc}") from exc
-    return source, size, layout
+    return spilled_source(read_ahead(document, pool), infos, header.codec), size, layout
 
 
 def _room(folder: Path, max_bytes: int) -> bool:

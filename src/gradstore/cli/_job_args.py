@@ -48,15 +48,22 @@ def register(sub: Any) -> None:
     )
     spill = p.add_mutually_exclusive_group()
     spill.add_argument(
+        "--spill",
+        action="store_true",
+        help="keep verified inputs in spill files in <state>/spill, read at the close "
+        "(default: only when the node is on another machine, docs/design/spill.md)",
+    )
+    spill.add_argument(
         "--spill-dir",
         default=None,
-        help="where verified inputs' spill files go (default: <state>/spill; a fast disk "
-        "makes large rounds faster, docs/design/spill.md)",
+        help="keep verified inputs in spill files in this folder (a disk that writes at "
+        "least as fast as the node reads)",
     )
     spill.add_argument(
         "--no-spill",
         action="store_true",
-        help="no spill files: read inputs back from the node when the round is aggregated",
+        help="no spill files: read inputs back from the node when the round is aggregated "
+        "(the default with a node on this machine)",
     )
     p.add_argument(
         "-v", "--verbose", action="count", default=0, help="log announcements (-vv: debug)"

@@ -46,9 +46,13 @@ from ..messages import (
 from ..node import Node, Retry
 from ..store import (
     GradientStore,
+    ReadAhead,
+    ReadAheadPool,
     SpilledDocument,
     StoredCompressed,
+    StoredDocument,
     StoredGradient,
+    read_ahead,
     spilled_source,
 )
 from .inputs import VerifiedInput
@@ -108,11 +112,15 @@ def _spilled(item: VerifiedInput) -> InputSource | None:
     return spilled_source(document, item.tensors, item.codec)
 
 
-def _opener(node: Node, item: VerifiedInput, max_bytes: int) -> Callable[[], Awaitable[Any]]:
+def _opener(
+    node: Node, item: VerifiedInput, max_bytes: int, pool: ReadAheadPool
+) -> Callable[[], Awaitable[Any]]:
+    """Opens ``item`` on the node: read ahead by large ranges through ``pool``, every leaf
+    hashed again (a compressed one decompressed range by range)."""
+
     async def open_() -> StoredGradient | StoredCompressed:
-        if item.codec is not None:  # decompressed range by range
-            return await StoredCompressed.open(node, item.cid, item.tensors, item.codec, max_bytes)
-        return await StoredGradient.open(node, item.cid, item.tensors, max_bytes)
+        document = await StoredDocument.open(node, item.cid, max_bytes)
+        return spilled_source(read_ahead(document, pool), item.tensors, item.codec)
 
     return open_
 
@@ -154,6 +162,7 @@ async def close_round(
     params = aggregation.params_for([i.peer for i in verified])
     t0 = time.perf_counter()
     sources: list[InputSource] = []
+    pool = ReadAheadPool()  # the inputs read back from the node share its memory
     try:
         for item in verified:
             spilled = _spilled(item)
@@ -167,7 +176,7 @@ async def close_round(
                 sources.append(
                     await with_retries(
                         f"opening {item.cid}",
-                        _opener(node, item, store.limits.max_bytes),
+                        _opener(node, item, store.limits.max_bytes, pool),
                         give_up_after=give_up_after,
                     )
                 )
@@ -186,11 +195,12 @@ async def close_round(
     finally:
         for source in sources:
             document = getattr(source, "document", None)
-            if isinstance(document, SpilledDocument):
+            if isinstance(document, SpilledDocument | ReadAhead):
                 document.close()
         del sources
     stats["aggregate_s"] = round(time.perf_counter() - t0, 3)
     stats["spilled_inputs"] = spills
+    stats["read_requests"] = pool.requests
 
     t0 = time.perf_counter()
     cids = [i.cid for i in verified]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 from collections.abc import Iterator
@@ -184,6 +185,7 @@ async def verify_input(
         size, root = await root_block(node, cid, store.limits, resolve_timeout_s)
         held = size + SCRATCH_BYTES
         await budget.acquire(held)
+        times = [time.perf_counter()]  # let in, fetched, checked, pinned: logged at the end
         kept = keep.try_take(size)
         # decided before a leaf is fetched: a spill that would not fit on its disk is not made
         to_spill = not kept and spill is not None and spill.claim(size)
@@ -202,6 +204,7 @@ async def verify_input(
                     sink = None if writer is None else writer.write
                     fetched = store.fetch_document(cid, root=root, sink=sink)  # not the root
                     buf = await asyncio.wait_for(fetched, timeout)
+                times.append(time.perf_counter())
                 # off the loop: a compressed payload's checks take time in proportion to it
                 gradient, header = await asyncio.to_thread(decode_with_header, buf, limits)
             except LimitExceededError as exc:  # the rest: see _as_refusal
@@ -217,8 +220,18 @@ async def verify_input(
                 del gradient, buf
                 await budget.release(held)
                 held = 0
+            times.append(time.perf_counter())
             pinned = node.pin(cid) if pinner is None else pinner.pin(cid)
             await asyncio.wait_for(pinned, timeout)
+            times.append(time.perf_counter())
+            log.debug(
+                "%s verified: %d bytes; waited %.2f s, fetched in %.2f s, checked %.2f s, "
+                "pinned %.2f s",
+                cid,
+                size,
+                times[0] - start,
+                *(b - a for a, b in itertools.pairwise(times)),
+            )
             result = VerifiedInput(
                 peer,
                 cid,

@@ -48,7 +48,7 @@ from .outcome import RoundOutcome, format_outcome
 from .pinner import BatchPinner
 from .progress import RoundProgress
 from .rounds import RoundBook
-from .spill import SpillDir
+from .spill import SpillDir, clear_at_start, spill_dir_for
 from .split import SplitSteps, check_owner
 from .state import CoordinatorState, Effects, FetchFailed, Key
 from .steps import StepName, key_step
@@ -82,7 +82,7 @@ class Coordinator(SplitSteps):
         close_retry_s: float = DEFAULT_CLOSE_RETRY_S,
         on_round: Callable[[RoundOutcome], None] | None = None,
         clock: Callable[[], float] = time.time,
-        spill: bool | SpillDir = True,
+        spill: bool | SpillDir | None = None,
     ) -> None:
         check_owner(config, key.did)
         self.config = config
@@ -112,11 +112,9 @@ class Coordinator(SplitSteps):
         self._budget = ByteBudget(memory_budget_bytes)
         self._pinner = BatchPinner(node)  # verified inputs, pinned in batches
         self._keep = ByteBudget(keep_bytes)
-        # verified inputs' bytes, read back from here at the close (False: from the node)
-        self._spills: SpillDir | None = (
-            (spill if isinstance(spill, SpillDir) else SpillDir(self.state_dir / "spill"))
-            if spill is not False
-            else None
+        # verified inputs' bytes, read back from here at the close (None: from the node)
+        self._spills: SpillDir | None = spill_dir_for(
+            spill, getattr(node, "api", None), self.state_dir / "spill"
         )
         self._lists_pinned: set[CID] = set()  # lists blocks pinned (repeats share them)
         self._attempts: dict[Key, asyncio.Task[None]] = {}
@@ -188,8 +186,8 @@ class Coordinator(SplitSteps):
         with Journal(self.state_dir / "journal.sqlite") as journal:
             self._journal = journal
             try:
-                if self._spills is not None:  # a crash's, or a past round's: never trusted
-                    await asyncio.to_thread(self._spills.clear)
+                # a crash's spill files, or a past round's: never trusted
+                await asyncio.to_thread(clear_at_start, self._spills, self.state_dir / "spill")
                 self.state.run_id = await self._bind(journal, stop)
                 if not self.state.run_id:
                     return self.outcomes  # stopped before the root was heard

@@ -10,6 +10,11 @@ a round still open are verified again. An input's file goes when its step or rou
 An input is spilled only if its size, and ``reserve_bytes`` beside, fit in the spill
 folder's free space (less what is being written): else it is read back from the node as
 before (same bits, slower), so a round never fills the disk. ``fits`` is the rule.
+
+Unless told, a coordinator spills only when its node is on another machine
+(``spill_dir_for``): a node on this one holds the inputs' blocks on this machine's disk
+and page cache already, and reading them back (by large ranges, read ahead, every leaf
+hashed) costs less than writing them all again at the disk's speed (docs/design/spill.md).
 """
 
 from __future__ import annotations
@@ -23,9 +28,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from ..store import SpillWriter, fits, free_space
+from ..store import SpillWriter, fits, free_space, node_is_remote
 
-__all__ = ["DEFAULT_RESERVE_BYTES", "SpillDir", "SpillTarget", "SpillWriter", "fits", "free_space"]
+__all__ = [
+    "DEFAULT_RESERVE_BYTES",
+    "SpillDir",
+    "SpillTarget",
+    "SpillWriter",
+    "clear_at_start",
+    "fits",
+    "free_space",
+    "node_is_remote",
+    "spill_dir_for",
+]
 
 log = logging.getLogger("gradstore.coordinator")
 
@@ -121,3 +136,25 @@ class SpillTarget:
 
     def written(self, size: int) -> None:
         self.spills.written(size)
+
+
+def spill_dir_for(spill: bool | SpillDir | None, api: str | None, default: Path) -> SpillDir | None:
+    """Where a coordinator spills: ``spill`` itself (a folder), ``default`` (True), nowhere
+    (False); None chooses by the node: ``default`` when the node at ``api`` is remote
+    (reading its blocks back crosses the network), else nowhere (docs/design/spill.md)."""
+    if isinstance(spill, SpillDir):
+        return spill
+    if spill is None:
+        spill = node_is_remote(api)
+    return SpillDir(default) if spill else None
+
+
+def clear_at_start(spills: SpillDir | None, default: Path) -> None:
+    """At a start: delete every spill file of a past run (a crash's are never trusted), in
+    ``default`` whether or not this run spills, and in ``spills``; say where this run's go."""
+    SpillDir(default).clear()
+    if spills is None:
+        log.info("no spill files: the aggregation pass reads inputs back from the node")
+        return
+    spills.clear()
+    log.info("spill files in %s", spills.root)

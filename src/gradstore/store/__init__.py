@@ -15,7 +15,15 @@ if TYPE_CHECKING:
     from ._assemble import ModelDocument, StepOutput, model_cid, open_model, open_output, put_model
     from ._fetch import Sink
     from ._put import ByteProgress, Progress
-    from ._spilled import SpilledDocument, SpillWriter, fits, free_space, spilled_source
+    from ._read_ahead import ReadAhead, ReadAheadPool, read_ahead
+    from ._spilled import (
+        SpilledDocument,
+        SpillWriter,
+        fits,
+        free_space,
+        node_is_remote,
+        spilled_source,
+    )
     from ._store import GradientStore, VerifyReport
     from ._stored import StoredDocument, StoredGradient
     from ._stored_compressed import StoredCompressed, StoredSparse
@@ -31,12 +39,16 @@ _HOMES = {
     "put_model": "_assemble",
     "Progress": "_put",
     "GradientStore": "_store",
+    "ReadAhead": "_read_ahead",
+    "ReadAheadPool": "_read_ahead",
+    "read_ahead": "_read_ahead",
     "VerifyReport": "_store",
     "SpilledDocument": "_spilled",
     "Sink": "_fetch",
     "SpillWriter": "_spilled",
     "fits": "_spilled",
     "free_space": "_spilled",
+    "node_is_remote": "_spilled",
     "spilled_source": "_spilled",
     "StoredDocument": "_stored",
     "StoredGradient": "_stored",
@@ -51,6 +63,8 @@ __all__ = [
     "GradientStore",
     "ModelDocument",
     "Progress",
+    "ReadAhead",
+    "ReadAheadPool",
     "Sink",
     "SpillWriter",
     "SpilledDocument",
@@ -64,8 +78,10 @@ __all__ = [
     "fits",
     "free_space",
     "model_cid",
+    "node_is_remote",
     "open_model",
     "open_output",
     "put_model",
+    "read_ahead",
     "spilled_source",
 ]

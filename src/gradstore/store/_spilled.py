@@ -11,17 +11,19 @@ process that wrote it: a restart deletes it and verifies the input again.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
+from urllib.parse import urlsplit
 
 import numpy as np
 
 from ..errors import DAGError
 from ..format import Codec, TensorInfo
-from ._stored import StoredGradient
+from ._stored import ByteRanges, StoredGradient
 from ._stored_compressed import StoredCompressed, StoredSparse
 
 #: Bytes written per ``write`` call (a document's buffer is written in pieces of this size).
@@ -37,6 +39,20 @@ def fits(size: int, free: int, writing: int, reserve: int) -> bool:
 def free_space(path: Path) -> int:
     """Free bytes of the file system holding ``path`` (for an unprivileged process)."""
     return shutil.disk_usage(path).free
+
+
+def node_is_remote(api: str | None) -> bool:
+    """Whether a node reached at ``api`` (an RPC URL; None: an embedded node) is on another
+    machine: its host is neither ``localhost`` nor a loopback address."""
+    if api is None:
+        return False
+    host = urlsplit(api if "://" in api else f"http://{api}").hostname
+    if not host or host == "localhost":
+        return False
+    try:
+        return not ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name other than localhost: another machine, as far as we know
+        return True
 
 
 class SpillWriter:
@@ -118,10 +134,11 @@ class SpilledDocument:
 
 
 def spilled_source(
-    document: SpilledDocument, tensors: Mapping[str, TensorInfo], codec: Codec | None
+    document: ByteRanges, tensors: Mapping[str, TensorInfo], codec: Codec | None
 ) -> StoredGradient | StoredCompressed:
-    """An ``aggregate.InputSource`` over a spilled document: the same readers as over the
-    node (``StoredGradient``, or ``StoredCompressed``/``StoredSparse`` decompressing)."""
+    """An ``aggregate.InputSource`` over a spilled document (or any verified ``ByteRanges``:
+    a node's, read ahead): ``StoredGradient``, or ``StoredCompressed``/``StoredSparse``
+    decompressing."""
     if codec is None:
         return StoredGradient(document, tensors)
     kind = StoredSparse if codec.sparse else StoredCompressed
