@@ -1,8 +1,7 @@
-"""An audit of a remote node's round reads its inputs back from its own spill files (the
-bytes it just verified), not from the node, and gives the same verdict; where a spill would
-not fit on the disk, or the node is on this machine (the coordinator's rule), it reads the
-node back by ranges read ahead. Real Kubo: its fetch hands the verified bytes over as they
-come."""
+"""An audit reads its inputs back from its own spill files (the bytes it just verified),
+not from the node, and gives the same verdict; where a spill would not fit on the disk, it
+reads the node back by ranges read ahead. Real Kubo: its fetch hands the verified bytes over
+as they come."""
 
 from __future__ import annotations
 
@@ -36,11 +35,6 @@ def _no_node_reads(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(StoredDocument, "open", refuse)
 
 
-def _remote(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The audit takes its (loopback) node for one on another machine: it spills."""
-    monkeypatch.setattr(checks, "node_is_remote", lambda api: True)
-
-
 @pytest.mark.parametrize("method", ["fedavg", "trimmed_mean"])
 def test_an_audit_reads_its_spill_files_not_the_node(
     kubo: KuboDaemon, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str
@@ -57,7 +51,6 @@ def test_an_audit_reads_its_spill_files_not_the_node(
             report = await verify_round(node, made.record_cid, coordinator=COORDINATOR.did)
             assert report.inputs == 4
 
-    _remote(monkeypatch)
     # a temporary folder of this test's own: other processes' audits may use the real one
     monkeypatch.setattr(checks.tempfile, "tempdir", str(tmp_path))
     asyncio.run(go())
@@ -80,8 +73,6 @@ def _counting(monkeypatch: pytest.MonkeyPatch) -> list[object]:
 def test_an_audit_without_room_for_spills_reads_the_node(
     kubo: KuboDaemon, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _remote(monkeypatch)
-
     async def go() -> None:
         async with kubo.node() as node:
             made = await signed_round(node, _gradients(), [3, 1, 4, 1])
@@ -91,19 +82,3 @@ def test_an_audit_without_room_for_spills_reads_the_node(
             assert report.inputs == 4 and len(opened) == 4
 
     asyncio.run(go())
-
-
-def test_an_audit_of_a_node_on_this_machine_reads_it_back_without_spill_files(
-    kubo: KuboDaemon, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    async def go() -> None:
-        async with kubo.node() as node:
-            made = await signed_round(node, _gradients(), [3, 1, 4, 1], "median")
-            opened = _counting(monkeypatch)
-            report = await verify_round(node, made.record_cid, coordinator=COORDINATOR.did)
-            assert report.inputs == 4 and len(opened) == 4
-
-    monkeypatch.setattr(checks.tempfile, "tempdir", str(tmp_path))
-    monkeypatch.setattr(checks, "SpillWriter", None)  # a spill file would be a TypeError
-    asyncio.run(go())
-    assert not list(tmp_path.iterdir())

@@ -17,9 +17,9 @@ from .test_job_kubo import _kill, _start, _wait_topic
 
 pytestmark = pytest.mark.kubo
 
-#: flags -> where the spill files go (None: nowhere); the node is on this machine
+#: flags -> where the spill files go (None: nowhere)
 CASES: dict[str, tuple[list[str], str | None]] = {
-    "default": ([], None),
+    "default": ([], "{state}/spill"),
     "spill": (["--spill"], "{state}/spill"),
     "spill-dir": (["--spill-dir", "{fast}"], "{fast}/gradstore-spill-{name}"),
     "no-spill": (["--no-spill"], None),

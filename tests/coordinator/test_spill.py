@@ -18,7 +18,7 @@ from gradstore.compress import compress
 from gradstore.coordinator import ByteBudget, verify_input
 from gradstore.coordinator.closing import close_round
 from gradstore.coordinator.inputs import VerifiedInput
-from gradstore.coordinator.spill import SpillDir, SpillTarget, fits, node_is_remote, spill_dir_for
+from gradstore.coordinator.spill import SpillDir, SpillTarget, fits, spill_dir_for
 from gradstore.dag import CID
 from gradstore.format import CompressedGradient, Gradient
 from gradstore.node import KuboDaemon
@@ -200,18 +200,11 @@ def test_fits_counts_the_reserve_and_the_spills_being_written() -> None:
     assert not fits(11, free=30, writing=0, reserve=20)
 
 
-def test_unless_told_a_coordinator_spills_only_when_its_node_is_on_another_machine(
+def test_a_coordinator_spills_to_its_state_unless_given_a_folder_or_told_not_to(
     tmp_path: Path,
 ) -> None:
-    # a node here holds the inputs' blocks on this machine already: they are read back
-    for local in (None, "http://127.0.0.1:5001", "http://localhost:5001", "http://[::1]:5001"):
-        assert not node_is_remote(local), local
-        assert spill_dir_for(None, local, tmp_path) is None
-    for remote in ("http://10.1.2.3:5001", "http://kubo:5001", "https://ipfs.example.org"):
-        assert node_is_remote(remote), remote
-        got = spill_dir_for(None, remote, tmp_path)
-        assert got is not None and got.root == tmp_path
+    got = spill_dir_for(True, tmp_path)
+    assert got is not None and got.root == tmp_path
     told = SpillDir(tmp_path / "fast")
-    assert spill_dir_for(told, None, tmp_path) is told
-    assert spill_dir_for(True, None, tmp_path) is not None
-    assert spill_dir_for(False, "http://10.1.2.3:5001", tmp_path) is None
+    assert spill_dir_for(told, tmp_path) is told
+    assert spill_dir_for(False, tmp_path) is None

@@ -48,7 +48,6 @@ from ..store import (
     StoredGradient,
     fits,
     free_space,
-    node_is_remote,
     read_ahead,
     spilled_source,
 )
@@ -207,11 +206,10 @@ async def rederive(
 
     Memory stays O(model), as in the coordinator: each input is fetched, verified and
     decoded on its own, then read back range by range while the aggregate is recomputed
-    (``aggregate_streamed``: the same bits). By the coordinator's rule
-    (docs/design/spill.md): from a node on this machine, by large ranges read ahead, every
-    leaf hashed again; from a remote node, or with a ``spill_dir``, from spill files of its
-    verified bytes, written as they come (in a temporary folder of ``spill_dir``, default
-    the system's), or from the node where a spill would not fit on the disk.
+    (``aggregate_streamed``: the same bits), as the coordinator does (docs/design/spill.md):
+    from spill files of its verified bytes, written as they come (in a temporary folder of
+    ``spill_dir``, default the system's), or from the node (by large ranges read ahead,
+    every leaf hashed again) where a spill would not fit on the disk.
     Compressed inputs are decompressed range by range as the coordinator does; the codec
     the record names for each input must be its document's. ``on_input`` checks each input's
     header further (a step's tensors).
@@ -226,8 +224,6 @@ async def rederive(
     params = record_params(record)
     check_input_count(rcid, record, params)
     check_signatures(rcid, record)
-    if spill_dir is None and not node_is_remote(getattr(store.node, "api", None)):
-        return await _rederive(store, rcid, record, params, None, on_input, progress)
     with tempfile.TemporaryDirectory(prefix="gradstore-audit-", dir=spill_dir) as spills:
         return await _rederive(store, rcid, record, params, Path(spills), on_input, progress)
 

@@ -178,9 +178,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
                 file=sys.stderr,
                 flush=True,
             )
-            spill: bool | SpillDir | None = None  # by the node: only a remote one's inputs
-            if args.spill or args.no_spill:
-                spill = bool(args.spill)
+            spill: bool | SpillDir = not args.no_spill  # --spill: the default, said aloud
             if args.spill_dir is not None:  # a folder of its own in it (a start empties it)
                 spill = SpillDir(Path(args.spill_dir) / f"gradstore-spill-{config.job}")
             coordinator = Coordinator(config, key, node, state, on_round=report, spill=spill)

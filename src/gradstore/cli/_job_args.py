@@ -51,7 +51,7 @@ def register(sub: Any) -> None:
         "--spill",
         action="store_true",
         help="keep verified inputs in spill files in <state>/spill, read at the close "
-        "(default: only when the node is on another machine, docs/design/spill.md)",
+        "(the default, docs/design/spill.md)",
     )
     spill.add_argument(
         "--spill-dir",
@@ -63,7 +63,7 @@ def register(sub: Any) -> None:
         "--no-spill",
         action="store_true",
         help="no spill files: read inputs back from the node when the round is aggregated "
-        "(the default with a node on this machine)",
+        "(slower for large rounds; no disk used beside the node's)",
     )
     p.add_argument(
         "-v", "--verbose", action="count", default=0, help="log announcements (-vv: debug)"

@@ -82,7 +82,7 @@ class Coordinator(SplitSteps):
         close_retry_s: float = DEFAULT_CLOSE_RETRY_S,
         on_round: Callable[[RoundOutcome], None] | None = None,
         clock: Callable[[], float] = time.time,
-        spill: bool | SpillDir | None = None,
+        spill: bool | SpillDir = True,
     ) -> None:
         check_owner(config, key.did)
         self.config = config
@@ -113,9 +113,7 @@ class Coordinator(SplitSteps):
         self._pinner = BatchPinner(node)  # verified inputs, pinned in batches
         self._keep = ByteBudget(keep_bytes)
         # verified inputs' bytes, read back from here at the close (None: from the node)
-        self._spills: SpillDir | None = spill_dir_for(
-            spill, getattr(node, "api", None), self.state_dir / "spill"
-        )
+        self._spills: SpillDir | None = spill_dir_for(spill, self.state_dir / "spill")
         self._lists_pinned: set[CID] = set()  # lists blocks pinned (repeats share them)
         self._attempts: dict[Key, asyncio.Task[None]] = {}
         self._prepared: asyncio.Task[None] | None = None

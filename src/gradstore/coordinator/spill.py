@@ -11,10 +11,9 @@ An input is spilled only if its size, and ``reserve_bytes`` beside, fit in the s
 folder's free space (less what is being written): else it is read back from the node as
 before (same bits, slower), so a round never fills the disk. ``fits`` is the rule.
 
-Unless told, a coordinator spills only when its node is on another machine
-(``spill_dir_for``): a node on this one holds the inputs' blocks on this machine's disk
-and page cache already, and reading them back (by large ranges, read ahead, every leaf
-hashed) costs less than writing them all again at the disk's speed (docs/design/spill.md).
+Unless told otherwise (``spill_dir_for``), a coordinator spills, wherever its node is: at
+16 x 1 GiB the aggregation pass read 16 GiB back from a node on the same machine in 62-66 s
+against 7-8 s from spill files (docs/design/spill.md).
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from ..store import SpillWriter, fits, free_space, node_is_remote
+from ..store import SpillWriter, fits, free_space
 
 __all__ = [
     "DEFAULT_RESERVE_BYTES",
@@ -38,7 +37,6 @@ __all__ = [
     "clear_at_start",
     "fits",
     "free_space",
-    "node_is_remote",
     "spill_dir_for",
 ]
 
@@ -138,14 +136,11 @@ class SpillTarget:
         self.spills.written(size)
 
 
-def spill_dir_for(spill: bool | SpillDir | None, api: str | None, default: Path) -> SpillDir | None:
+def spill_dir_for(spill: bool | SpillDir, default: Path) -> SpillDir | None:
     """Where a coordinator spills: ``spill`` itself (a folder), ``default`` (True), nowhere
-    (False); None chooses by the node: ``default`` when the node at ``api`` is remote
-    (reading its blocks back crosses the network), else nowhere (docs/design/spill.md)."""
+    (False: inputs are read back from the node at the close)."""
     if isinstance(spill, SpillDir):
         return spill
-    if spill is None:
-        spill = node_is_remote(api)
     return SpillDir(default) if spill else None
 
 

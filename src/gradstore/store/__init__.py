@@ -21,7 +21,6 @@ if TYPE_CHECKING:
         SpillWriter,
         fits,
         free_space,
-        node_is_remote,
         spilled_source,
     )
     from ._store import GradientStore, VerifyReport
@@ -48,7 +47,6 @@ _HOMES = {
     "SpillWriter": "_spilled",
     "fits": "_spilled",
     "free_space": "_spilled",
-    "node_is_remote": "_spilled",
     "spilled_source": "_spilled",
     "StoredDocument": "_stored",
     "StoredGradient": "_stored",
@@ -78,7 +76,6 @@ __all__ = [
     "fits",
     "free_space",
     "model_cid",
-    "node_is_remote",
     "open_model",
     "open_output",
     "put_model",

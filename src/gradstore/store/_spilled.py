@@ -11,13 +11,11 @@ process that wrote it: a restart deletes it and verifies the input again.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
-from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -39,20 +37,6 @@ def fits(size: int, free: int, writing: int, reserve: int) -> bool:
 def free_space(path: Path) -> int:
     """Free bytes of the file system holding ``path`` (for an unprivileged process)."""
     return shutil.disk_usage(path).free
-
-
-def node_is_remote(api: str | None) -> bool:
-    """Whether a node reached at ``api`` (an RPC URL; None: an embedded node) is on another
-    machine: its host is neither ``localhost`` nor a loopback address."""
-    if api is None:
-        return False
-    host = urlsplit(api if "://" in api else f"http://{api}").hostname
-    if not host or host == "localhost":
-        return False
-    try:
-        return not ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a name other than localhost: another machine, as far as we know
-        return True
 
 
 class SpillWriter:
