@@ -124,6 +124,7 @@ class CoordinatorListener:
                     coordinator=cfg.coordinator,
                     peers=cfg.roster,
                     owners=cfg.step_owners,
+                    results_by=cfg.root,  # a tree job's group: the root signs the round's
                 )
             except MessageError as exc:  # anyone can publish here: no sender to name
                 if self._ignored.refused(exc.reason, None, time.monotonic()):
