@@ -127,6 +127,8 @@ class CoordinatorListener:
                     results_by=cfg.root,  # a tree job's group: the root signs the round's
                 )
             except MessageError as exc:  # anyone can publish here: no sender to name
+                if cfg.root is not None and _leafs_result(msg.data, cfg):
+                    continue  # a tree's leaf's partial result, there for the root: not ours
                 if self._ignored.refused(exc.reason, None, time.monotonic()):
                     log.warning(
                         "ignored a message on %s: %s (repeats are summed up every %.0f s)",
@@ -246,3 +248,12 @@ class CoordinatorListener:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(limit):
                         await self._news.wait()
+
+
+def _leafs_result(data: bytes, cfg: JobConfig) -> bool:
+    """Whether ``data`` is a result signed by the group's leaf (a tree job's group view)."""
+    try:
+        msg = verify_message(data, job=cfg.job, coordinator=cfg.coordinator)
+    except MessageError:
+        return False
+    return isinstance(msg, Result)
