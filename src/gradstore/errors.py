@@ -20,7 +20,8 @@ GradstoreError
 ├── MessageError (ValueError)         a signed message was refused; carries ``code``, ``detail``
 ├── KeyFileError (ValueError)         a key file is missing, too open or not Ed25519
 ├── AggregationError (ValueError)     inputs an aggregator cannot honestly combine
-│   └── TooManyInputsError            more inputs than a method takes in bounded memory
+│   ├── TooManyInputsError            more inputs than a method takes in bounded memory
+│   └── PartialSumError               a leaf's partial sum a root cannot combine; names the ``index``
 ├── CoordinatorError                  a job or round cannot proceed
 │   ├── ConfigError (ValueError)      bad configuration: a job file, a key, a strategy's options
 │   │   └── StepError                 a step that is not the job's or the peer's, or lacks a tensor
@@ -258,6 +259,17 @@ class TooManyInputsError(AggregationError):
             f"{method}: {count} inputs are more than the {bound} it takes "
             "(its n x n distance matrices are bounded in memory)"
         )
+
+
+class PartialSumError(AggregationError):
+    """A partial sum (``aggregate.exact_partial``) a root cannot combine: not the layout's
+    tensors, a wrong shape or dtype, more components than MAX_PARTIAL_COMPONENTS, or a NaN
+    or infinity. ``index`` is the partial's position in the list given."""
+
+    def __init__(self, index: int, detail: str) -> None:
+        self.index = index
+        self.detail = detail
+        super().__init__(f"partial {index}: {detail}")
 
 
 class CoordinatorError(GradstoreError):

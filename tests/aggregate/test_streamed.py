@@ -33,6 +33,8 @@ METHODS: list[dict[str, Any]] = [
     {"method": "mean", "clip_input_norm": 50.0, "clip_output_norm": 10.0},
     {"method": "median", "clip_input_norm": 50.0},
     {"method": "multikrum", "byzantine": 1, "clip_input_norm": 60.0},
+    {"method": "fedavg", "accumulate": "exact"},
+    {"method": "mean", "accumulate": "exact", "clip_input_norm": 50.0, "clip_output_norm": 10.0},
 ]
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from gradstore.aggregate import (
-    MAX_COMPONENTS,
+    MAX_PARTIAL_COMPONENTS,
     Layout,
     check_partial_tensors,
     combine_partials,
@@ -81,7 +81,7 @@ def test_minus_zero_survives_the_tree_only_when_every_term_is_minus_zero() -> No
     ("bad", "match"),
     [
         ({"x": np.full((1, 2), np.nan)}, "NaN or Inf"),
-        ({"x": np.zeros((MAX_COMPONENTS + 1, 2))}, "41 components"),
+        ({"x": np.zeros((MAX_PARTIAL_COMPONENTS + 1, 2))}, "41 components"),
         ({"x": np.zeros((1, 3))}, "not float64"),
         ({"x": np.zeros((1, 2), np.float32)}, "not float64"),
         ({"y": np.zeros((1, 2))}, "not the round's"),

@@ -893,6 +893,28 @@ def linear(xs: Sequence[Sequence[float]], coefs: Sequence[float], divisor: float
     return out
 
 
+def linear_exact(
+    xs: Sequence[Sequence[float]], coefs: Sequence[float], divisor: float
+) -> list[float]:
+    """§6.4, ``accumulate = "exact"``: the terms ``fl(ci xi)`` summed exactly (rationals),
+    rounded once to nearest even (``float`` of a Fraction), an exact zero -0.0 only when
+    every term is -0.0; then ``acc / D``."""
+    out = []
+    for e in range(len(xs[0])):
+        terms = [coefs[i] * xs[i][e] for i in range(len(xs))]
+        exact = sum((Fraction(t) for t in terms), Fraction(0))
+        if exact == 0:
+            negative = all(math.copysign(1.0, t) < 0 for t in terms)
+            acc = -0.0 if negative else 0.0
+        else:
+            try:
+                acc = float(exact)
+            except OverflowError:
+                raise SpecAuditError("aggregate", "the exact sum overflows binary64") from None
+        out.append(acc / divisor)
+    return out
+
+
 def trimmed_per_side(n: int, r: float) -> int:
     """§6.5: floor(fl(fl(n * r) + 1e-9))."""
     return math.floor(float(n) * r + 1e-9)
@@ -1299,7 +1321,8 @@ def rederive(get_block: GetBlock, record: dict[str, Any]) -> Audit:
     else:
         coefs, divisor, _ = method_plan(record, n)
         assert coefs is not None
-        wide = linear(xs, [c * s for c, s in zip(coefs, scales, strict=True)], divisor)
+        add = linear_exact if params.get("accumulate") == "exact" else linear
+        wide = add(xs, [c * s for c, s in zip(coefs, scales, strict=True)], divisor)
 
     for item, want in zip(inputs, expected_weights(record, n, selected), strict=True):  # §7
         if item["weight"] != want:

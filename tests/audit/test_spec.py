@@ -193,6 +193,34 @@ def test_the_reference_rederives_every_round(
             assert zeros and all(math.copysign(1.0, v) > 0 for v in zeros)  # never -0.0
 
 
+EXACT_ROUNDS: list[tuple[str, dict[str, Any]]] = [
+    ("fedavg-f32", {"method": "fedavg", "n": 5, "dtype": np.float32}),
+    ("weighted-bf16-zero-weight", {"method": "weighted", "n": 4, "dtype": BF,
+                                   "weights": [1.0, 0.0, 2.5, 0.3]}),
+    ("sum-f64-clip-large", {"method": "sum", "n": 3, "dtype": np.float64, "shapes": LARGE,
+                            "clip_input_norm": 150.0, "clip_output_norm": 100.0}),
+    ("mean-codecs", {"method": "mean", "n": 3, "dtype": np.float32,
+                     "codecs": ["topk:k=4,chunk=9", "int8:block=5", None]}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "spec"), EXACT_ROUNDS, ids=[r[0] for r in EXACT_ROUNDS])
+def test_the_reference_rederives_exact_rounds(
+    tmp_path: Path, name: str, spec: dict[str, Any]
+) -> None:
+    """``accumulate = "exact"`` (§6.4): the coordinator's round, its record naming the mode,
+    re-derived by the reference from exact rationals and by gradstore's own audit."""
+    grads, samples, aggregation = _scenario(spec)
+    node = LocalNode(tmp_path)
+    done = asyncio.run(signed_round(node, grads, samples, **aggregation, accumulate="exact"))
+    assert done.record.params["accumulate"] == "exact"
+    result = audited(tmp_path, done)
+    if "codecs" not in spec:  # (a topk input's elements not kept are +0.0)
+        zeros = [v for _, _, values in result.tensors.values() for v in values if v == 0]
+        assert any(math.copysign(1.0, v) < 0 for v in zeros)  # -0.0 in every input stays
+    asyncio.run(verify_round(node, done.record_cid, coordinator=COORDINATOR.did))
+
+
 def test_a_linear_method_keeps_an_element_that_is_minus_zero_in_every_input(
     tmp_path: Path,
 ) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gradstore.aggregate import AggregationParams, aggregate
+from gradstore.aggregate import AggregationParams, Layout, aggregate, exact_combine, exact_partial
 from gradstore.dag import file_cid
 from gradstore.format import Gradient, encode
 from gradstore.messages import decode_record
@@ -163,5 +163,42 @@ def test_inputs_read_back_from_the_node_give_the_in_memory_aggregate(
                 "inputs": [str(i.gradient) for i in record.inputs],
             }
             assert file_cid(encode(Gradient(again, meta))) == outcome.output
+
+    asyncio.run(go())
+
+
+def test_an_exact_round_is_the_sum_of_any_grouping(kubo_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """``accumulate = "exact"`` on real daemons: the record names the mode, and the output
+    is what any split of the inputs into partial sums gives (issue 22's tree)."""
+    daemons = kubo_factory(3, connect=True)
+    config, coord, peers = make_job(4, method="fedavg", accumulate="exact")
+    samples = [10, 20, 30, 40]
+
+    async def go() -> None:
+        async with world(daemons, config, coord, peers) as w:
+            _, task = start_coordinator(w, tmp_path / "state")
+            await wait_subscribed(w)
+            grads = gradients(4, 0)
+            async with Peer(config, w.peer_nodes[0]) as listener:
+                await publish_all(w, 0, grads, samples)
+                result = await listener.await_result(0, timeout=30)
+            record = decode_record(
+                await w.peer_nodes[1].get_block(result.record), cid=result.record
+            )
+            assert record.params == {"accumulate": "exact"}
+            inputs = [await GradientStore(w.peer_nodes[1]).get(i.gradient) for i in record.inputs]
+            tensors = [g.tensors for g in inputs]
+            counts = [float(i.num_samples) for i in record.inputs]
+            layout = Layout.of((name, a.dtype, a.shape) for name, a in tensors[0].items())
+            for groups in ([[0, 1], [2, 3]], [[3], [0, 2], [1]]):
+                partials = [
+                    exact_partial([tensors[i] for i in g], layout, [counts[i] for i in g])
+                    for g in groups
+                ]
+                tree = exact_combine(partials, layout, sum(counts))
+                for name, array in result.gradient.tensors.items():
+                    assert np.asarray(array).tobytes() == tree[name].tobytes(), (groups, name)
+            outcomes = await asyncio.wait_for(task, 30)
+            assert [o.status for o in outcomes] == ["closed"]
 
     asyncio.run(go())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import signal
 import subprocess
@@ -238,15 +239,17 @@ def test_a_lying_leaf_is_taken_by_the_root_and_fails_the_audit_by_name(
 ) -> None:  # type: ignore[no-untyped-def]
     daemons: list[KuboDaemon] = kubo_factory(4, connect=True)
     config = parse_job(tree_job())
-    honest = partial_module.partial_sums
+    honest = partial_module.as_document
+    grads = gradients()
+    b_sum = math.fsum(float(np.float64(SAMPLES[i]) * grads[i].tensors["b"][0]) for i in (2, 3))
 
-    def lying(flats: Any, layout: Any, coefs: Any) -> Any:  # validly signed, not the sums
-        out = honest(flats, layout, coefs)
-        if len(flats) == 2 and flats[0]["b"][0] == gradients()[2].tensors["b"][0]:
-            out["b"][0, 0] += 1.0  # leaf B's group
+    def lying(rows: Any, layout: Any) -> Any:  # validly signed, not its inputs' sums
+        out = honest(rows, layout)
+        if out["b"][0, 0] == b_sum:  # group b's partial (peers 2 and 3)
+            out["b"][0, 0] += 1.0
         return out
 
-    monkeypatch.setattr(partial_module, "partial_sums", lying)
+    monkeypatch.setattr(partial_module, "as_document", lying)
 
     async def go() -> None:
         root_node, a_node, b_node, peer_node = (d.node() for d in daemons)

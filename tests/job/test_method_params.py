@@ -79,3 +79,21 @@ def test_weighted_turns_the_jobs_weights_per_peer_into_weights_per_input() -> No
     assert cfg.method_params == {}
     assert cfg.params_for([P[2], P[0]]).to_record() == {"weights": [3.0, 1.0]}
     assert parse_job(_job(method="median")).params_for(P).to_record() == {}
+
+
+def test_exact_accumulation_goes_from_the_job_to_the_record_and_back() -> None:
+    cfg = parse_job(_job(method="fedavg", accumulate="exact"))
+    assert cfg.method_params == {"accumulate": "exact"}
+    params = cfg.params_for(P)
+    assert params.to_record() == {"accumulate": "exact"}
+    assert AggregationParams.from_record("fedavg", params.to_record()) == params
+    weighted = parse_job(
+        _job(method="weighted", accumulate="exact", weights={p: i + 1 for i, p in enumerate(P)})
+    )
+    assert weighted.params_for(P).to_record() == {"accumulate": "exact", "weights": [1.0, 2.0, 3.0]}
+    # "ordered", the default, is left out of the record: the CIDs of such rounds do not change
+    assert parse_job(_job(method="mean", accumulate="ordered")).params_for(P).to_record() == {}
+    with pytest.raises(CoordinatorError, match="accumulate does not apply to method 'median'"):
+        parse_job(_job(method="median", accumulate="exact"))
+    with pytest.raises(CoordinatorError, match="accumulate must be one of"):
+        parse_job(_job(method="mean", accumulate="fast"))

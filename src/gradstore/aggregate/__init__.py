@@ -12,6 +12,12 @@ summing to > 0; median of fewer than 3 inputs; trimmed_mean with a ratio outside
 or one that trims nothing (0 < r and floor(n * r) = 0); krum/multikrum with n < 2f + 3,
 more than MAX_KRUM_INPUTS (1024) inputs (TooManyInputsError) or select outside [1, n - f];
 parameters that do not apply to the method.
+
+Linear methods with ``accumulate = "exact"`` sum each element's terms exactly and round
+once, so the result does not depend on the inputs' order or grouping: a leaf's
+``exact_partial`` and a root's ``exact_combine`` of several give the bits of
+``combine_exact`` over all the inputs (``PartialSumError`` for a partial that cannot be
+combined).
 """
 
 from ._checks import Layout, Tensors
@@ -35,13 +41,16 @@ from ._compressed import (
 from ._declared import SCRATCH_BYTES as WINDOW_SCRATCH_BYTES
 from ._declared import first_beyond_dtype
 from ._dispatch import AggregationInfo, aggregate, aggregate_with_info
+from ._exact import MAX_COMPONENTS as MAX_PARTIAL_COMPONENTS
+from ._exact import check_partial, combine_exact, exact_combine, exact_partial
 from ._fused import prepare
 from ._methods import fedavg, krum, mean, median, multikrum, sum_, trimmed_mean, weighted
 from ._params import CLIP_PARAMETERS, METHODS, AggregationParams, parameter_names
-from ._streamed import InMemory, InputSource, aggregate_streamed
+from ._partials import aggregate_partials, group_coefficients, splittable
+from ._streamed import InMemory, InputSource, aggregate_streamed, exact_partial_streamed
 from ._tree import (
-    MAX_COMPONENTS,
     Partial,
+    as_document,
     check_partial_tensors,
     combine_partials,
     linear_terms,
@@ -51,7 +60,7 @@ from ._tree import (
 
 __all__ = [
     "CLIP_PARAMETERS",
-    "MAX_COMPONENTS",
+    "MAX_PARTIAL_COMPONENTS",
     "METHODS",
     "NORM_SUMS",
     "OUTPUT_CLIPS",
@@ -70,17 +79,25 @@ __all__ = [
     "SparseSource",
     "Tensors",
     "aggregate",
+    "aggregate_partials",
     "aggregate_streamed",
     "aggregate_with_info",
+    "as_document",
+    "check_partial",
     "check_partial_tensors",
     "clip_inputs",
     "clip_output",
+    "combine_exact",
     "combine_partials",
     "compressed_norm",
     "compressed_source",
+    "exact_combine",
+    "exact_partial",
+    "exact_partial_streamed",
     "fedavg",
     "first_beyond_dtype",
     "global_norm",
+    "group_coefficients",
     "krum",
     "linear_terms",
     "mean",
@@ -90,6 +107,7 @@ __all__ = [
     "partial_limits",
     "partial_sums",
     "prepare",
+    "splittable",
     "sum_",
     "trimmed_mean",
     "weighted",

@@ -26,6 +26,7 @@ from ._checks import (
     non_finite_error,
 )
 from ._clip import clip_output_into, clip_scale, clip_then_round, input_norms
+from ._exact import combine_exact
 from ._krum import krum_scores, squared_distances
 from ._linear import combine
 from ._params import AggregationParams
@@ -113,7 +114,8 @@ def aggregate_with_info(
     try:
         if linear is not None:
             coefs, divisor = linear_plan(linear, scales, n, info)
-            result = combine(flats, work, coefs, divisor, workers)
+            add = combine_exact if _exact(strategy) else combine
+            result = add(flats, work, coefs, divisor, workers)
         elif isinstance(strategy, methods.OrderStatistic):
             first, stop = strategy.rows(n)
             result = order_mean(flats, work, first, stop, scales, workers)
@@ -142,3 +144,8 @@ def aggregate_with_info(
         norm, scale = clip_output_into(result, params.clip_output_norm, method, params.norm_sum)
         info["output_norm"], info["output_scale"] = norm, scale
     return result, AggregationInfo(method, n, **info)
+
+
+def _exact(strategy: methods.Method) -> bool:
+    """Whether a linear method sums its terms exactly (``accumulate = "exact"``)."""
+    return isinstance(strategy, methods.Linear) and strategy.exact

@@ -7,7 +7,8 @@ same order, because each element sees the same IEEE operations in the same order
   their kernels window by window: a window of every input at a time, O(inputs x window)
   plus the output;
 - sum, mean, fedavg and weighted, when that would hold too much (many inputs), add one
-  input at a time into a float64 accumulator instead: O(model);
+  input at a time into a float64 accumulator instead: O(model); with ``accumulate =
+  "exact"`` they stay windowed, in windows as small as ``EXACT_MIN_WINDOW`` elements;
 - Krum sums its Gram matrix chunk by chunk in ``chunks(layout)`` order, exactly as the
   in-memory kernel does (each chunk read in pieces of whole blocks, all inputs' pieces
   within the window bytes), then averages the inputs it selected like the linear methods;
@@ -40,6 +41,7 @@ from ._checks import Layout, NonFiniteResult, dtype_name
 from ._clip import NormSum, SquareSum, clip_output_into, clip_scale, clip_then_round
 from ._compressed import Decompressing, SparseSource
 from ._dispatch import AggregationInfo
+from ._exact import combine_exact, exact_partial, join_pieces
 from ._krum import BLOCK, chunk_gram, distances_from_gram, krum_scores, row_width
 from ._linear import combine
 from ._params import AggregationParams
@@ -55,6 +57,9 @@ MIN_WINDOW: Final = 1 << 16
 
 #: The largest window, in elements: a chunk for each of up to four worker threads.
 MAX_WINDOW: Final = 4 * CHUNK
+
+#: The smallest window of the exact mode, in elements (16 of its kernel's blocks).
+EXACT_MIN_WINDOW: Final = 1 << 12
 
 _F64: Final = np.dtype(np.float64)
 
@@ -125,7 +130,15 @@ async def aggregate_streamed(
     try:
         if linear is not None:
             coefs, divisor = linear_plan(linear, scales, n, info)
-            result = await _linear(sources, work, coefs, divisor, window, workers, one_by_one)
+            if isinstance(strategy, methods.Linear) and strategy.exact:
+                result = await _windowed(
+                    sources,
+                    work,
+                    _exact_window(n, itemsize, window_bytes),
+                    lambda flats, sub: combine_exact(flats, sub, coefs, divisor, workers),
+                )
+            else:
+                result = await _linear(sources, work, coefs, divisor, window, workers, one_by_one)
         elif isinstance(strategy, methods.OrderStatistic):
             first, stop = strategy.rows(n)
             result = await _windowed(
@@ -173,6 +186,43 @@ def _window(n: int, itemsize: int, window_bytes: int) -> int:
     ``MIN_WINDOW``; at most ``MAX_WINDOW``, enough for every worker thread to take a chunk)."""
     fit = window_bytes // max(1, n * itemsize)
     return max(MIN_WINDOW, min(MAX_WINDOW, fit // MIN_WINDOW * MIN_WINDOW))
+
+
+async def exact_partial_streamed(
+    sources: Sequence[InputSource],
+    layout: Layout,
+    coefs: Sequence[float] | None,
+    *,
+    window_bytes: int = DEFAULT_WINDOW_BYTES,
+    threads: int | None = None,
+) -> dict[str, np.ndarray[Any, Any]]:
+    """:func:`exact_partial` of ``sources`` (all with ``layout``), read a window at a time:
+    the same arrays. ``coefs``: each input's coefficient, input clipping folded in (as
+    ``linear_plan`` gives them). AggregationError for a NaN/Inf input or a group sum beyond
+    binary64."""
+    if not sources:
+        raise AggregationError("exact partial: no inputs")
+    workers = default_threads() if threads is None else max(1, int(threads))
+    itemsize = max((layout.dtypes[name].itemsize for name in layout.names), default=1)
+    if any(isinstance(source, Decompressing) for source in sources):
+        itemsize = max(itemsize, _F64.itemsize)
+    window = _exact_window(len(sources), itemsize, window_bytes)
+    pieces: dict[str, list[np.ndarray[Any, Any]]] = {name: [] for name in layout.names}
+    for name, start, stop in _windows(layout, window):
+        flats = await _read_all(sources, name, start, stop)
+        sub = _sub_layout(layout, name, stop - start)
+        part = await asyncio.to_thread(exact_partial, flats, sub, coefs, workers)
+        pieces[name].append(part[name])
+    return {name: join_pieces(pieces[name], layout.size(name)) for name in layout.names}
+
+
+def _exact_window(n: int, itemsize: int, window_bytes: int) -> int:
+    """Elements per window of the exact mode, which has no one-input-at-a-time path (its
+    per-element state is not one float64): every input's window together within
+    ``window_bytes``, down to ``EXACT_MIN_WINDOW`` elements (more bytes then, with very
+    many inputs), at most ``MAX_WINDOW``."""
+    fit = window_bytes // max(1, n * itemsize)
+    return max(EXACT_MIN_WINDOW, min(MAX_WINDOW, fit // EXACT_MIN_WINDOW * EXACT_MIN_WINDOW))
 
 
 def _windows(layout: Layout, window: int) -> list[tuple[str, int, int]]:

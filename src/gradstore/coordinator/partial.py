@@ -3,20 +3,17 @@ its group's verified inputs become the group's exact partial sums (``aggregate.p
 stored as a partial document, and a signed ``gradstore/partial/1`` record naming them.
 
 The leaf neither divides nor rounds to the inputs' dtype: the root does, once, over every
-group's partials. The inputs are read whole (memory O(group inputs x model); the leaves of
-a tree hold small groups), from memory, their spill files or the node as a round's close.
+group's partials. The inputs are read window by window (``exact_partial_streamed``), from
+memory, their spill files or the node as a round's close.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
-from ..aggregate import InputSource, linear_terms, partial_sums
+from ..aggregate import InputSource, as_document, exact_partial_streamed, linear_terms
 from ..dag import CID
 from ..errors import CoordinatorError
 from ..format import Gradient
@@ -41,11 +38,6 @@ from .closing import (
     with_retries,
 )
 from .inputs import VerifiedInput
-
-
-async def read_whole(source: InputSource, names: Sequence[str], sizes: Mapping[str, int]) -> Any:
-    """Every tensor of one input as flat arrays of its own (read in name order)."""
-    return {name: np.array(await source.read(name, 0, sizes[name])) for name in names}
 
 
 async def close_partial(
@@ -80,13 +72,11 @@ async def close_partial(
     try:
         await open_sources(sources, node, store, verified, give_up_after)
         layout = input_layout(verified)
-        sizes = {name: layout.size(name) for name in layout.names}
-        flats = [await read_whole(s, layout.names, sizes) for s in sources]
+        rows = await exact_partial_streamed(sources, layout, coefs)  # window by window
     finally:
         close_sources(sources)
         del sources
-    partial = await asyncio.to_thread(partial_sums, flats, layout, coefs)
-    del flats
+    partial = as_document(rows, layout)
     stats: dict[str, Any] = {"aggregate_s": round(time.perf_counter() - t0, 3)}
 
     t0 = time.perf_counter()

@@ -6,7 +6,15 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from ...errors import AggregationError
-from .base import MAX_KRUM_INPUTS, Linear, Method, MethodName, OrderStatistic, Selection
+from .base import (
+    ACCUMULATIONS,
+    MAX_KRUM_INPUTS,
+    Linear,
+    Method,
+    MethodName,
+    OrderStatistic,
+    Selection,
+)
 from .fedavg import FedAvg, check_num_samples
 from .krum import Krum
 from .mean import Mean
@@ -39,6 +47,7 @@ def method_of(name: str, params: Mapping[str, Any]) -> Method:
 
 
 __all__ = [
+    "ACCUMULATIONS",
     "MAX_KRUM_INPUTS",
     "MEDIAN_MIN_INPUTS",
     "REGISTRY",

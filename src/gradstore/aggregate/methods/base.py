@@ -7,7 +7,7 @@ array is touched. A new parameter is a field of its method (and a key of the job
 branch on a method's name; they ask what kind of method it is:
 
 - ``Linear``: each output element is ``sum_i c_i * x_i / divisor`` (sum, mean, fedavg,
-  weighted);
+  weighted), summed in input order or exactly (``accumulate``);
 - ``OrderStatistic``: the mean of the sorted values at rows ``first .. stop - 1`` of every
   coordinate (median, trimmed_mean);
 - ``Selection``: Krum's scores choose inputs, which are then averaged (krum, multikrum);
@@ -22,6 +22,7 @@ import typing
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
+from dataclasses import field as dataclass_field
 from typing import Any, ClassVar, Final, Literal, Self
 
 from ...errors import AggregationError, TooManyInputsError
@@ -94,9 +95,32 @@ class Method(ABC):
         return out
 
 
+#: How a linear method adds its terms: in input order in binary64 (the default, which a
+#: record leaves out), or exactly, rounded once (order- and grouping-independent).
+ACCUMULATIONS: Final = ("ordered", "exact")
+
+
 @dataclass(frozen=True)
 class Linear(Method):
-    """``(sum_i coefs[i] * x_i) / divisor``, accumulated in float64 in input order."""
+    """``(sum_i coefs[i] * x_i) / divisor``, accumulated in float64 in input order, or
+    exactly (``accumulate = "exact"``: docs/spec.md, section 6.4)."""
+
+    accumulate: str | None = dataclass_field(default=None, kw_only=True)
+
+    def __post_init__(self) -> None:
+        if self.accumulate is not None:
+            if self.accumulate not in ACCUMULATIONS:
+                raise AggregationError(
+                    f"accumulate must be one of {', '.join(map(repr, ACCUMULATIONS))}, "
+                    f"got {self.accumulate!r}"
+                )
+            if self.accumulate == "ordered":  # the default: records leave it out
+                object.__setattr__(self, "accumulate", None)
+
+    @property
+    def exact(self) -> bool:
+        """Whether the terms are summed exactly and rounded once."""
+        return self.accumulate == "exact"
 
     @abstractmethod
     def terms(

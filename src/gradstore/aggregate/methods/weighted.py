@@ -17,6 +17,7 @@ class Weighted(Linear):
     weights: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.weights is not None:
             if isinstance(self.weights, str | bytes) or not hasattr(self.weights, "__iter__"):
                 raise AggregationError("weights must be a sequence of numbers")
