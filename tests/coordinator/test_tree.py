@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 import os
 import signal
@@ -158,6 +159,8 @@ def test_a_tree_round_gives_the_flat_exact_rounds_output_and_audits(
             assert leaf_a.outcomes[0].record == record.groups[0].record
             code, report = await audit(daemons[0].api_url, str(root.head), ROOT.did)
             assert code == 0 and "2 group(s) audited" in report, report
+            listed = await round_list(daemons[0].api_url, str(root.head))
+            assert listed["rounds"][0]["peers"] == sorted(k.did for k in PEERS), listed
 
             # the same job, flat, accumulated exactly, in the same run: the same output CID
             with Journal(tmp_path / "flat" / "journal.sqlite") as journal:
@@ -174,6 +177,14 @@ def test_a_tree_round_gives_the_flat_exact_rounds_output_and_audits(
                 await n.aclose()
 
     asyncio.run(go())
+
+
+async def round_list(api: str, head: str) -> Any:
+    """``gradstore round list HEAD --json``: a tree record's round, its groups' peers."""
+    cmd = [sys.executable, "-m", "gradstore", "round", "list", head, "--json", "--api", api]
+    out = await asyncio.to_thread(subprocess.run, cmd, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return json.loads(out.stdout)
 
 
 def _leaf_process(job: Path, keyfile: Path, api: str, state: Path) -> subprocess.Popen[bytes]:
