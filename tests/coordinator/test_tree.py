@@ -98,7 +98,7 @@ def gradients() -> list[Gradient]:
 
 def leaf(config: JobConfig, group: str, k: SigningKey, node: KuboNode, state: Path) -> Coordinator:
     view = config.group_view(group)
-    return Coordinator(view, k, node, state, rebroadcast_s=0.5, linger_s=30, close_retry_s=2.0)
+    return Coordinator(view, k, node, state, rebroadcast_s=0.5, linger_s=0, close_retry_s=2.0)
 
 
 def root_of(config: JobConfig, node: KuboNode, state: Path) -> TreeRoot:
@@ -150,6 +150,8 @@ def test_a_tree_round_gives_the_flat_exact_rounds_output_and_audits(
                 await asyncio.wait_for(root_task, 60)
             run = root.run_id
             assert leaf_a.run_id == leaf_b.run_id == run  # adopted from the root's status
+            # each leaf stayed until it heard the root's result of its last round
+            assert leaf_a.state.root_round == leaf_b.state.root_round == 0
             record = await tree_record(root_node, root.head)
             assert [(g.group, g.coordinator, g.failed) for g in record.groups] == [
                 ("a", LEAF_A.did, None),

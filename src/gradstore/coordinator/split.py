@@ -81,6 +81,9 @@ class SplitSteps(Closer):
         root, the other owners' signed step results and failures
         (``remote.check_remote_step``); at another owner, the root's round results, after
         which its steps of that round are no longer repeated (``root_heard``)."""
+        if self.config.root is not None:  # a tree's leaf: the root's result on our topic
+            await self._hear_root()
+            return
         if not self.state.steps.others:
             return
         cfg = self.config
@@ -118,12 +121,32 @@ class SplitSteps(Closer):
                     self._remote_reads.add(at)
                     self._tg.create_task(self._read_remote(parsed), name="coordinator-remote")
 
+    async def _hear_root(self) -> None:
+        """At a tree's leaf (docs/design/multicoord.md): the root's round results on the
+        group's results topic (``root_heard``), which end its wait after its last round."""
+        cfg = self.config
+        async with self.node.subscribe(cfg.results_topic) as sub:
+            async for msg in follow(self.node, sub):
+                try:  # a result passes only signed by the root (our own do not)
+                    parsed = verify_message(
+                        msg.data,
+                        job=cfg.job,
+                        coordinator=cfg.coordinator,
+                        peers=cfg.roster,
+                        results_by=cfg.root,
+                    )
+                except MessageError:
+                    continue
+                if isinstance(parsed, Result) and parsed.run == self.state.run_id:
+                    self.state.root_heard(parsed.round)
+                    self._root_news.set()
+
     async def _until_root(self, stop: asyncio.Event) -> None:
-        """At an owner that is not the root, after its last round: keep answering its
-        steps' peers until the root's result (or failure) of that round is heard, at most
+        """At an owner that is not the root (or a tree's leaf), after its last round: keep
+        answering its peers until the root's result (or failure) of that round is heard, at most
         the job's longest step deadline plus the close retries (the root's own bound)."""
         last = self.state.round - 1
-        if self.state.steps.root or last < 0:
+        if (self.state.steps.root and self.config.root is None) or last < 0:
             return
         bound = max(s.deadline_s for s in self.config.steps) + self.close_retry_s
         end = self.clock() + bound
