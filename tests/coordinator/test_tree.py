@@ -25,6 +25,7 @@ import pytest
 from gradstore.coordinator import Coordinator, Journal, TreeRoot
 from gradstore.coordinator import partial as partial_module
 from gradstore.dag import CID
+from gradstore.errors import RoundFailedError
 from gradstore.format import Gradient
 from gradstore.job import JobConfig, parse_job
 from gradstore.messages import SigningKey, TreeRecord, decode_tree_record
@@ -279,6 +280,32 @@ def test_a_lying_leaf_is_taken_by_the_root_and_fails_the_audit_by_name(
             assert code != 0, report
             assert "partial-output" in report and "group 'b'" in report, report
             assert str(record.groups[1].record) in report, report
+        finally:
+            for n in (root_node, a_node, b_node, peer_node):
+                await n.aclose()
+
+    asyncio.run(go())
+
+
+def test_a_round_whose_every_group_failed_reaches_the_waiting_peers(
+    kubo_factory, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    daemons: list[KuboDaemon] = kubo_factory(4, connect=True)
+    config = parse_job(tree_job(deadline_s=3.0))
+
+    async def go() -> None:
+        root_node, a_node, b_node, peer_node = (d.node() for d in daemons)
+        try:
+            root = root_of(config, root_node, tmp_path / "root")
+            leaf_a = leaf(config, "a", LEAF_A, a_node, tmp_path / "a")
+            leaf_b = leaf(config, "b", LEAF_B, b_node, tmp_path / "b")
+            async with running(root) as root_task, running(leaf_a), running(leaf_b):
+                # nobody publishes: the leaves' rounds stay open, the root fails both groups
+                async with Peer(config, peer_node, PEERS[0]) as peer:
+                    with pytest.raises(RoundFailedError, match="every group failed"):
+                        await peer.await_result(0, timeout=60)
+                await asyncio.wait_for(root_task, 60)
+            assert root.outcomes[0].status == "failed" and root.head is None
         finally:
             for n in (root_node, a_node, b_node, peer_node):
                 await n.aclose()

@@ -42,6 +42,7 @@ from ..messages import (
     decode_partial_record,
     encode_fitted,
     encode_tree_record,
+    shorten,
     verify_message,
 )
 from ..node import Node, follow
@@ -303,16 +304,19 @@ class TreeRoot:
     ) -> RoundOutcome:
         journal.fail_round(r, reason)
         await asyncio.to_thread(journal.flush)
-        status = dataclasses.replace(self._status(r), failed=reason[:500])
-        self._said = [(self.config.results_topic, status)]
-        await self._say(self.config.results_topic, status)
+        self._said = []  # on the job's topic and each group's (its roster), where peers wait
+        for view in [self.config] + [self.config.group_view(g.name) for g in self.config.groups]:
+            status = dataclasses.replace(self._status(r, view), failed=shorten(reason))
+            self._said.append((view.results_topic, status))
+            await self._say(view.results_topic, status)
         return RoundOutcome(r, "failed", None, None, (), (), reason, stats)
 
     # -- saying things ---------------------------------------------------------------------
-    def _status(self, r: int) -> Status:
-        """The root's status of round ``r`` on the job's topic: it admits nothing itself
-        (its bitmaps are empty); it says the run, which the leaves adopt."""
-        empty = self.config.roster.bitmap([])
+    def _status(self, r: int, view: JobConfig | None = None) -> Status:
+        """The root's status of round ``r`` on the job's topic (``view``: a group's, over
+        its roster): it admits nothing itself (its bitmaps are empty); it says the run,
+        which the leaves adopt."""
+        empty = (view or self.config).roster.bitmap([])
         return Status(
             job=self.config.job,
             run=self.run_id,
