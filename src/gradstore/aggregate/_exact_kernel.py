@@ -36,8 +36,12 @@ LIMBS: Final = 67
 #: The most terms one element may sum: each adds less than 2**32 to a digit (< 2**63).
 MAX_TERMS: Final = 1 << 30
 
-#: Elements per block: LIMBS digits of 8 bytes each, 137 KiB per block, stay in L2.
-BLOCK: Final = 256
+#: Elements per block at most; their terms are computed input by input, then summed
+#: element by element in one row of digits.
+BLOCK: Final = 1024
+
+#: Bytes of one block's terms (float64, all inputs): within L2 with the inputs' lines.
+TERMS_BYTES: Final = 256 << 10
 
 _MASK32: Final = (1 << 32) - 1
 _HALF32: Final = 1 << 31
@@ -69,23 +73,6 @@ def _numba_or_python() -> tuple[_Jit, _Jit, bool]:
 
 
 _entry, _helper, COMPILED = _numba_or_python()
-
-
-@_helper
-def _add(row: Any, bits: int, lo: Any, hi: Any, j: int) -> None:
-    """Add the binary64 whose bits are ``bits`` (finite, non-zero) to ``row``; widen
-    ``lo[j] .. hi[j]`` to the digits it touched."""
-    exponent = (bits >> 52) & 0x7FF
-    mantissa = bits & _MASK52
-    position = 0
-    if exponent != 0:
-        mantissa |= _HIDDEN
-        position = exponent - 1
-    k = _add_at(row, mantissa, position, -1 if bits < 0 else 1)
-    if k < lo[j]:
-        lo[j] = k
-    if k + 2 > hi[j]:
-        hi[j] = k + 2
 
 
 @_helper
@@ -200,50 +187,77 @@ def _round(row: Any, lo: int, top: int) -> tuple[int, int, int]:
 
 
 @_helper
-def _start(lo: Any, hi: Any, negzero: Any, bad: Any, width: int) -> None:
-    for j in range(width):
-        lo[j] = LIMBS
-        hi[j] = -1
-        negzero[j] = True
-        bad[j] = False
-
-
-@_helper
-def _add_terms(
-    digits: Any, terms: Any, width: int, lo: Any, hi: Any, negzero: Any, bad: Any
-) -> None:
-    """Add the binary64 ``terms`` (as int64 bits), one per element, to the block's digits."""
-    for j in range(width):
-        bits = terms[j]
+def _accumulate(row: Any, terms: Any, first: int, n: int) -> tuple[int, int, bool, bool]:
+    """Add the binary64 terms whose bits are ``terms[first : first + n]`` to ``row`` (all
+    zero): ``(lo, hi, negzero, bad)``, the digits touched, whether every term was -0.0,
+    whether one was NaN/Inf."""
+    lo = LIMBS
+    hi = -1
+    negzero = True
+    bad = False
+    for i in range(first, first + n):
+        bits = terms[i]
         if bits != _NEG_ZERO:
-            negzero[j] = False
-        if (bits & ~_NEG_ZERO) == 0:  # +-0.0 adds nothing
+            negzero = False
+        exponent = (bits >> 52) & 0x7FF
+        mantissa = bits & _MASK52
+        if exponent == 0:
+            if mantissa == 0:  # +-0.0 adds nothing
+                continue
+            position = 0
+        elif exponent == 0x7FF:
+            bad = True
             continue
-        if ((bits >> 52) & 0x7FF) == 0x7FF:
-            bad[j] = True
-            continue
-        _add(digits[j], bits, lo, hi, j)
+        else:
+            mantissa |= _HIDDEN
+            position = exponent - 1
+        k = _add_at(row, mantissa, position, -1 if bits < 0 else 1)
+        if k < lo:
+            lo = k
+        if k + 2 > hi:
+            hi = k + 2
+    return lo, hi, negzero, bad
 
 
 @_helper
-def _finish(digits: Any, j: int, lo: Any, hi: Any, negzero: Any, bad: Any) -> int:
-    """The element's exact sum rounded once (its bits); its digits cleared for the next block."""
-    if bad[j]:
+def _finish(row: Any, lo: int, hi: int, negzero: bool, bad: bool) -> int:
+    """The exact sum in ``row`` rounded once (its bits); ``row`` cleared again."""
+    if bad:
+        for k in range(lo, hi + 1):  # nothing settled yet: only these were touched
+            row[k] = 0
         return _NAN
-    if hi[j] < 0:
-        return _NEG_ZERO if negzero[j] else 0
-    row = digits[j]
-    sign, top, last = _settle(row, lo[j], hi[j])
+    if hi < 0:
+        return _NEG_ZERO if negzero else 0
+    sign, top, last = _settle(row, lo, hi)
     out = 0
     if sign != 0:
-        out, _, _ = _round(row, lo[j], top)
+        out, _, _ = _round(row, lo, top)
         if sign < 0:
             out |= _NEG_ZERO
-    elif negzero[j]:
+    elif negzero:
         out = _NEG_ZERO
-    for k in range(lo[j], last + 1):
+    for k in range(lo, last + 1):
         row[k] = 0
     return out
+
+
+@_helper
+def _block_terms(
+    terms: Any, like: Any, size: int, addresses: Any, coefs: Any, block: int, width: int
+) -> None:
+    """``terms[j * n + i] = fl(coefs[i] * x_i[block + j])``: each element's terms together."""
+    n = addresses.size
+    for i in range(n):
+        x = _at(addresses[i], like, size)
+        c = coefs[i]
+        for j in range(width):
+            terms[j * n + i] = np.float64(x[block + j]) * c
+
+
+@_helper
+def _block_width(n: int) -> int:
+    """Elements per block: their n terms each (float64) within TERMS_BYTES, at least 8."""
+    return max(8, min(BLOCK, TERMS_BYTES // (8 * max(n, 1))))
 
 
 @_entry
@@ -254,26 +268,20 @@ def sum_range(
     ``start:stop``; returns how many are NaN/Inf (a non-finite term, or overflow).
 
     ``sums`` is an int64 array (the binary64 results' bits); ``x_i`` has ``like``'s dtype
-    and ``size`` elements and starts at ``addresses[i]``."""
-    digits = np.zeros((BLOCK, LIMBS), np.int64)
-    lo = np.empty(BLOCK, np.int64)
-    hi = np.empty(BLOCK, np.int64)
-    negzero = np.empty(BLOCK, np.bool_)
-    bad = np.empty(BLOCK, np.bool_)
-    terms = np.empty(BLOCK, np.float64)
+    and ``size`` elements and starts at ``addresses[i]``. One element at a time: its
+    digits (536 bytes) stay in L1."""
+    n = addresses.size
+    width_max = _block_width(n)
+    row = np.zeros(LIMBS, np.int64)
+    terms = np.empty(width_max * n, np.float64)
     term_bits = terms.view(np.int64)
     failed = 0
-    for block in range(start, stop, BLOCK):
-        width = min(block + BLOCK, stop) - block
-        _start(lo, hi, negzero, bad, width)
-        for i in range(addresses.size):
-            x = _at(addresses[i], like, size)
-            c = coefs[i]
-            for j in range(width):
-                terms[j] = np.float64(x[block + j]) * c
-            _add_terms(digits, term_bits, width, lo, hi, negzero, bad)
+    for block in range(start, stop, width_max):
+        width = min(block + width_max, stop) - block
+        _block_terms(terms, like, size, addresses, coefs, block, width)
         for j in range(width):
-            out = _finish(digits, j, lo, hi, negzero, bad)
+            lo, hi, negzero, bad = _accumulate(row, term_bits, j * n, n)
+            out = _finish(row, lo, hi, negzero, bad)
             sums[block - start + j] = out
             failed += ((out >> 52) & 0x7FF) == 0x7FF
     return failed
@@ -296,33 +304,26 @@ def expand_range(
     term or a sum beyond binary64's range, or ``components.shape[0] + 1`` if one needs
     more rows than there are."""
     rows: int = components.shape[0]
-    digits = np.zeros((BLOCK, LIMBS), np.int64)
-    lo = np.empty(BLOCK, np.int64)
-    hi = np.empty(BLOCK, np.int64)
-    negzero = np.empty(BLOCK, np.bool_)
-    bad = np.empty(BLOCK, np.bool_)
-    terms = np.empty(BLOCK, np.float64)
+    n = addresses.size
+    width_max = _block_width(n)
+    row = np.zeros(LIMBS, np.int64)
+    terms = np.empty(width_max * n, np.float64)
     term_bits = terms.view(np.int64)
     most = 0
-    for block in range(start, stop, BLOCK):
-        width = min(block + BLOCK, stop) - block
-        _start(lo, hi, negzero, bad, width)
-        for i in range(addresses.size):
-            x = _at(addresses[i], like, size)
-            c = coefs[i]
-            for j in range(width):
-                terms[j] = np.float64(x[block + j]) * c
-            _add_terms(digits, term_bits, width, lo, hi, negzero, bad)
+    for block in range(start, stop, width_max):
+        width = min(block + width_max, stop) - block
+        _block_terms(terms, like, size, addresses, coefs, block, width)
         for j in range(width):
             column = block - start + j
-            if bad[j]:
+            lo, hi, negzero, bad = _accumulate(row, term_bits, j * n, n)
+            if bad:
                 return -1
-            count = _expand(digits[j], lo[j], hi[j], components, column, rows)
+            count = _expand(row, lo, hi, components, column, rows)
             if count < 0:
                 return -1
             if count > rows:
                 return rows + 1
-            padding = _NEG_ZERO if (count == 0 and negzero[j]) else 0
+            padding = _NEG_ZERO if (count == 0 and negzero) else 0
             for c in range(count, rows):
                 components[c, column] = padding
             if count > most:
