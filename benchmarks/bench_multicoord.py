@@ -19,6 +19,13 @@ until the step's owner verified it. Measured:
   round      the root's journal: from the round's first accepted announcement to its end
   CPU        each coordinator process's user+system seconds (/proc), the busiest and the sum
 
+With --tree, the round is split by peer groups in a two-level tree instead (docs/design/
+multicoord.md, "The tree by peer groups"): --coordinators leaves, each the leaf of an equal
+share of the peers ([[groups]]), and a root that combines their exact partial sums; against
+1 coordinator of the same peers, no steps (one tensor per peer), both with fedavg and
+accumulate = "exact" (the same output CID). Every leaf and the root are processes of their
+own on Kubo daemons of their own.
+
 The ratios are split / single: below 1 the split pays. On one machine every coordinator and
 daemon shares its cores, so the wall-time ratio is what a machine of this many cores gives,
 not what one machine per coordinator gives; the busiest coordinator's CPU is the figure that
@@ -26,12 +33,14 @@ carries over to one machine each.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python -m benchmarks multicoord
     options: --peers 1000 --kib 16 --steps 4 --coordinators 4 --repeat 1 --json --kubo PATH
+             --tree (4 leaves and a root against 1 coordinator)
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import signal
 import statistics
@@ -56,8 +65,9 @@ from gradstore.peer import Peer
 SEED = 20261203
 #: Peers per Kubo node client (each client holds a connection pool of its own).
 PER_CLIENT = 16
-#: Announcements in flight at once (as many as `round` sends for its 1,000 peers).
-ANNOUNCING = 1000
+#: Announcements in flight at once: 1,000 at once through two daemons failed with Kubo's
+#: "validation ignored" at 1,000 peers (--tree, 2026-12-06); 250 passed.
+ANNOUNCING = 250
 
 
 def coordinator_keys(n: int) -> list[SigningKey]:
@@ -91,6 +101,27 @@ def make_job(name: str, args: argparse.Namespace, owners: list[SigningKey]) -> d
     }
 
 
+def make_tree_job(name: str, args: argparse.Namespace, owners: list[SigningKey]) -> dict[str, Any]:
+    """A tree job: ``owners[0]`` the root, each other owner the leaf of an equal share of
+    the peers (in roster order); one owner: the same job flat. fedavg accumulated exactly."""
+    dids = [k.did for k in peer_keys(args.peers)]
+    raw: dict[str, Any] = {
+        "job": name,
+        "coordinator": owners[0].did,
+        "peers": dids,
+        "aggregation": {"method": "fedavg", "accumulate": "exact"},
+        "rounds": {"count": 0, "quorum": args.peers, "deadline_s": 600.0},
+        "steps": [],
+    }
+    leaves = owners[1:]
+    if leaves:
+        raw["groups"] = [
+            {"name": f"g{j}", "coordinator": leaf.did, "peers": dids[j :: len(leaves)]}
+            for j, leaf in enumerate(leaves)
+        ]
+    return raw
+
+
 def job_toml(raw: dict[str, Any]) -> str:
     """``raw`` as a TOML job file."""
 
@@ -106,6 +137,8 @@ def job_toml(raw: dict[str, Any]) -> str:
         lines += [f"[{name}]", *(f"{k} = {value(v)}" for k, v in raw[name].items())]
     for step in raw["steps"]:
         lines += ["[[steps]]", *(f"{k} = {value(v)}" for k, v in step.items())]
+    for group in raw.get("groups", []):
+        lines += ["[[groups]]", *(f"{k} = {value(v)}" for k, v in group.items())]
     return "\n".join(lines) + "\n"
 
 
@@ -135,9 +168,11 @@ async def one_round(
 ) -> dict[str, Any]:
     """One round of the job ``owners`` split (one owner: not split); its timings."""
     name = f"bench-mc-{len(owners)}-{tmp.name.rsplit('-', 1)[-1]}"
-    raw = make_job(name, args, owners)
+    raw = (make_tree_job if args.tree else make_job)(name, args, owners)
+    if not raw["steps"]:
+        del raw["steps"]
     config: JobConfig = parse_job(raw)
-    (tmp / "job.toml").write_text(job_toml(raw))
+    (tmp / "job.toml").write_text(job_toml({"steps": [], **raw}))
     keys = peer_keys(args.peers)
     procs: list[subprocess.Popen[bytes]] = []
     peer_daemons = daemons[-2:]
@@ -159,17 +194,41 @@ async def one_round(
                 )
             )  # fmt: skip
             log.close()
+        views = [config.group_view(g.name) for g in config.groups]
         for carrier in carriers:  # pubsub reaches only peers the publisher knows are subscribed
+            if views:  # a tree: each leaf reads its group's gradients topic, the root the results
+                for view in views:
+                    await carrier.wait_for_topic_peers(view.gradients_topic, 1, timeout=120)
+                    await carrier.wait_for_topic_peers(view.results_topic, 1, timeout=120)
+                continue
             # every coordinator reads the gradients topic; split, each also hears the others
             topics = [config.gradients_topic] + ([config.results_topic] if len(owners) > 1 else [])
             for topic in topics:
                 await carrier.wait_for_topic_peers(topic, len(owners), timeout=120)
-        steps = [s.name for s in config.steps]
-        async with Peer(config, nodes[0], coordinator_timeout_s=120) as listener:
-            while listener.run is None:  # the root's first status: the run is known
-                await asyncio.sleep(0.1)
+        steps: list[str | None] = [s.name for s in config.steps] if config.stepped else [None]
+        async with contextlib.AsyncExitStack() as hubs_stack:
+            # a tree's peers hear their group's leaf and the root's result there: one listener
+            # per group (keyless, its view), shared by its peers
+            hubs = {
+                v.group: await hubs_stack.enter_async_context(
+                    Peer(v, nodes[0], coordinator_timeout_s=120)
+                )
+                for v in views
+            }
+            listener = await hubs_stack.enter_async_context(  # the root's round result
+                Peer(config, nodes[0], coordinator_timeout_s=120)
+            )
+            for hub in (listener, *hubs.values()):
+                while hub.run is None:  # the (leaf's or root's) first status: the run is known
+                    await asyncio.sleep(0.1)
             peers = [
-                Peer(config, nodes[i], keys[i], listener=listener, coordinator_timeout_s=120)
+                Peer(
+                    config,
+                    nodes[i],
+                    keys[i],
+                    listener=hubs[config.group_of(keys[i].did).name] if views else listener,
+                    coordinator_timeout_s=120,
+                )
                 for i in range(args.peers)
             ]
             for peer in peers:
@@ -177,7 +236,7 @@ async def one_round(
             try:
                 putting = asyncio.Semaphore(32)
 
-                async def put(i: int, step: str) -> Any:
+                async def put(i: int, step: str | None) -> Any:
                     async with putting:
                         return await peers[i].store.put(
                             peers[i].prepare(grads[i], 0, 100 + i, step=step)
@@ -190,7 +249,7 @@ async def one_round(
                 # overflow their pubsub validation queues ("validation ignored")
                 announcing = asyncio.Semaphore(ANNOUNCING)
 
-                async def announce(i: int, j: int, step: str) -> None:
+                async def announce(i: int, j: int, step: str | None) -> None:
                     async with announcing:
                         await peers[i].announce(
                             cids[i * len(steps) + j], 0, 100 + i, step=step, timeout=600
@@ -223,6 +282,7 @@ async def one_round(
             "cpu_sum_s": sum(cpu),
             "announcements": sent,
             "output": str(result.cid),
+            "leaves": len(views),
         }
     finally:
         for p in procs:
@@ -245,18 +305,29 @@ def report(data: dict[str, Any]) -> str:
         return float(statistics.median(r[key] for r in runs))
 
     rows = []
+    round_label = (  # a tree's root hears no announcement: its clock starts at a leaf's word
+        "round (journals: first word to end)"
+        if data.get("tree")
+        else "round (root: first announcement to end)"
+    )
     for label, key in (
         ("total (a peer holds the round's result)", "total_s"),
-        ("round (root: first announcement to end)", "round_s"),
+        (round_label, "round_s"),
         ("CPU, busiest coordinator", "cpu_max_s"),
         ("CPU, all coordinators", "cpu_sum_s"),
     ):
         a, b = med(split, key), med(single, key)
         rows.append([label, f"{a:.2f}", f"{b:.2f}", f"{a / b:.2f}x"])
     mib = data["peers"] * data["kib"] / 1024
+    shape = (
+        f"a tree of {data['coordinators']} leaves and a root against 1 coordinator, fedavg "
+        "accumulated exactly"
+        if data.get("tree")
+        else f"{data['steps']} steps, {data['coordinators']} coordinators against 1, "
+        f"method {data['method']}"
+    )
     head = (
-        f"{data['peers']} peers x {data['kib']} KiB float32 ({mib:.1f} MiB) in {data['steps']} "
-        f"steps, {data['coordinators']} coordinators against 1, method {data['method']}, "
+        f"{data['peers']} peers x {data['kib']} KiB float32 ({mib:.1f} MiB), {shape}, "
         f"median of {data['repeat']}; Kubo {data['kubo']}, {os.cpu_count()} cores, "
         f"load {data['machine']['loadavg']}"
     )
@@ -272,15 +343,22 @@ def main() -> None:
     parser.add_argument("--coordinators", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--method", default="fedavg")
+    parser.add_argument(
+        "--tree",
+        action="store_true",
+        help="split by peer groups: --coordinators leaves and a root, fedavg accumulated exactly",
+    )
     parser.add_argument("--keep", help="keep each run's coordinator logs and state in this folder")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--kubo", help="Kubo binary (default: $GRADSTORE_KUBO, PATH, cache)")
     args = parser.parse_args()
-    if args.coordinators > args.steps:
+    if args.tree:
+        args.steps, args.method = 1, "fedavg"  # one tensor per peer: no steps in a tree job
+    elif args.coordinators > args.steps:
         parser.error("--coordinators must not exceed --steps (each owns a step)")
     grads = make_gradients(args)
-    owners = coordinator_keys(args.coordinators)
-    daemons = start_daemons(kubo_binary(args.kubo), args.coordinators + 2, connect=True)
+    owners = coordinator_keys(args.coordinators + (1 if args.tree else 0))  # + the root
+    daemons = start_daemons(kubo_binary(args.kubo), len(owners) + 2, connect=True)
     runs: dict[str, list[dict[str, Any]]] = {"split": [], "single": []}
     try:
         version = daemons[0].run("version", "--number").stdout.decode().strip()
@@ -299,6 +377,7 @@ def main() -> None:
         "kib": args.kib,
         "steps": args.steps,
         "coordinators": args.coordinators,
+        "tree": args.tree,
         "repeat": args.repeat,
         "method": args.method,
         "kubo": version,

@@ -48,6 +48,15 @@ from ._methods import fedavg, krum, mean, median, multikrum, sum_, trimmed_mean,
 from ._params import CLIP_PARAMETERS, METHODS, AggregationParams, parameter_names
 from ._partials import aggregate_partials, group_coefficients, splittable
 from ._streamed import InMemory, InputSource, aggregate_streamed, exact_partial_streamed
+from ._tree import (
+    Partial,
+    as_document,
+    check_partial_tensors,
+    combine_partials,
+    linear_terms,
+    partial_limits,
+    partial_sums,
+)
 
 __all__ = [
     "CLIP_PARAMETERS",
@@ -65,6 +74,7 @@ __all__ = [
     "Layout",
     "NormSum",
     "OutputClip",
+    "Partial",
     "SparseInMemory",
     "SparseSource",
     "Tensors",
@@ -72,10 +82,13 @@ __all__ = [
     "aggregate_partials",
     "aggregate_streamed",
     "aggregate_with_info",
+    "as_document",
     "check_partial",
+    "check_partial_tensors",
     "clip_inputs",
     "clip_output",
     "combine_exact",
+    "combine_partials",
     "compressed_norm",
     "compressed_source",
     "exact_combine",
@@ -86,10 +99,13 @@ __all__ = [
     "global_norm",
     "group_coefficients",
     "krum",
+    "linear_terms",
     "mean",
     "median",
     "multikrum",
     "parameter_names",
+    "partial_limits",
+    "partial_sums",
     "prepare",
     "splittable",
     "sum_",

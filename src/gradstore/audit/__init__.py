@@ -15,7 +15,13 @@ from ._population import (
     verify_decision,
     verify_population,
 )
-from ._records import check_expected, fetch_any_record, fetch_record, fetch_step_record
+from ._records import (
+    check_expected,
+    fetch_any_record,
+    fetch_record,
+    fetch_step_record,
+    fetch_with,
+)
 from ._round import (
     AnyRoundReport,
     RoundReport,
@@ -26,15 +32,18 @@ from ._round import (
     verify_round,
 )
 from ._steps import SteppedRoundReport, StepReport, verify_step, verify_stepped_record
+from ._tree import PartialReport, TreeRoundReport, verify_partial, verify_tree_record
 
 __all__ = [
     "AnyRoundReport",
     "AuditError",
     "CidReport",
+    "PartialReport",
     "PopulationReport",
     "RoundReport",
     "StepReport",
     "SteppedRoundReport",
+    "TreeRoundReport",
     "aggregate_meta",
     "check_expected",
     "fetch_any_record",
@@ -42,14 +51,17 @@ __all__ = [
     "fetch_population_record",
     "fetch_record",
     "fetch_step_record",
+    "fetch_with",
     "recompute_output",
     "verify_any_record",
     "verify_cid",
     "verify_decision",
     "verify_history",
+    "verify_partial",
     "verify_population",
     "verify_record",
     "verify_round",
     "verify_step",
     "verify_stepped_record",
+    "verify_tree_record",
 ]

@@ -30,6 +30,7 @@ from ..format import DocumentHeader, Gradient, encode
 from ..messages import (
     RECORD_TYPE,
     RECORD_TYPE_CODECS,
+    PartialRecord,
     RecordInput,
     RoundRecord,
     StepRecord,
@@ -53,8 +54,9 @@ from ..store import (
 )
 from ._cid import fetch_with_header
 
-Aggregated: TypeAlias = RoundRecord | StepRecord
-"""A record of one aggregation: a round's (round/2-4) or a step's (step/1)."""
+Aggregated: TypeAlias = RoundRecord | StepRecord | PartialRecord
+"""A record of one aggregation: a round's (round/2-4), a step's (step/1) or a group's
+partial (partial/1, whose output ``audit._tree`` re-derives)."""
 
 OnInput: TypeAlias = Callable[[RecordInput, DocumentHeader], None]
 """A further check of one input, given its document's header (a step's tensors)."""

@@ -23,19 +23,23 @@ from ..errors import (
 )
 from ..messages import (
     RECORD_TYPE_STEPPED,
+    TREE_RECORD_TYPE,
     RoundRecord,
     SteppedRoundRecord,
     StepRecord,
+    TreeRecord,
     decode_record,
     decode_step_record,
     decode_stepped_record,
+    decode_tree_record,
 )
 from ..node import Node
 from ._cid import parse_cid
 
 T = TypeVar("T")
-AnyRoundRecord: TypeAlias = RoundRecord | SteppedRoundRecord
-"""A round's record: round/2-4 (one aggregation) or round/5 (a stepped round)."""
+AnyRoundRecord: TypeAlias = RoundRecord | SteppedRoundRecord | TreeRecord
+"""A round's record: round/2-4 (one aggregation), round/5 (a stepped round) or tree/1 (a
+round combined from groups' partials)."""
 
 
 async def _fetch(
@@ -61,6 +65,13 @@ async def _fetch(
         raise AuditError(check, f"{what} {rcid}: {exc}") from exc
 
 
+async def fetch_with(
+    node: Node, cid: CID | str, what: str, decode: Callable[[bytes, CID], T]
+) -> tuple[CID, T]:
+    """Fetch a record (``what``, in messages) and ``decode`` it: the record-* checks."""
+    return await _fetch(node, cid, what, decode)
+
+
 async def fetch_record(node: Node, cid: CID | str) -> tuple[CID, RoundRecord]:
     """Fetch a round/2-4 record; check its hash, schema and the coordinator's signature.
 
@@ -71,7 +82,8 @@ async def fetch_record(node: Node, cid: CID | str) -> tuple[CID, RoundRecord]:
 
 
 async def fetch_any_record(node: Node, cid: CID | str) -> tuple[CID, AnyRoundRecord]:
-    """:func:`fetch_record` of a round/2-4 or a round/5 (stepped) record, by its ``type``."""
+    """:func:`fetch_record` of a round/2-4, a round/5 (stepped) or a tree/1 record, by its
+    ``type``."""
     return await _fetch(node, cid, "round record", _decode_any)
 
 
@@ -82,6 +94,8 @@ def _decode_any(data: bytes, cid: CID) -> AnyRoundRecord:
         node = None  # decode_record says what is wrong with it
     if isinstance(node, dict) and node.get("type") == RECORD_TYPE_STEPPED:
         return decode_stepped_record(data, cid=cid)
+    if isinstance(node, dict) and node.get("type") == TREE_RECORD_TYPE:
+        return decode_tree_record(data, cid=cid)
     return decode_record(data, cid=cid)
 
 

@@ -22,13 +22,14 @@ from ..aggregate import aggregate_with_info
 from ..dag import CID, file_cid
 from ..errors import AggregationError, AuditError
 from ..format import CompressedGradient, Gradient, encode
-from ..messages import RoundRecord, SteppedRoundRecord
+from ..messages import RoundRecord, SteppedRoundRecord, TreeRecord
 from ..messages import aggregate_meta as _aggregate_meta
 from ..node import Node
 from ..store import ByteProgress, GradientStore
 from ._checks import UNSUPPORTED, record_params, rederive
 from ._records import check_expected, fetch_any_record
 from ._steps import SteppedRoundReport, verify_stepped_record
+from ._tree import TreeRoundReport, verify_tree_record
 
 
 @dataclass(frozen=True)
@@ -50,8 +51,9 @@ class RoundReport:
         return self.record.round
 
 
-AnyRoundReport: TypeAlias = RoundReport | SteppedRoundReport
-"""What auditing a round gives: a round/2-4 record's report, or a stepped round's."""
+AnyRoundReport: TypeAlias = RoundReport | SteppedRoundReport | TreeRoundReport
+"""What auditing a round gives: a round/2-4 record's report, a stepped round's or a tree
+round's."""
 
 
 def aggregate_meta(record: RoundRecord) -> dict[str, Any]:
@@ -108,13 +110,16 @@ async def verify_record(
 async def verify_any_record(
     store: GradientStore,
     rcid: CID,
-    record: RoundRecord | SteppedRoundRecord,
+    record: RoundRecord | SteppedRoundRecord | TreeRecord,
     *,
     progress: ByteProgress | None = None,
 ) -> AnyRoundReport:
-    """:func:`verify_record` of a round/2-4 record, ``verify_stepped_record`` of a round/5."""
+    """:func:`verify_record` of a round/2-4 record, ``verify_stepped_record`` of a round/5,
+    ``verify_tree_record`` of a tree/1."""
     if isinstance(record, SteppedRoundRecord):
         return await verify_stepped_record(store, rcid, record, progress=progress)
+    if isinstance(record, TreeRecord):
+        return await verify_tree_record(store, rcid, record, progress=progress)
     return await verify_record(store, rcid, record, progress=progress)
 
 

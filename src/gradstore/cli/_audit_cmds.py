@@ -16,6 +16,7 @@ from ..audit import (
     RoundReport,
     SteppedRoundReport,
     StepReport,
+    TreeRoundReport,
     verify_cid,
     verify_history,
     verify_round,
@@ -123,9 +124,38 @@ def _stepped_lines(r: SteppedRoundReport, coordinator: str | None) -> list[str]:
     return lines
 
 
+def _tree_lines(r: TreeRoundReport, coordinator: str | None) -> list[str]:
+    """A verified tree round: a line per closed group, one per failed group, the round's."""
+    rec = r.record
+    lines = [
+        printable(
+            f"ok group {g.record.group} of round {rec.round} of job {rec.job}: partial record "
+            f"{g.record_cid} signed by its leaf {g.record.coordinator}, {g.inputs} inputs "
+            f"re-fetched and verified ({g.input_bytes} tensor bytes), exact partial sums "
+            f"recomputed and partial {g.record.output} matches"
+        )
+        for g in r.groups
+    ]
+    lines += [
+        printable(f"note: group {group} of round {rec.round} failed ({why}): not in the output")
+        for group, why in r.failed
+    ]
+    lines.append(
+        printable(
+            f"ok round {rec.round} of job {rec.job}: record {r.record_cid} ({rec.type}) "
+            f"{_signed(coordinator)}, {len(r.groups)} group(s) audited"
+            f"{f' and {len(r.failed)} failed' if r.failed else ''}, their partials combined "
+            f"({rec.method}) and output {rec.output} matches"
+        )
+    )
+    return lines
+
+
 def _lines(r: AnyRoundReport, coordinator: str | None) -> list[str]:
     if isinstance(r, SteppedRoundReport):
         return _stepped_lines(r, coordinator)
+    if isinstance(r, TreeRoundReport):
+        return _tree_lines(r, coordinator)
     return [_round_line(r, coordinator)]
 
 

@@ -23,6 +23,7 @@ from typing import TextIO
 
 from ..coordinator import Coordinator, Journal, RoundOutcome, RoundProgress, format_outcome
 from ..coordinator.spill import SpillDir
+from ..coordinator.tree import TreeRoot
 from ..job import JobConfig, load_job
 from ..messages import SigningKey
 from . import _exit
@@ -139,13 +140,7 @@ def _next_state(state: Path) -> Path:
     return state.parent / f"{stem}-{n}"
 
 
-def cmd_coordinator(args: argparse.Namespace) -> int:
-    config = load_job(args.config)
-    if config.population is not None:  # the coordinator's role in a population job
-        from ._population_cmds import cmd_population_controller
-
-        return cmd_population_controller(args, config)
-    key = SigningKey.load(args.key)
+def _logging(args: argparse.Namespace) -> None:
     level = (
         logging.WARNING
         if args.verbose == 0
@@ -156,6 +151,57 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+
+
+def _run_tree_root(args: argparse.Namespace, config: JobConfig, key: SigningKey) -> int:
+    """The root of a tree job: hears the leaves, combines their partials (``TreeRoot``)."""
+    state = Path(args.state) if args.state else Path("gradstore-state") / config.job
+
+    def report(outcome: RoundOutcome) -> None:
+        print(format_outcome(outcome), flush=True)
+
+    async def run() -> TreeRoot:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        node = pinned_through(node_from_args(args), config)
+        try:
+            print(f"tree root {key.did} for job {config.job} on {node.name}", file=sys.stderr)
+            root = TreeRoot(config, key, node, state, on_round=report)
+            await root.run(stop)
+            return root
+        finally:
+            await node.aclose()
+
+    root = asyncio.run(run())
+    count = config.rounds.count
+    if count == 0 or root.round < count:
+        return _exit.INTERRUPTED
+    failed = [o for o in root.outcomes if o.status == "failed"]
+    if failed:
+        raise _exit.RoundsFailedError(
+            f"{len(failed)} of {len(root.outcomes)} round(s) of job {config.job} failed; "
+            f"round {failed[0].round}: {failed[0].reason}"
+        )
+    return _exit.SUCCESS
+
+
+def cmd_coordinator(args: argparse.Namespace) -> int:
+    config = load_job(args.config)
+    if config.population is not None:  # the coordinator's role in a population job
+        from ._population_cmds import cmd_population_controller
+
+        return cmd_population_controller(args, config)
+    key = SigningKey.load(args.key)
+    if config.tree:  # docs/design/multicoord.md: a leaf runs its group, the root combines
+        led = config.group_led_by(key.did)
+        if led is not None:
+            config = config.group_view(led.name)
+        elif key.did == config.coordinator:
+            _logging(args)
+            return _run_tree_root(args, config, key)
+    _logging(args)
     state = Path(args.state) if args.state else Path("gradstore-state") / config.job
     done = finished_job(state, config, key.did)
     if done is not None:

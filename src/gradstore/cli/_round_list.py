@@ -17,11 +17,24 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..audit import AuditError, check_expected, fetch_any_record, fetch_step_record
+from ..audit import (
+    AuditError,
+    check_expected,
+    fetch_any_record,
+    fetch_step_record,
+    fetch_with,
+)
 from ..dag import CID
 from ..errors import CoordinatorError, MessageError
 from ..job import JobConfig, load_job
-from ..messages import RoundRecord, SteppedRoundRecord, check_step_of
+from ..messages import (
+    RoundRecord,
+    SteppedRoundRecord,
+    TreeRecord,
+    check_partial_of,
+    check_step_of,
+    decode_partial_record,
+)
 from ..node import Node
 from ..peer import CoordinatorListener
 from . import _exit
@@ -135,7 +148,7 @@ async def walk(
     checked as the module docstring says."""
     out: list[ListedRound] = []
     pinned = (None, None) if config is None else (config.coordinator, config.job)
-    newer: RoundRecord | SteppedRoundRecord | None = None
+    newer: RoundRecord | SteppedRoundRecord | TreeRecord | None = None
     next_cid: CID | str | None = head
     while next_cid is not None and (limit is None or len(out) < limit):
         what = f"round record {next_cid} from {node.name}"
@@ -146,6 +159,8 @@ async def walk(
             _check_link(rcid, record, newer)
         if isinstance(record, SteppedRoundRecord):
             out.append(await _stepped(node, rcid, record, timeout))
+        elif isinstance(record, TreeRecord):
+            out.append(await _tree(node, rcid, record, timeout))
         else:
             out.append(_plain(rcid, record))
         newer, next_cid = record, record.prev
@@ -153,7 +168,9 @@ async def walk(
 
 
 def _check_link(
-    rcid: CID, record: RoundRecord | SteppedRoundRecord, newer: RoundRecord | SteppedRoundRecord
+    rcid: CID,
+    record: RoundRecord | SteppedRoundRecord | TreeRecord,
+    newer: RoundRecord | SteppedRoundRecord | TreeRecord,
 ) -> None:
     """A ``prev`` must name an earlier round of the same job, run and coordinator."""
     check_expected(rcid, record, newer.coordinator, newer.job)
@@ -179,6 +196,39 @@ def _plain(rcid: CID, record: RoundRecord) -> ListedRound:
         None if record.prev is None else str(record.prev),
         record.method,
         tuple(i.peer for i in record.inputs),
+    )
+
+
+async def _tree(node: Node, rcid: CID, record: TreeRecord, timeout: float | None) -> ListedRound:
+    """A tree round: every peer of its closed groups' partial records (each checked)."""
+    peers: list[str] = []
+    for entry in record.groups:
+        if entry.record is None:
+            continue
+        what = f"partial record {entry.record} from {node.name}"
+        pcid, partial = await Patience(what, timeout).run(
+            fetch_with(
+                node,
+                entry.record,
+                f"partial record of group {entry.group!r}",
+                lambda data, c: decode_partial_record(data, cid=c),
+            )
+        )
+        try:
+            check_partial_of(record, entry, pcid, partial)
+        except MessageError as exc:
+            raise AuditError("group-link", f"round {record.round} record {rcid}: {exc}") from exc
+        peers += [i.peer for i in partial.inputs]
+    return ListedRound(
+        record.job,
+        record.coordinator,
+        record.round,
+        record.type,
+        str(rcid),
+        str(record.output),
+        None if record.prev is None else str(record.prev),
+        record.method,
+        tuple(sorted(peers)),
     )
 
 

@@ -7,7 +7,9 @@ peers hear?); ``service`` runs the tasks that wait for I/O, hand each event to t
 and apply the effects it returns (``effects``); ``inputs`` verifies one input, ``closing``
 stores a round's (or a step's) aggregate and record, and ``closer`` closes each step of a
 round on its own and then the round; ``steps`` names a job's steps as the coordinator runs
-them; ``journal`` makes it all durable.
+them; ``journal`` makes it all durable. A tree job's root is ``tree.TreeRoot`` (its
+decisions ``tree_state``'s); its leaves are ``Coordinator``s closing into partial records
+(``partial``).
 ``kernel`` is the part of them that any round runner uses (Flower's strategy does): it is
 all exported here.
 """
@@ -38,6 +40,7 @@ from .progress import RoundProgress
 from .rounds import PeerState, RoundBook, Slot
 from .service import Coordinator
 from .state import CoordinatorState, Effects
+from .tree import TreeRoot
 
 #: The earlier public name of ``RoundProgress``: each meaning of progress has a name of its own
 #: (``gradstore.store.ByteProgress``, ``gradstore.demo.DemoProgressBar``).
@@ -62,6 +65,7 @@ __all__ = [
     "RoundProgress",
     "Schema",
     "Slot",
+    "TreeRoot",
     "Verdict",
     "VerifiedInput",
     "admit",

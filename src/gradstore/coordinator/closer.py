@@ -29,6 +29,7 @@ from ..errors import (
     AggregationError,
     AssemblyError,
     LimitExceededError,
+    MessageError,
     NodeError,
     Reason,
     ReplicationError,
@@ -40,6 +41,7 @@ from ..messages import (
     SigningKey,
     SteppedRoundRecord,
     StepRecord,
+    decode_partial_record,
     decode_record,
     decode_step_record,
     decode_stepped_record,
@@ -52,6 +54,7 @@ from .closing import Closed, close_round, put_record, with_retries
 from .effects import Effects, Judged, schema_key
 from .journal import Journal
 from .outcome import RoundOutcome, format_outcome
+from .partial import close_partial
 from .rounds import RoundBook
 from .spill import SpillDir
 from .state import CoordinatorState, StepDone
@@ -100,7 +103,8 @@ class Closer:
             outcome = await self._fail(judged, judged.failure)
         else:
             try:
-                closed = await close_round(
+                close = close_round if self.config.group is None else close_partial
+                closed = await close(
                     self.config,
                     self.key,
                     self.node,
@@ -308,7 +312,10 @@ async def read_result(node: Node, cid: CID, *, stepped: bool) -> Announced:
     their methods and peers."""
     data = await with_retries(f"reading round record {cid}", partial(node.get_block, cid))
     if not stepped:
-        return Announced.of(decode_record(data, cid=cid), str(cid))
+        try:
+            return Announced.of(decode_record(data, cid=cid), str(cid))
+        except MessageError:  # a tree leaf's round: its partial record
+            return Announced.of(decode_partial_record(data, cid=cid), str(cid))
     record = decode_stepped_record(data, cid=cid)
     steps = []
     for entry in record.steps:

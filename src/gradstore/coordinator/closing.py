@@ -33,6 +33,7 @@ from ..errors import CoordinatorError, DAGError, NodeError, NodeUnreachableError
 from ..format import CompressedGradient, Gradient
 from ..job import JobConfig, StepConfig
 from ..messages import (
+    PartialRecord,
     RecordExclusion,
     RecordInput,
     RoundRecord,
@@ -70,7 +71,7 @@ class Closed:
     """What a closed round (or step: a ``StepRecord``) stored."""
 
     output: CID
-    record: RoundRecord | StepRecord
+    record: RoundRecord | StepRecord | PartialRecord
     record_cid: CID
     stats: dict[str, Any]
 
@@ -164,23 +165,8 @@ async def close_round(
     sources: list[InputSource] = []
     pool = ReadAheadPool()  # the inputs read back from the node share its memory
     try:
-        for item in verified:
-            spilled = _spilled(item)
-            if isinstance(item.gradient, CompressedGradient):
-                sources.append(compressed_source(item.gradient))
-            elif item.gradient is not None:
-                sources.append(InMemory(item.gradient.tensors))
-            elif spilled is not None:  # its verified bytes, from our spill file
-                sources.append(spilled)
-            else:  # read back from our node (pinned there), range by range, hashed again
-                sources.append(
-                    await with_retries(
-                        f"opening {item.cid}",
-                        _opener(node, item, store.limits.max_bytes, pool),
-                        give_up_after=give_up_after,
-                    )
-                )
-        layout = Layout.of((t.name, t.array_dtype, t.shape) for t in verified[0].tensors.values())
+        await open_sources(sources, node, store, verified, give_up_after, pool)
+        layout = input_layout(verified)
         norms = None if params.clip_input_norm is None else [i.norm or 0.0 for i in verified]
         samples = [i.num_samples for i in verified]
         spills = sum(isinstance(getattr(s, "document", None), SpilledDocument) for s in sources)
@@ -193,10 +179,7 @@ async def close_round(
         )
         result, info = await aggregate_streamed(sources, layout, params, samples, norms=norms)
     finally:
-        for source in sources:
-            document = getattr(source, "document", None)
-            if isinstance(document, SpilledDocument | ReadAhead):
-                document.close()
+        close_sources(sources)
         del sources
     stats["aggregate_s"] = round(time.perf_counter() - t0, 3)
     stats["spilled_inputs"] = spills
@@ -257,6 +240,49 @@ async def close_round(
     await put_record(node, record_cid, record_bytes, what, give_up_after=give_up_after)
     stats["store_s"] = round(time.perf_counter() - t0, 3)
     return Closed(output, record, record_cid, stats)
+
+
+def input_layout(verified: Sequence[VerifiedInput]) -> Layout:
+    """The tensors the inputs share (the first's: they were verified against one schema)."""
+    return Layout.of((t.name, t.array_dtype, t.shape) for t in verified[0].tensors.values())
+
+
+async def open_sources(
+    sources: list[InputSource],
+    node: Node,
+    store: GradientStore,
+    verified: Sequence[VerifiedInput],
+    give_up_after: float,
+    pool: ReadAheadPool | None = None,
+) -> None:
+    """Append to ``sources`` one source per input (in ``verified``'s order): in memory, its
+    spill file, or read back from our node (pinned there), range by range read ahead within
+    ``pool``'s memory, hashed again; ``close_sources`` closes them, whatever happened."""
+    pool = ReadAheadPool() if pool is None else pool
+    for item in verified:
+        spilled = _spilled(item)
+        if isinstance(item.gradient, CompressedGradient):
+            sources.append(compressed_source(item.gradient))
+        elif item.gradient is not None:
+            sources.append(InMemory(item.gradient.tensors))
+        elif spilled is not None:  # its verified bytes, from our spill file
+            sources.append(spilled)
+        else:
+            sources.append(
+                await with_retries(
+                    f"opening {item.cid}",
+                    _opener(node, item, store.limits.max_bytes, pool),
+                    give_up_after=give_up_after,
+                )
+            )
+
+
+def close_sources(sources: Sequence[InputSource]) -> None:
+    """Close the spill files and node read-aheads ``open_sources`` opened."""
+    for source in sources:
+        document = getattr(source, "document", None)
+        if isinstance(document, SpilledDocument | ReadAhead):
+            document.close()
 
 
 async def put_record(

@@ -41,6 +41,15 @@ def format_outcome(outcome: RoundOutcome) -> str:
             f"{what} closed: {counts}, {len(outcome.peers)} peers, "
             f"model output {outcome.output} record {outcome.record}"
         )
+    if "groups" in s:  # a tree round, at its root
+        groups = s["groups"]
+        counts = f"{groups.get('completed', 0)}/{groups['total']} groups closed"
+        if outcome.status == "failed":
+            return f"{what} failed: {outcome.reason} ({counts})"
+        return (
+            f"{what} closed: {counts}, {len(outcome.peers)} peers, "
+            f"output {outcome.output} record {outcome.record}"
+        )
     counts = f"{s.get('verified', 0)}/{s.get('expected', 0)} verified"
     if outcome.status == "failed":
         return f"{what} failed: {outcome.reason} ({counts})"

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..dag import CID
 from ..errors import ConfigError, CoordinatorError, IntegrityError, MessageError, NodeError
-from ..job import JobConfig
+from ..job import JobConfig, topics
 from ..messages import Result, Status, decode_step_record, verify_message
 from ..node import Node, follow
 from ._tasks import until
@@ -61,7 +61,7 @@ class SplitSteps(Closer):
         """The run id: the journal's (drawn on first use); at an owner that is not the root,
         the root's, heard from its signed status first ("" if ``stop`` came before)."""
         run = journal.bind(self.config.job, self.key.did)
-        if self.state.steps.root:
+        if self.state.steps.root and self.config.root is None:  # not a tree's leaf
             return run
         adopted = await adopt_run(self.node, self.config, stop, self.clock)
         if adopted is None:
@@ -73,7 +73,7 @@ class SplitSteps(Closer):
                     f"{self.config.coordinator} runs {adopted}: use another --state"
                 )
             journal.set_meta("run", adopted)
-        log.info("run %s, the job's coordinator's (it combines the steps)", adopted)
+        log.info("run %s, the job's coordinator's (it combines the parts)", adopted)
         return adopted
 
     async def _remote(self) -> None:
@@ -81,6 +81,9 @@ class SplitSteps(Closer):
         root, the other owners' signed step results and failures
         (``remote.check_remote_step``); at another owner, the root's round results, after
         which its steps of that round are no longer repeated (``root_heard``)."""
+        if self.config.root is not None:  # a tree's leaf: the root's result on our topic
+            await self._hear_root()
+            return
         if not self.state.steps.others:
             return
         cfg = self.config
@@ -118,12 +121,32 @@ class SplitSteps(Closer):
                     self._remote_reads.add(at)
                     self._tg.create_task(self._read_remote(parsed), name="coordinator-remote")
 
+    async def _hear_root(self) -> None:
+        """At a tree's leaf (docs/design/multicoord.md): the root's round results on the
+        group's results topic (``root_heard``), which end its wait after its last round."""
+        cfg = self.config
+        async with self.node.subscribe(cfg.results_topic) as sub:
+            async for msg in follow(self.node, sub):
+                try:  # a result passes only signed by the root (our own do not)
+                    parsed = verify_message(
+                        msg.data,
+                        job=cfg.job,
+                        coordinator=cfg.coordinator,
+                        peers=cfg.roster,
+                        results_by=cfg.root,
+                    )
+                except MessageError:
+                    continue
+                if isinstance(parsed, Result) and parsed.run == self.state.run_id:
+                    self.state.root_heard(parsed.round)
+                    self._root_news.set()
+
     async def _until_root(self, stop: asyncio.Event) -> None:
-        """At an owner that is not the root, after its last round: keep answering its
-        steps' peers until the root's result (or failure) of that round is heard, at most
+        """At an owner that is not the root (or a tree's leaf), after its last round: keep
+        answering its peers until the root's result (or failure) of that round is heard, at most
         the job's longest step deadline plus the close retries (the root's own bound)."""
         last = self.state.round - 1
-        if self.state.steps.root or last < 0:
+        if (self.state.steps.root and self.config.root is None) or last < 0:
             return
         bound = max(s.deadline_s for s in self.config.steps) + self.close_retry_s
         end = self.clock() + bound
@@ -164,11 +187,13 @@ async def adopt_run(
     node: Node, config: JobConfig, stop: asyncio.Event, clock: Callable[[], float]
 ) -> str | None:
     """The run id of the job's coordinator (the root), from its next signed, fresh status
-    or result on the results topic (docs/design/multicoord.md: one run per job run, the
-    root's); None if ``stop`` is set first."""
+    or result on the job's results topic (docs/design/multicoord.md: one run per job run,
+    the root's; a tree's leaf, whose ``config`` is its group's view, hears its ``root``
+    there); None if ``stop`` is set first."""
     skew_ms = config.messages.max_clock_skew_s * 1000
-    log.info("waiting for the run of the job's coordinator %s", config.coordinator)
-    async with node.subscribe(config.results_topic) as sub:
+    root = config.root or config.coordinator
+    log.info("waiting for the run of the job's coordinator %s", root)
+    async with node.subscribe(topics(config.job)[1]) as sub:
         heard = asyncio.ensure_future(_first_run(node, sub, config, skew_ms, clock))
         stopped = asyncio.ensure_future(stop.wait())
         try:
@@ -183,11 +208,12 @@ async def adopt_run(
 async def _first_run(
     node: Node, sub: Any, config: JobConfig, skew_ms: float, clock: Callable[[], float]
 ) -> str:
+    root = config.root or config.coordinator
     async for msg in follow(node, sub):
         try:  # no owners: only the root's own signature passes
-            parsed = verify_message(msg.data, job=config.job, coordinator=config.coordinator)
+            parsed = verify_message(msg.data, job=config.job, coordinator=root)
         except MessageError:
             continue
         if isinstance(parsed, Status | Result) and abs(parsed.sent_at - clock() * 1000) <= skew_ms:
             return parsed.run
-    raise CoordinatorError(f"the subscription to {config.results_topic} ended")
+    raise CoordinatorError(f"the subscription to {topics(config.job)[1]} ended")

@@ -40,6 +40,7 @@ from ..job import JobConfig
 from ..messages import (
     MAX_MESSAGE_BYTES,
     Announce,
+    PartialRecord,
     Result,
     RoundRecord,
     Status,
@@ -827,7 +828,7 @@ class CoordinatorState:
         closed = [d.result for d in self.round_steps(round_) if d.result is not None]
         return Announced.of_steps(str(record), str(output), closed)
 
-    def announce_result(self, record: RoundRecord | Announced, cid: CID) -> None:
+    def announce_result(self, record: RoundRecord | PartialRecord | Announced, cid: CID) -> None:
         """``record`` is durable: the head of the history, and the result the beacon repeats.
         A stepped round's steps are no longer repeated: its round/5 record links each step's
         record, where a peer that missed a step's result reads it."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..messages import Result, Roster, RoundRecord, Status, StepRecord, shorten
+from ..messages import PartialRecord, Result, Roster, RoundRecord, Status, StepRecord, shorten
 from .rounds import PeerState, RoundBook
 
 
@@ -65,8 +65,9 @@ class Announced:
     peers: tuple[str, ...]
 
     @classmethod
-    def of(cls, record: RoundRecord | StepRecord, record_cid: str) -> Announced:
-        """The result of a round/4 record, or of a step record (``step`` set)."""
+    def of(cls, record: RoundRecord | StepRecord | PartialRecord, record_cid: str) -> Announced:
+        """The result of a round/4 record, of a step record (``step`` set), or of a tree
+        leaf's partial record (what its group closed into)."""
         return cls(
             record.job,
             record.run,

@@ -12,6 +12,7 @@ from ._config import (
     parse_job,
     topics,
 )
+from ._groups import EXACT, MAX_GROUPS, GroupConfig
 from ._pinning import PinningConfig
 from ._pipeline import PipelineConfig, StageConfig
 from ._population import PopulationConfig
@@ -19,8 +20,11 @@ from ._steps import DEFAULT_STEP, MAX_STEPS, Selector, StepConfig, StepsPlan, re
 
 __all__ = [
     "DEFAULT_STEP",
+    "EXACT",
+    "MAX_GROUPS",
     "MAX_STEPS",
     "Aggregation",
+    "GroupConfig",
     "InputsConfig",
     "JobConfig",
     "MessagesConfig",

@@ -22,6 +22,11 @@ peers = ["did:key:z6Mk...", ...]
 [population]    optional: population-based training over the peers (``_population``)
 [[stages]]      optional: model-parallel (pipeline) training, each stage a step (``_pipeline``)
 [pipeline]      optional with [[stages]]: micro_batches, in_flight, deadline_s
+[[groups]]      optional: a tree by peer groups (docs/design/multicoord.md): name, coordinator
+                (the group's leaf), peers (each job peer in exactly one group), quorum
+                (default: min(rounds.quorum, its peers)); the job's coordinator is the root.
+                A linear method with accumulate = "exact" only, no clipping, no [[steps]]
+                (``_groups``).
 [pinning]       optional: cluster (REST API URL), replication_min, replication_max, wait_s:
                 what a round keeps is pinned through IPFS Cluster (``_pinning``)
 """
@@ -44,6 +49,7 @@ from ..format import DTYPES, Limits
 from ..messages import Roster, public_key_from_did
 from ..messages.schema import JOB_NAME
 from ._aggregation import Aggregation, aggregation_keys, check_sizes, parse_aggregation
+from ._groups import GroupConfig, parse_groups, tree_problem
 from ._pinning import PinningConfig, parse_pinning
 from ._pipeline import PipelineConfig, parse_pipeline, stages_as_steps
 from ._population import PopulationConfig, parse_population
@@ -117,6 +123,12 @@ class JobConfig:
     pipeline: PipelineConfig | None = None
     #: Pin what rounds keep through IPFS Cluster (``[pinning]``), or None: the node alone.
     pinning: PinningConfig | None = None
+    #: A tree by peer groups (``[[groups]]``): each group's leaf, its peers; () for none.
+    groups: tuple[GroupConfig, ...] = ()
+    #: In one group's view of a tree job (``group_view``): the group's name, else None.
+    group: str | None = None
+    #: In one group's view of a tree job: the tree's root (the job file's coordinator).
+    root: str | None = None
 
     def __post_init__(self) -> None:
         if not self.steps or (len(self.steps) == 1 and self.steps[0].covers_all):
@@ -134,7 +146,7 @@ class JobConfig:
     def coordinators(self) -> tuple[str, ...]:
         """Every coordinator that owns a step: the job's (the root) first, then the others
         in the order their first step is listed. One, for a job not split among several."""
-        found = [self.coordinator]
+        found = [self.coordinator, *(g.coordinator for g in self.groups)]
         for step in self.steps:
             if step.coordinator is not None and step.coordinator not in found:
                 found.append(step.coordinator)
@@ -182,16 +194,53 @@ class JobConfig:
 
     @property
     def gradients_topic(self) -> str:
-        return topics(self.job)[0]
+        return topics(self.job, self.group)[0]
 
     @property
     def results_topic(self) -> str:
-        return topics(self.job)[1]
+        return topics(self.job, self.group)[1]
+
+    @property
+    def tree(self) -> bool:
+        """Whether the job is a tree by peer groups (``[[groups]]``), seen whole."""
+        return bool(self.groups)
+
+    def group_of(self, peer: str) -> GroupConfig:
+        """The group ``peer`` is in (KeyError: none, or the job has no groups)."""
+        for g in self.groups:
+            if peer in g.peers:
+                return g
+        raise KeyError(peer)
+
+    def group_led_by(self, did: str) -> GroupConfig | None:
+        """The group whose leaf coordinator is ``did`` (None: no group's)."""
+        return next((g for g in self.groups if g.coordinator == did), None)
+
+    def group_view(self, name: str) -> JobConfig:
+        """Group ``name`` of a tree job as a job of its own: what its leaf coordinator runs
+        and its peers use. Its coordinator is the leaf, its peers (and roster) the group's,
+        its topics the group's (``topics(job, group)``), its quorum the group's; ``root``
+        names the tree's root, whose signed result is the round's."""
+        g = next((g for g in self.groups if g.name == name), None)
+        if g is None:
+            raise ConfigError(f"job {self.job!r} has no group {name!r}")
+        return dataclasses.replace(
+            self,
+            coordinator=g.coordinator,
+            peers=g.peers,
+            rounds=dataclasses.replace(self.rounds, quorum=g.quorum),
+            steps=(),
+            groups=(),
+            group=g.name,
+            root=self.coordinator,
+        )
 
 
-def topics(job: str) -> tuple[str, str]:
-    """The pubsub topics of a job: (gradients, results)."""
-    return f"gradstore/v1/{job}/gradients", f"gradstore/v1/{job}/results"
+def topics(job: str, group: str | None = None) -> tuple[str, str]:
+    """The pubsub topics of a job: (gradients, results); a tree job's group has its own
+    (its peers announce to its leaf and hear it there, and the root's result)."""
+    base = f"gradstore/v1/{job}" if group is None else f"gradstore/v1/{job}/group/{group}"
+    return f"{base}/gradients", f"{base}/results"
 
 
 def load_job(path: str | Path) -> JobConfig:
@@ -224,6 +273,7 @@ def parse_job(raw: Mapping[str, Any], source: str = "job") -> JobConfig:
             "stages",
             "pipeline",
             "pinning",
+            "groups",
         },
         "",
     )
@@ -350,6 +400,14 @@ def parse_job(raw: Mapping[str, Any], source: str = "job") -> JobConfig:
         )
     pinning = None if "pinning" not in raw else parse_pinning(raw["pinning"], where)
     steps = _owned(steps, coordinator, where, raw)
+    groups: tuple[GroupConfig, ...] = ()
+    if "groups" in raw:
+        problem = tree_problem(aggregation, raw)
+        if problem is not None:
+            raise where.err(*problem)
+        groups = parse_groups(
+            raw["groups"], where, root=coordinator, peers=peers, quorum=rounds.quorum
+        )
     return JobConfig(
         job=job,
         coordinator=coordinator,
@@ -368,6 +426,7 @@ def parse_job(raw: Mapping[str, Any], source: str = "job") -> JobConfig:
         population=population,
         pipeline=pipeline,
         pinning=pinning,
+        groups=groups,
     )
 
 

@@ -140,12 +140,16 @@ def verify_message(
     peers: Roster | Collection[str] | None = None,
     max_bytes: int = MAX_MESSAGE_BYTES,
     owners: Mapping[str, str] | None = None,
+    results_by: str | None = None,
 ) -> Message:
     """Decode a message and accept it only if it belongs to ``job`` and is signed by the right key.
 
     ``owners`` (a job split among coordinators, docs/design/multicoord.md): the did that
     owns each step another coordinator than ``coordinator`` owns; a status or result of
     such a step must be signed by that owner, every other one by ``coordinator``.
+
+    ``results_by`` (a group of a tree job, docs/design/multicoord.md): the did that signs
+    the round's results (the tree's root); statuses stay ``coordinator``'s (the group's leaf).
 
     An announcement must be signed by its ``peer``, who must be in ``peers``
     when given; a result or status must be signed by ``coordinator`` (they name
@@ -168,6 +172,8 @@ def verify_message(
         signer = coordinator
         if owners and msg.step is not None:
             signer = owners.get(msg.step, coordinator)
+        elif results_by is not None and isinstance(msg, Result) and msg.step is None:
+            signer = results_by
         if not verify_signature(signer, unsigned, signature):
             raise MessageError(
                 Reason.NOT_COORDINATOR,

@@ -58,6 +58,8 @@ class Peer(ResultListener):
     """One peer of a job, over one node. Use as ``async with Peer(...) as peer``.
 
     Without a key it can only await results (they are checked against the job's coordinator).
+    In a tree job (``[[groups]]``) a peer with a key runs in its group's view of the job: it
+    announces to its group's leaf and hears it, and the round's result from the root.
     With ``listener`` (another, entered ``Peer``) it hears the coordinator through that
     peer's subscription instead of its own.
     """
@@ -76,6 +78,8 @@ class Peer(ResultListener):
     ) -> None:
         if key is not None and key.did not in config.roster:
             raise ConfigError(f"{key.did} is not among the job's peers")
+        if key is not None and config.tree:  # a tree job: its group's view (its leaf, topics)
+            config = config.group_view(config.group_of(key.did).name)
         super().__init__(
             config,
             node,

@@ -124,16 +124,23 @@ class CoordinatorListener:
                     coordinator=cfg.coordinator,
                     peers=cfg.roster,
                     owners=cfg.step_owners,
+                    results_by=cfg.root,  # a tree job's group: the root signs the round's
                 )
             except MessageError as exc:  # anyone can publish here: no sender to name
-                if self._ignored.refused(exc.reason, None, time.monotonic()):
+                tree = None if cfg.root is None else _from_tree(msg.data, cfg)
+                if tree is True:
+                    continue  # a tree's leaf's partial result, there for the root: not ours
+                if isinstance(tree, Status):
+                    parsed = tree  # the tree's root says the round failed
+                elif self._ignored.refused(exc.reason, None, time.monotonic()):
                     log.warning(
                         "ignored a message on %s: %s (repeats are summed up every %.0f s)",
                         cfg.results_topic,
                         exc,
                         self._ignored.every_s,
                     )
-                continue
+                if not isinstance(tree, Status):
+                    continue
             if not isinstance(parsed, Status | Result):
                 continue
             if not self._fresh(parsed.sent_at):
@@ -245,3 +252,23 @@ class CoordinatorListener:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(limit):
                         await self._news.wait()
+
+
+def _from_tree(data: bytes, cfg: JobConfig) -> bool | Status:
+    """In a tree job's group view, a message its leaf's statuses and the root's results
+    are not: True for the leaf's own (partial) result, the root's status if it says the
+    round failed (with no step), else False."""
+    try:
+        msg = verify_message(data, job=cfg.job, coordinator=cfg.coordinator)
+    except MessageError:
+        pass
+    else:
+        return isinstance(msg, Result)
+    assert cfg.root is not None
+    try:
+        msg = verify_message(data, job=cfg.job, coordinator=cfg.root, peers=cfg.roster)
+    except MessageError:
+        return False
+    if isinstance(msg, Status) and msg.failed is not None and msg.step is None:
+        return msg
+    return False

@@ -1,0 +1,313 @@
+"""A round shared by coordinators in a two-level tree, on real Kubo daemons
+(docs/design/multicoord.md, "The tree by peer groups"): two leaves each close their group
+into a signed partial record, the root combines them into the flat exact round's output,
+CID for CID, and ``gradstore audit round`` re-derives the whole tree; a SIGKILLed leaf
+costs its group only, named in the record; a leaf that signs a partial that is not its
+inputs' sums is taken by the root and fails the audit by name."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from gradstore.coordinator import Coordinator, Journal, TreeRoot
+from gradstore.coordinator import partial as partial_module
+from gradstore.dag import CID
+from gradstore.errors import RoundFailedError
+from gradstore.format import Gradient
+from gradstore.job import JobConfig, parse_job
+from gradstore.messages import SigningKey, TreeRecord, decode_tree_record
+from gradstore.node import KuboDaemon, KuboNode
+from gradstore.peer import Peer
+
+from .harness import key
+from .test_steps import audit
+
+pytestmark = pytest.mark.kubo
+
+ROOT, LEAF_A, LEAF_B = key(100), key(110), key(111)
+PEERS = sorted((key(i) for i in range(4)), key=lambda k: k.did)
+SAMPLES = [3, 5, 7, 11]
+
+
+def tree_job(*, groups: bool = True, deadline_s: float = 30.0) -> dict[str, Any]:
+    """Four peers, fedavg accumulated exactly; with ``groups``, peers 0-1 in group ``a``
+    (leaf A) and 2-3 in ``b`` (leaf B), each group closing with all its peers."""
+    raw: dict[str, Any] = {
+        "job": "tree-job",
+        "coordinator": ROOT.did,
+        "peers": [k.did for k in PEERS],
+        "aggregation": {"method": "fedavg", "accumulate": "exact"},
+        "rounds": {"count": 1, "quorum": 4, "deadline_s": deadline_s},
+    }
+    if groups:
+        raw["groups"] = [
+            {"name": "a", "coordinator": LEAF_A.did, "peers": [k.did for k in PEERS[:2]]},
+            {"name": "b", "coordinator": LEAF_B.did, "peers": [k.did for k in PEERS[2:]]},
+        ]
+    return raw
+
+
+def job_toml(raw: dict[str, Any], path: Path) -> Path:
+    """``raw`` (``tree_job``'s) as the job file a user writes."""
+
+    def value(v: Any) -> str:
+        if isinstance(v, str):
+            return f'"{v}"'
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        return repr(v)
+
+    lines = [f"{k} = {value(raw[k])}" for k in ("job", "coordinator", "peers")]
+    for table in ("aggregation", "rounds"):
+        lines.append(f"[{table}]")
+        lines += [f"{k} = {value(v)}" for k, v in raw[table].items()]
+    for group in raw["groups"]:
+        lines.append("[[groups]]")
+        lines += [f"{k} = {value(v)}" for k, v in group.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def gradients() -> list[Gradient]:
+    """Values whose float64 sums an ordered accumulation would round differently by group."""
+    rng = np.random.default_rng(2222)
+    return [
+        Gradient(
+            {
+                "w": (rng.standard_normal((16, 9)) * 10.0 ** rng.integers(-6, 6)).astype(
+                    np.float32
+                ),
+                "b": rng.standard_normal(5) * 1e8,
+            }
+        )
+        for _ in PEERS
+    ]
+
+
+def leaf(config: JobConfig, group: str, k: SigningKey, node: KuboNode, state: Path) -> Coordinator:
+    view = config.group_view(group)
+    return Coordinator(view, k, node, state, rebroadcast_s=0.5, linger_s=0, close_retry_s=2.0)
+
+
+def root_of(config: JobConfig, node: KuboNode, state: Path) -> TreeRoot:
+    return TreeRoot(config, ROOT, node, state, rebroadcast_s=0.5, linger_s=0, close_retry_s=2.0)
+
+
+@contextlib.asynccontextmanager
+async def running(c: Coordinator | TreeRoot) -> AsyncIterator[asyncio.Task[Any]]:
+    stop = asyncio.Event()
+    task = asyncio.create_task(c.run(stop))
+    try:
+        yield task
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)  # one that crashed fails the test
+
+
+async def publish(config: JobConfig, node: KuboNode, which: Sequence[int]) -> list[Any]:
+    """Peers ``which`` publish their gradients (each waits until its coordinator verified it),
+    then each awaits the round's result (the root's, in a tree job)."""
+    grads = gradients()
+
+    async def one(i: int) -> Any:
+        async with Peer(config, node, PEERS[i], first_backoff_s=0.3) as peer:
+            await peer.publish(grads[i], 0, SAMPLES[i], timeout=60)
+            return await peer.await_result(0, timeout=60)
+
+    return list(await asyncio.gather(*(one(i) for i in which)))
+
+
+async def tree_record(node: KuboNode, cid: CID) -> TreeRecord:
+    return decode_tree_record(await node.get_block(cid), cid=cid)
+
+
+def test_a_tree_round_gives_the_flat_exact_rounds_output_and_audits(
+    kubo_factory, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    daemons: list[KuboDaemon] = kubo_factory(4, connect=True)
+    tree, flat = parse_job(tree_job()), parse_job(tree_job(groups=False))
+
+    async def go() -> None:
+        root_node, a_node, b_node, peer_node = (d.node() for d in daemons)
+        try:
+            root = root_of(tree, root_node, tmp_path / "root")
+            leaf_a = leaf(tree, "a", LEAF_A, a_node, tmp_path / "a")
+            leaf_b = leaf(tree, "b", LEAF_B, b_node, tmp_path / "b")
+            async with running(root) as root_task, running(leaf_a), running(leaf_b):
+                results = await publish(tree, peer_node, range(4))
+                await asyncio.wait_for(root_task, 60)
+            run = root.run_id
+            assert leaf_a.run_id == leaf_b.run_id == run  # adopted from the root's status
+            # each leaf stayed until it heard the root's result of its last round
+            assert leaf_a.state.root_round == leaf_b.state.root_round == 0
+            record = await tree_record(root_node, root.head)
+            assert [(g.group, g.coordinator, g.failed) for g in record.groups] == [
+                ("a", LEAF_A.did, None),
+                ("b", LEAF_B.did, None),
+            ]
+            assert {r.cid for r in results} == {record.output}  # every peer got the root's
+            assert leaf_a.outcomes[0].record == record.groups[0].record
+            code, report = await audit(daemons[0].api_url, str(root.head), ROOT.did)
+            assert code == 0 and "2 group(s) audited" in report, report
+            listed = await round_list(daemons[0].api_url, str(root.head))
+            assert listed["rounds"][0]["peers"] == sorted(k.did for k in PEERS), listed
+
+            # the same job, flat, accumulated exactly, in the same run: the same output CID
+            with Journal(tmp_path / "flat" / "journal.sqlite") as journal:
+                journal.bind(flat.job, ROOT.did)
+                journal.set_meta("run", run)
+            single = Coordinator(
+                flat, ROOT, root_node, tmp_path / "flat", rebroadcast_s=0.5, linger_s=5
+            )
+            async with running(single):
+                alone = await publish(flat, peer_node, range(4))
+            assert alone[0].cid == record.output
+        finally:
+            for n in (root_node, a_node, b_node, peer_node):
+                await n.aclose()
+
+    asyncio.run(go())
+
+
+async def round_list(api: str, head: str) -> Any:
+    """``gradstore round list HEAD --json``: a tree record's round, its groups' peers."""
+    cmd = [sys.executable, "-m", "gradstore", "round", "list", head, "--json", "--api", api]
+    out = await asyncio.to_thread(subprocess.run, cmd, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return json.loads(out.stdout)
+
+
+def _leaf_process(job: Path, keyfile: Path, api: str, state: Path) -> subprocess.Popen[bytes]:
+    """``gradstore coordinator`` for a leaf's key, in a process of its own."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "gradstore", "coordinator", "--config", str(job)]
+    cmd += ["--key", str(keyfile), "--api", api, "--state", str(state), "-v"]
+    with open(state.with_suffix(".out"), "wb") as out, open(state.with_suffix(".err"), "wb") as err:
+        return subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
+
+
+def test_a_sigkilled_leaf_costs_its_group_only_and_is_named(kubo_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    daemons: list[KuboDaemon] = kubo_factory(4, connect=True)
+    raw = tree_job(deadline_s=4.0)
+    config = parse_job(raw)
+    job = job_toml(raw, tmp_path / "job.toml")
+    keyfile = tmp_path / "leaf-b.key"
+    LEAF_B.save(keyfile)
+
+    async def go() -> None:
+        root_node, a_node, peer_node = daemons[0].node(), daemons[1].node(), daemons[3].node()
+        proc = _leaf_process(job, keyfile, daemons[2].api_url, tmp_path / "b")
+        try:
+            root = root_of(config, root_node, tmp_path / "root")
+            leaf_a = leaf(config, "a", LEAF_A, a_node, tmp_path / "a")
+            async with running(root) as root_task, running(leaf_a):
+                view = config.group_view("b")  # leaf B is up: it listens on its group's topic
+                await peer_node.wait_for_topic_peers(view.gradients_topic, 1, timeout=30)
+                proc.send_signal(signal.SIGKILL)
+                await asyncio.to_thread(proc.wait)
+                results = await publish(config, peer_node, range(2))
+                await asyncio.wait_for(root_task, 60)
+            record = await tree_record(root_node, root.head)
+            a, b = record.groups
+            assert (a.group, a.failed, b.group, b.coordinator, b.record) == (
+                "a",
+                None,
+                "b",
+                LEAF_B.did,
+                None,
+            )
+            assert b.failed is not None and b.failed.startswith(
+                "unavailable: no result from its coordinator"
+            ), b.failed
+            assert LEAF_B.did in b.failed
+            assert root.outcomes[0].status == "closed" and {r.cid for r in results} == {
+                record.output
+            }
+            code, report = await audit(daemons[0].api_url, str(root.head), ROOT.did)
+            assert code == 0 and "group b of round 0 failed" in report, report
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            for n in (root_node, a_node, peer_node):
+                await n.aclose()
+
+    asyncio.run(go())
+
+
+def test_a_lying_leaf_is_taken_by_the_root_and_fails_the_audit_by_name(
+    kubo_factory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    daemons: list[KuboDaemon] = kubo_factory(4, connect=True)
+    config = parse_job(tree_job())
+    honest = partial_module.as_document
+    grads = gradients()
+    b_sum = math.fsum(float(np.float64(SAMPLES[i]) * grads[i].tensors["b"][0]) for i in (2, 3))
+
+    def lying(rows: Any, layout: Any) -> Any:  # validly signed, not its inputs' sums
+        out = honest(rows, layout)
+        if out["b"][0, 0] == b_sum:  # group b's partial (peers 2 and 3)
+            out["b"][0, 0] += 1.0
+        return out
+
+    monkeypatch.setattr(partial_module, "as_document", lying)
+
+    async def go() -> None:
+        root_node, a_node, b_node, peer_node = (d.node() for d in daemons)
+        try:
+            root = root_of(config, root_node, tmp_path / "root")
+            leaf_a = leaf(config, "a", LEAF_A, a_node, tmp_path / "a")
+            leaf_b = leaf(config, "b", LEAF_B, b_node, tmp_path / "b")
+            async with running(root) as root_task, running(leaf_a), running(leaf_b):
+                await publish(config, peer_node, range(4))
+                await asyncio.wait_for(root_task, 60)
+            record = await tree_record(root_node, root.head)
+            assert all(g.failed is None for g in record.groups)  # the root re-derives nothing
+            code, report = await audit(daemons[0].api_url, str(root.head), ROOT.did)
+            assert code != 0, report
+            assert "partial-output" in report and "group 'b'" in report, report
+            assert str(record.groups[1].record) in report, report
+        finally:
+            for n in (root_node, a_node, b_node, peer_node):
+                await n.aclose()
+
+    asyncio.run(go())
+
+
+def test_a_round_whose_every_group_failed_reaches_the_waiting_peers(
+    kubo_factory, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    daemons: list[KuboDaemon] = kubo_factory(4, connect=True)
+    config = parse_job(tree_job(deadline_s=3.0))
+
+    async def go() -> None:
+        root_node, a_node, b_node, peer_node = (d.node() for d in daemons)
+        try:
+            root = root_of(config, root_node, tmp_path / "root")
+            leaf_a = leaf(config, "a", LEAF_A, a_node, tmp_path / "a")
+            leaf_b = leaf(config, "b", LEAF_B, b_node, tmp_path / "b")
+            async with running(root) as root_task, running(leaf_a), running(leaf_b):
+                # nobody publishes: the leaves' rounds stay open, the root fails both groups
+                async with Peer(config, peer_node, PEERS[0]) as peer:
+                    with pytest.raises(RoundFailedError, match="every group failed"):
+                        await peer.await_result(0, timeout=60)
+                await asyncio.wait_for(root_task, 60)
+            assert root.outcomes[0].status == "failed" and root.head is None
+        finally:
+            for n in (root_node, a_node, b_node, peer_node):
+                await n.aclose()
+
+    asyncio.run(go())
