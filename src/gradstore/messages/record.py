@@ -33,11 +33,11 @@ shares (inputs, exclusions, params, signing) are in ``messages.record_parts``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from ..dag.cid import CID, DAG_CBOR
+from ..dag.cid import CID
 from ..errors import MessageError, Reason
 from .keys import SigningKey
 from .record_parts import (
@@ -47,16 +47,21 @@ from .record_parts import (
     canonical_exclusions,
     canonical_inputs,
     check_link,
-    check_params,
+    check_params_map,
+    check_prev,
+    check_round_of,
     check_signed,
+    check_sorted,
+    check_type,
     exclusions_from_node,
     exclusions_node,
     inputs_from_node,
     inputs_node,
     open_node,
+    prev_from_node,
     sign_node,
 )
-from .schema import check_did, check_job, check_run, check_text, check_uint
+from .schema import check_did, check_text
 
 __all__ = [
     "MAX_RECORD_BYTES",
@@ -117,18 +122,13 @@ class RoundRecord:
     coordinator: str
 
     def __post_init__(self) -> None:
-        check_job("job", self.job)
-        check_run("run", self.run)
-        check_uint("round", self.round)
+        check_round_of(self.job, self.run, self.round)
         check_text("method", self.method)
-        if not isinstance(self.params, Mapping):
-            raise MessageError(Reason.MALFORMED, "`params` must be a map")
-        _set(self, "params", check_params(self.params))
+        _set(self, "params", check_params_map(self.params))
         _set(self, "inputs", canonical_inputs(self.inputs))
         _set(self, "excluded", canonical_exclusions(self.excluded))
         check_link("output", self.output)
-        if self.prev is not None and check_link("prev", self.prev).codec != DAG_CBOR:
-            raise MessageError(Reason.MALFORMED, "`prev` must link to a dag-cbor round record")
+        check_prev(self.prev)
         check_did("coordinator", self.coordinator)
 
     @property
@@ -184,11 +184,7 @@ def decode_record(
     refused here (``decode_stepped_record``, ``decode_step_record`` read them).
     """
     node, sig = open_node(data, cid, max_bytes, _RECORD_KEYS, "round record")
-    if node["type"] not in RECORD_TYPES:
-        raise MessageError(
-            Reason.MALFORMED,
-            f"not a {', '.join(RECORD_TYPES)} node (type {node['type']!r:.40})",
-        )
+    check_type(node, *RECORD_TYPES)
     rec = _record_from_node(node)
     check_signed(node, _unsigned_node(rec), rec.coordinator, sig, "round record")
     return rec
@@ -205,7 +201,6 @@ def _record_from_node(node: dict[str, Any]) -> RoundRecord:
         raise MessageError(
             Reason.MALFORMED, f"a {RECORD_TYPE_CODECS} record names no codec (write {RECORD_TYPE})"
         )
-    prev = node["prev"]
     rec = RoundRecord(
         job=node["job"],
         run=node["run"],
@@ -215,11 +210,10 @@ def _record_from_node(node: dict[str, Any]) -> RoundRecord:
         inputs=tuple(inputs),
         excluded=tuple(excluded),
         output=check_link("output", node["output"]),
-        prev=None if prev is None else check_link("prev", prev),
+        prev=prev_from_node(node),
         coordinator=node["coordinator"],
     )
-    if list(rec.inputs) != inputs or list(rec.excluded) != excluded:
-        raise MessageError(Reason.MALFORMED, "`inputs` and `excluded` must be sorted by peer")
+    check_sorted(rec, inputs, excluded)
     return rec
 
 

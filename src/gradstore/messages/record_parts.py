@@ -20,7 +20,7 @@ from ..errors import CIDError, DAGError, FormatError, MessageError, Reason
 from ..format import Codec
 from .didkey import SIGNATURE_LEN, verify_signature
 from .keys import SigningKey
-from .schema import Announce, check_did, check_text, check_uint
+from .schema import Announce, check_did, check_job, check_run, check_text, check_uint
 from .signing import announcement_signed
 
 # A record costs ~200 bytes per input; 4 MiB is ~20k peers, far beyond any job.
@@ -42,6 +42,32 @@ def check_link(name: str, value: object) -> CID:
     if not isinstance(value, CID):
         raise MessageError(Reason.MALFORMED, f"`{name}` must be a CID, got {type(value).__name__}")
     return value
+
+
+def check_round_of(job: str, run: str, round_: int) -> None:
+    """MessageError("malformed") unless ``job``, ``run`` and ``round_`` name a round."""
+    check_job("job", job)
+    check_run("run", run)
+    check_uint("round", round_)
+
+
+def check_prev(prev: CID | None) -> None:
+    """MessageError("malformed") unless ``prev`` is None or a link to a dag-cbor record."""
+    if prev is not None and check_link("prev", prev).codec != DAG_CBOR:
+        raise MessageError(Reason.MALFORMED, "`prev` must link to a dag-cbor round record")
+
+
+def prev_from_node(node: dict[str, Any]) -> CID | None:
+    """A decoded node's ``prev``: None, or a link (else MessageError("malformed"))."""
+    prev = node["prev"]
+    return None if prev is None else check_link("prev", prev)
+
+
+def check_params_map(value: object) -> Any:
+    """:func:`check_params` of ``value``, which must be a map (a record's ``params``)."""
+    if not isinstance(value, Mapping):
+        raise MessageError(Reason.MALFORMED, "`params` must be a map")
+    return check_params(value)
 
 
 def check_params(value: object, path: str = "params", depth: int = 0) -> Any:
@@ -166,6 +192,22 @@ class RecordExclusion:
         return (self.peer, b"" if self.cid is None else self.cid.bytes, self.reason)
 
 
+class Listing(Protocol):
+    """A record that lists inputs and exclusions (round/2-4, step/1, partial/1)."""
+
+    @property
+    def inputs(self) -> tuple[RecordInput, ...]: ...
+    @property
+    def excluded(self) -> tuple[RecordExclusion, ...]: ...
+
+
+def check_sorted(rec: Listing, inputs: list[RecordInput], excluded: list[RecordExclusion]) -> None:
+    """MessageError("malformed") unless the decoded ``inputs`` and ``excluded`` are in
+    ``rec``'s (canonical) order."""
+    if list(rec.inputs) != inputs or list(rec.excluded) != excluded:
+        raise MessageError(Reason.MALFORMED, "`inputs` and `excluded` must be sorted by peer")
+
+
 def typed(items: object, cls: type[Any], name: str) -> list[Any]:
     """``items`` as a list whose every item is a ``cls``, or MessageError."""
     if isinstance(items, str | bytes) or not isinstance(items, Iterable):
@@ -242,6 +284,29 @@ def exact_keys(
             Reason.MALFORMED, f"`{name}` has keys {sorted(keys)}, expected {sorted(required)}"
         )
     return node
+
+
+def entries_from_node(
+    name: str,
+    node: object,
+    closed: frozenset[str],
+    failed: frozenset[str],
+    optional: frozenset[str] = frozenset(),
+) -> list[dict[str, Any]]:
+    """The maps of a ``name`` array (a round/5's steps, a tree's groups): each with either
+    the ``closed`` keys or the ``failed`` keys, and any of the ``optional`` ones."""
+    if not isinstance(node, list):
+        raise MessageError(Reason.MALFORMED, f"`{name}` must be an array")
+    entries = []
+    for i, item in enumerate(node):
+        entry = exact_keys(f"{name}[{i}]", item, closed & failed, closed | failed | optional)
+        if set(entry) - optional not in (closed, failed):
+            raise MessageError(
+                Reason.MALFORMED,
+                f"`{name}[{i}]` has keys {sorted(entry)}: either record and output, or failed",
+            )
+        entries.append(entry)
+    return entries
 
 
 def _cid_text(name: str, value: object) -> CID:
@@ -356,6 +421,13 @@ def open_node(
     if not isinstance(sig, bytes) or len(sig) != SIGNATURE_LEN:
         raise MessageError(Reason.MALFORMED, f"`sig` must be {SIGNATURE_LEN} bytes")
     return node, sig
+
+
+def check_type(node: dict[str, Any], *types: str) -> None:
+    """MessageError("malformed") unless the decoded ``node``'s ``type`` is one of ``types``."""
+    kind = node["type"]
+    if kind not in types:
+        raise MessageError(Reason.MALFORMED, f"not a {', '.join(types)} node (type {kind!r:.40})")
 
 
 def check_signed(

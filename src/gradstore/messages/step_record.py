@@ -16,7 +16,7 @@ with ``prefix.``). A step that failed has no step record (the round/5 record say
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -32,8 +32,11 @@ from .record_parts import (
     canonical_exclusions,
     canonical_inputs,
     check_link,
-    check_params,
+    check_params_map,
+    check_round_of,
     check_signed,
+    check_sorted,
+    check_type,
     exclusions_from_node,
     exclusions_node,
     inputs_from_node,
@@ -41,7 +44,7 @@ from .record_parts import (
     open_node,
     sign_node,
 )
-from .schema import check_did, check_job, check_run, check_step, check_text, check_uint
+from .schema import check_did, check_step, check_text
 
 STEP_RECORD_TYPE: Final = "gradstore/step/1"
 #: A selector ending in this takes every tensor whose name starts with what precedes ``*``.
@@ -120,15 +123,11 @@ class StepRecord:
     coordinator: str
 
     def __post_init__(self) -> None:
-        check_job("job", self.job)
-        check_run("run", self.run)
-        check_uint("round", self.round)
+        check_round_of(self.job, self.run, self.round)
         check_step("step", self.step)
         _set(self, "tensors", check_selectors("tensors", self.tensors))
         check_text("method", self.method)
-        if not isinstance(self.params, Mapping):
-            raise MessageError(Reason.MALFORMED, "`params` must be a map")
-        _set(self, "params", check_params(self.params))
+        _set(self, "params", check_params_map(self.params))
         inputs = canonical_inputs(self.inputs)
         if not inputs or inputs[0].peer_sig is None:
             raise MessageError(
@@ -176,10 +175,7 @@ def decode_step_record(
     too-large, malformed or bad-signature otherwise.
     """
     node, sig = open_node(data, cid, max_bytes, _KEYS, _WHAT)
-    if node["type"] != STEP_RECORD_TYPE:
-        raise MessageError(
-            Reason.MALFORMED, f"not a {STEP_RECORD_TYPE} node (type {node['type']!r:.40})"
-        )
+    check_type(node, STEP_RECORD_TYPE)
     inputs = inputs_from_node(node["inputs"], codecs=True, signed=True)
     excluded = exclusions_from_node(node["excluded"])
     rec = StepRecord(
@@ -195,8 +191,7 @@ def decode_step_record(
         output=check_link("output", node["output"]),
         coordinator=node["coordinator"],
     )
-    if list(rec.inputs) != inputs or list(rec.excluded) != excluded:
-        raise MessageError(Reason.MALFORMED, "`inputs` and `excluded` must be sorted by peer")
+    check_sorted(rec, inputs, excluded)
     check_signed(node, _unsigned_node(rec), rec.coordinator, sig, _WHAT)
     return rec
 

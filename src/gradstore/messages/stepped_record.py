@@ -32,13 +32,17 @@ from .keys import SigningKey
 from .record_parts import (
     MAX_RECORD_BYTES,
     check_link,
+    check_prev,
+    check_round_of,
     check_signed,
-    exact_keys,
+    check_type,
+    entries_from_node,
     open_node,
+    prev_from_node,
     sign_node,
     typed,
 )
-from .schema import check_did, check_job, check_run, check_step, check_text, check_uint
+from .schema import check_did, check_step, check_text
 from .step_record import StepRecord
 
 RECORD_TYPE_STEPPED: Final = "gradstore/round/5"
@@ -105,9 +109,7 @@ class SteppedRoundRecord:
     coordinator: str
 
     def __post_init__(self) -> None:
-        check_job("job", self.job)
-        check_run("run", self.run)
-        check_uint("round", self.round)
+        check_round_of(self.job, self.run, self.round)
         steps = tuple(typed(self.steps, RoundStep, "steps"))
         names = [s.step for s in steps]
         if len(set(names)) != len(names):
@@ -121,8 +123,7 @@ class SteppedRoundRecord:
             )
         _set(self, "steps", steps)
         check_link("output", self.output)
-        if self.prev is not None and check_link("prev", self.prev).codec != DAG_CBOR:
-            raise MessageError(Reason.MALFORMED, "`prev` must link to a dag-cbor round record")
+        check_prev(self.prev)
         check_did("coordinator", self.coordinator)
 
     @property
@@ -206,39 +207,27 @@ def decode_stepped_record(
     too-large, malformed or bad-signature otherwise.
     """
     node, sig = open_node(data, cid, max_bytes, _KEYS, _WHAT)
-    if node["type"] != RECORD_TYPE_STEPPED:
-        raise MessageError(
-            Reason.MALFORMED, f"not a {RECORD_TYPE_STEPPED} node (type {node['type']!r:.40})"
+    check_type(node, RECORD_TYPE_STEPPED)
+    entries = entries_from_node(
+        "steps", node["steps"], _CLOSED_KEYS, _FAILED_KEYS, frozenset({_OWNER_KEY})
+    )
+    steps = [
+        RoundStep(
+            step=entry["step"],
+            record=entry.get("record"),
+            output=entry.get("output"),
+            failed=entry.get("failed"),
+            coordinator=entry.get(_OWNER_KEY),
         )
-    if not isinstance(node["steps"], list):
-        raise MessageError(Reason.MALFORMED, "`steps` must be an array")
-    steps = []
-    for i, item in enumerate(node["steps"]):
-        entry = exact_keys(
-            f"steps[{i}]", item, frozenset({"step"}), _CLOSED_KEYS | _FAILED_KEYS | {_OWNER_KEY}
-        )
-        if set(entry) - {_OWNER_KEY} not in (_CLOSED_KEYS, _FAILED_KEYS):
-            raise MessageError(
-                Reason.MALFORMED,
-                f"`steps[{i}]` has keys {sorted(entry)}: either record and output, or failed",
-            )
-        steps.append(
-            RoundStep(
-                step=entry["step"],
-                record=entry.get("record"),
-                output=entry.get("output"),
-                failed=entry.get("failed"),
-                coordinator=entry.get(_OWNER_KEY),
-            )
-        )
-    prev = node["prev"]
+        for entry in entries
+    ]
     rec = SteppedRoundRecord(
         job=node["job"],
         run=node["run"],
         round=node["round"],
         steps=tuple(steps),
         output=check_link("output", node["output"]),
-        prev=None if prev is None else check_link("prev", prev),
+        prev=prev_from_node(node),
         coordinator=node["coordinator"],
     )
     check_signed(node, _unsigned_node(rec), rec.coordinator, sig, _WHAT)

@@ -38,18 +38,23 @@ from .record_parts import (
     canonical_exclusions,
     canonical_inputs,
     check_link,
-    check_params,
+    check_params_map,
+    check_prev,
+    check_round_of,
     check_signed,
-    exact_keys,
+    check_sorted,
+    check_type,
+    entries_from_node,
     exclusions_from_node,
     exclusions_node,
     inputs_from_node,
     inputs_node,
     open_node,
+    prev_from_node,
     sign_node,
     typed,
 )
-from .schema import check_did, check_job, check_run, check_step, check_text, check_uint
+from .schema import check_did, check_step, check_text
 
 PARTIAL_RECORD_TYPE: Final = "gradstore/partial/1"
 TREE_RECORD_TYPE: Final = "gradstore/tree/1"
@@ -112,14 +117,10 @@ class PartialRecord:
     coordinator: str
 
     def __post_init__(self) -> None:
-        check_job("job", self.job)
-        check_run("run", self.run)
-        check_uint("round", self.round)
+        check_round_of(self.job, self.run, self.round)
         check_step("group", self.group)
         check_text("method", self.method)
-        if not isinstance(self.params, Mapping):
-            raise MessageError(Reason.MALFORMED, "`params` must be a map")
-        _set(self, "params", check_params(self.params))
+        _set(self, "params", check_params_map(self.params))
         inputs = canonical_inputs(self.inputs)
         if not inputs or any(i.peer_sig is None for i in inputs):
             raise MessageError(
@@ -167,10 +168,7 @@ def decode_partial_record(
     """Check ``data`` against ``cid`` (IntegrityError), its schema and the leaf's signature
     (MessageError: too-large, malformed, bad-signature)."""
     node, sig = open_node(data, cid, max_bytes, _PARTIAL_KEYS, "partial record")
-    if node["type"] != PARTIAL_RECORD_TYPE:
-        raise MessageError(
-            Reason.MALFORMED, f"not a {PARTIAL_RECORD_TYPE} node (type {node['type']!r:.40})"
-        )
+    check_type(node, PARTIAL_RECORD_TYPE)
     inputs = inputs_from_node(node["inputs"], codecs=True, signed=True)
     excluded = exclusions_from_node(node["excluded"])
     rec = PartialRecord(
@@ -185,8 +183,7 @@ def decode_partial_record(
         output=check_link("output", node["output"]),
         coordinator=node["coordinator"],
     )
-    if list(rec.inputs) != inputs or list(rec.excluded) != excluded:
-        raise MessageError(Reason.MALFORMED, "`inputs` and `excluded` must be sorted by peer")
+    check_sorted(rec, inputs, excluded)
     check_signed(node, _partial_node(rec), rec.coordinator, sig, "partial record")
     return rec
 
@@ -269,13 +266,9 @@ class TreeRecord:
     coordinator: str
 
     def __post_init__(self) -> None:
-        check_job("job", self.job)
-        check_run("run", self.run)
-        check_uint("round", self.round)
+        check_round_of(self.job, self.run, self.round)
         check_text("method", self.method)
-        if not isinstance(self.params, Mapping):
-            raise MessageError(Reason.MALFORMED, "`params` must be a map")
-        _set(self, "params", check_params(self.params))
+        _set(self, "params", check_params_map(self.params))
         groups = tuple(typed(self.groups, TreeGroup, "groups"))
         names = [g.group for g in groups]
         if len(set(names)) != len(names):
@@ -284,8 +277,7 @@ class TreeRecord:
             raise MessageError(Reason.MALFORMED, "a tree record has at least one closed group")
         _set(self, "groups", groups)
         check_link("output", self.output)
-        if self.prev is not None and check_link("prev", self.prev).codec != DAG_CBOR:
-            raise MessageError(Reason.MALFORMED, "`prev` must link to a dag-cbor round record")
+        check_prev(self.prev)
         check_did("coordinator", self.coordinator)
 
     @property
@@ -334,32 +326,17 @@ def decode_tree_record(
     """Check ``data`` against ``cid`` (IntegrityError), its schema and the root's signature
     (MessageError: too-large, malformed, bad-signature)."""
     node, sig = open_node(data, cid, max_bytes, _TREE_KEYS, "round record")
-    if node["type"] != TREE_RECORD_TYPE:
-        raise MessageError(
-            Reason.MALFORMED, f"not a {TREE_RECORD_TYPE} node (type {node['type']!r:.40})"
+    check_type(node, TREE_RECORD_TYPE)
+    groups = [
+        TreeGroup(
+            group=entry["group"],
+            coordinator=entry["coordinator"],
+            record=entry.get("record"),
+            output=entry.get("output"),
+            failed=entry.get("failed"),
         )
-    if not isinstance(node["groups"], list):
-        raise MessageError(Reason.MALFORMED, "`groups` must be an array")
-    groups = []
-    for i, item in enumerate(node["groups"]):
-        entry = exact_keys(
-            f"groups[{i}]", item, frozenset({"group", "coordinator"}), _CLOSED_KEYS | _FAILED_KEYS
-        )
-        if set(entry) not in (_CLOSED_KEYS, _FAILED_KEYS):
-            raise MessageError(
-                Reason.MALFORMED,
-                f"`groups[{i}]` has keys {sorted(entry)}: either record and output, or failed",
-            )
-        groups.append(
-            TreeGroup(
-                group=entry["group"],
-                coordinator=entry["coordinator"],
-                record=entry.get("record"),
-                output=entry.get("output"),
-                failed=entry.get("failed"),
-            )
-        )
-    prev = node["prev"]
+        for entry in entries_from_node("groups", node["groups"], _CLOSED_KEYS, _FAILED_KEYS)
+    ]
     rec = TreeRecord(
         job=node["job"],
         run=node["run"],
@@ -368,7 +345,7 @@ def decode_tree_record(
         params=node["params"],
         groups=tuple(groups),
         output=check_link("output", node["output"]),
-        prev=None if prev is None else check_link("prev", prev),
+        prev=prev_from_node(node),
         coordinator=node["coordinator"],
     )
     check_signed(node, _tree_node(rec), rec.coordinator, sig, "round record")
