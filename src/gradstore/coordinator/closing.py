@@ -154,11 +154,8 @@ async def close_round(
     stepped job), its method and parameters aggregate, into a step record (``prev`` unused).
     Raises ``AggregationError`` when the method refuses the inputs (the round then fails).
     """
-    missing = [i.peer for i in inputs if i.peer not in announcements]
-    if missing:
-        raise CoordinatorError(f"no signed announcement for input(s) of {', '.join(missing)}")
+    verified = announced_in_order(inputs, announcements)
     stats: dict[str, Any] = {}
-    verified = sorted(inputs, key=lambda i: i.peer)
     aggregation = config.aggregation if step is None else step.aggregation
     params = aggregation.params_for([i.peer for i in verified])
     t0 = time.perf_counter()
@@ -197,14 +194,8 @@ async def close_round(
         "storing the aggregate", lambda: store.put(aggregate), give_up_after=give_up_after
     )
     weights = info.weights or tuple(1.0 for _ in verified)
-    record_inputs = tuple(
-        RecordInput(i.peer, i.cid, i.num_samples, float(w), i.codec, *announcements[i.peer])
-        for i, w in zip(verified, weights, strict=True)
-    )
-    record_excluded = tuple(
-        RecordExclusion(peer, why, None if cid is None else CID.parse(cid))
-        for peer, why, cid in excluded
-    )
+    record_inputs = input_entries(verified, weights, announcements)
+    record_excluded = exclusion_entries(excluded)
     record: RoundRecord | StepRecord
     if step is None:
         record = RoundRecord(
@@ -240,6 +231,39 @@ async def close_round(
     await put_record(node, record_cid, record_bytes, what, give_up_after=give_up_after)
     stats["store_s"] = round(time.perf_counter() - t0, 3)
     return Closed(output, record, record_cid, stats)
+
+
+def announced_in_order(
+    inputs: Sequence[VerifiedInput], announcements: Mapping[str, tuple[int, bytes]]
+) -> list[VerifiedInput]:
+    """``inputs`` in record order (sorted by peer); CoordinatorError if one has no signed
+    announcement in ``announcements`` (its record entry would lack the peer's word)."""
+    missing = [i.peer for i in inputs if i.peer not in announcements]
+    if missing:
+        raise CoordinatorError(f"no signed announcement for input(s) of {', '.join(missing)}")
+    return sorted(inputs, key=lambda i: i.peer)
+
+
+def input_entries(
+    verified: Sequence[VerifiedInput],
+    weights: Sequence[float],
+    announcements: Mapping[str, tuple[int, bytes]],
+) -> tuple[RecordInput, ...]:
+    """A record's inputs: each verified input with its weight and its peer's signed word."""
+    return tuple(
+        RecordInput(i.peer, i.cid, i.num_samples, float(w), i.codec, *announcements[i.peer])
+        for i, w in zip(verified, weights, strict=True)
+    )
+
+
+def exclusion_entries(
+    excluded: Sequence[tuple[str, str, str | None]],
+) -> tuple[RecordExclusion, ...]:
+    """A record's exclusions from (peer, reason, CID text or None) triples."""
+    return tuple(
+        RecordExclusion(peer, why, None if cid is None else CID.parse(cid))
+        for peer, why, cid in excluded
+    )
 
 
 def input_layout(verified: Sequence[VerifiedInput]) -> Layout:

@@ -20,8 +20,6 @@ from ..format import Gradient
 from ..job import JobConfig, StepConfig
 from ..messages import (
     PartialRecord,
-    RecordExclusion,
-    RecordInput,
     SigningKey,
     encode_partial_record,
     partial_meta,
@@ -31,7 +29,10 @@ from ..store import GradientStore
 from .closing import (
     DEFAULT_CLOSE_RETRY_S,
     Closed,
+    announced_in_order,
     close_sources,
+    exclusion_entries,
+    input_entries,
     input_layout,
     open_sources,
     put_record,
@@ -61,10 +62,7 @@ async def close_partial(
     group = config.group
     if group is None or step is not None:
         raise CoordinatorError("close_partial closes a round of a tree job's group")
-    missing = [i.peer for i in inputs if i.peer not in announcements]
-    if missing:
-        raise CoordinatorError(f"no signed announcement for input(s) of {', '.join(missing)}")
-    verified = sorted(inputs, key=lambda i: i.peer)
+    verified = announced_in_order(inputs, announcements)
     params = config.aggregation.params_for([i.peer for i in verified])
     coefs, _ = linear_terms(params, [i.num_samples for i in verified])
     t0 = time.perf_counter()
@@ -96,14 +94,8 @@ async def close_partial(
         group=group,
         method=params.method,
         params=params.to_record(),
-        inputs=tuple(
-            RecordInput(i.peer, i.cid, i.num_samples, float(w), i.codec, *announcements[i.peer])
-            for i, w in zip(verified, weights, strict=True)
-        ),
-        excluded=tuple(
-            RecordExclusion(peer, why, None if cid is None else CID.parse(cid))
-            for peer, why, cid in excluded
-        ),
+        inputs=input_entries(verified, weights, announcements),
+        excluded=exclusion_entries(excluded),
         output=output,
         coordinator=key.did,
     )
