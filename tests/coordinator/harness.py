@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from gradstore.coordinator import Coordinator
+from gradstore.coordinator import Coordinator, TreeRoot
 from gradstore.errors import RefusedError
 from gradstore.format import Gradient
 from gradstore.job import JobConfig, parse_job
@@ -139,3 +142,48 @@ def write_job_toml(config: JobConfig, path: Path) -> Path:
         f"[rounds]\ncount = {r.count}\nquorum = {r.quorum}\ndeadline_s = {r.deadline_s}\n"
     )
     return path
+
+
+def job_toml(raw: dict[str, Any], path: Path) -> Path:
+    """``raw`` (a job as ``parse_job`` reads it: job, coordinator, peers, the aggregation and
+    rounds tables, and its groups or steps) as the job file a user writes."""
+
+    def value(v: Any) -> str:
+        if isinstance(v, str):
+            return f'"{v}"'
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        return repr(v)
+
+    lines = [f"{k} = {value(raw[k])}" for k in ("job", "coordinator", "peers")]
+    for table in ("aggregation", "rounds"):
+        lines.append(f"[{table}]")
+        lines += [f"{k} = {value(v)}" for k, v in raw[table].items()]
+    for array in ("groups", "steps"):
+        for entry in raw.get(array, ()):
+            lines.append(f"[[{array}]]")
+            lines += [f"{k} = {value(v)}" for k, v in entry.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@contextlib.asynccontextmanager
+async def running(c: Coordinator | TreeRoot) -> AsyncIterator[asyncio.Task[Any]]:
+    """``c`` running until the block ends (then stopped and awaited)."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(c.run(stop))
+    try:
+        yield task
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)  # a coordinator that crashed fails the test
+
+
+def coordinator_process(job: Path, keyfile: Path, api: str, state: Path) -> subprocess.Popen[bytes]:
+    """``gradstore coordinator`` for ``keyfile``'s key, in a process of its own (to SIGKILL);
+    its output in ``state``.out and .err."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "gradstore", "coordinator", "--config", str(job)]
+    cmd += ["--key", str(keyfile), "--api", api, "--state", str(state), "-v"]
+    with open(state.with_suffix(".out"), "wb") as out, open(state.with_suffix(".err"), "wb") as err:
+        return subprocess.Popen(cmd, stdout=out, stderr=err, env=env)

@@ -7,11 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
-import subprocess
-import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +22,7 @@ from gradstore.messages import SigningKey, SteppedRoundRecord, decode_stepped_re
 from gradstore.node import KuboDaemon, KuboNode
 from gradstore.peer import AggregateResult, Peer
 
-from .harness import World, key
+from .harness import World, coordinator_process, job_toml, key, running
 from .steps_harness import Heard, announce, listening, run_id, step_gradients
 from .test_steps import audit
 
@@ -59,40 +56,8 @@ def split_job(
     }
 
 
-def job_toml(raw: dict[str, Any], path: Path) -> Path:
-    """``raw`` (``split_job``'s) as the job file a user writes."""
-
-    def value(v: Any) -> str:
-        if isinstance(v, str):
-            return f'"{v}"'
-        if isinstance(v, list):
-            return "[" + ", ".join(value(x) for x in v) + "]"
-        return repr(v)
-
-    lines = [f"{k} = {value(raw[k])}" for k in ("job", "coordinator", "peers")]
-    for table in ("aggregation", "rounds"):
-        lines.append(f"[{table}]")
-        lines += [f"{k} = {value(v)}" for k, v in raw[table].items()]
-    for step in raw["steps"]:
-        lines.append("[[steps]]")
-        lines += [f"{k} = {value(v)}" for k, v in step.items()]
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
 def coordinator(config: JobConfig, k: SigningKey, node: KuboNode, state: Path) -> Coordinator:
     return Coordinator(config, k, node, state, rebroadcast_s=0.5, linger_s=0, close_retry_s=2.0)
-
-
-@contextlib.asynccontextmanager
-async def running(c: Coordinator) -> AsyncIterator[asyncio.Task[Any]]:
-    stop = asyncio.Event()
-    task = asyncio.create_task(c.run(stop))
-    try:
-        yield task
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)  # a coordinator that crashed fails the test
 
 
 async def one_round(
@@ -167,15 +132,6 @@ def test_two_coordinators_split_a_round_with_the_single_coordinators_output(
     asyncio.run(go())
 
 
-def _owner_process(job: Path, keyfile: Path, api: str, state: Path) -> subprocess.Popen[bytes]:
-    """``gradstore coordinator`` for the owner's key, in a process of its own."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "gradstore", "coordinator", "--config", str(job)]
-    cmd += ["--key", str(keyfile), "--api", api, "--state", str(state), "-v"]
-    with open(state.with_suffix(".out"), "wb") as out, open(state.with_suffix(".err"), "wb") as err:
-        return subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
-
-
 def test_a_sigkilled_owner_costs_its_steps_and_is_named(kubo_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     daemons: list[KuboDaemon] = kubo_factory(3, connect=True)
     raw = split_job(head_deadline_s=4.0)
@@ -187,7 +143,7 @@ def test_a_sigkilled_owner_costs_its_steps_and_is_named(kubo_factory, tmp_path: 
 
     async def go() -> None:
         root_node, peer_node = daemons[0].node(), daemons[2].node()
-        proc = _owner_process(job, keyfile, daemons[1].api_url, tmp_path / "owner")
+        proc = coordinator_process(job, keyfile, daemons[1].api_url, tmp_path / "owner")
         try:
             w = World(config, ROOT, PEERS, root_node, [peer_node] * 3)
             root = coordinator(config, ROOT, root_node, tmp_path / "root")

@@ -8,14 +8,12 @@ inputs' sums is taken by the root and fails the audit by name."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import math
-import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +30,7 @@ from gradstore.messages import SigningKey, TreeRecord, decode_tree_record
 from gradstore.node import KuboDaemon, KuboNode
 from gradstore.peer import Peer
 
-from .harness import key
+from .harness import coordinator_process, job_toml, key, running
 from .test_steps import audit
 
 pytestmark = pytest.mark.kubo
@@ -60,27 +58,6 @@ def tree_job(*, groups: bool = True, deadline_s: float = 30.0) -> dict[str, Any]
     return raw
 
 
-def job_toml(raw: dict[str, Any], path: Path) -> Path:
-    """``raw`` (``tree_job``'s) as the job file a user writes."""
-
-    def value(v: Any) -> str:
-        if isinstance(v, str):
-            return f'"{v}"'
-        if isinstance(v, list):
-            return "[" + ", ".join(value(x) for x in v) + "]"
-        return repr(v)
-
-    lines = [f"{k} = {value(raw[k])}" for k in ("job", "coordinator", "peers")]
-    for table in ("aggregation", "rounds"):
-        lines.append(f"[{table}]")
-        lines += [f"{k} = {value(v)}" for k, v in raw[table].items()]
-    for group in raw["groups"]:
-        lines.append("[[groups]]")
-        lines += [f"{k} = {value(v)}" for k, v in group.items()]
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
 def gradients() -> list[Gradient]:
     """Values whose float64 sums an ordered accumulation would round differently by group."""
     rng = np.random.default_rng(2222)
@@ -104,17 +81,6 @@ def leaf(config: JobConfig, group: str, k: SigningKey, node: KuboNode, state: Pa
 
 def root_of(config: JobConfig, node: KuboNode, state: Path) -> TreeRoot:
     return TreeRoot(config, ROOT, node, state, rebroadcast_s=0.5, linger_s=0, close_retry_s=2.0)
-
-
-@contextlib.asynccontextmanager
-async def running(c: Coordinator | TreeRoot) -> AsyncIterator[asyncio.Task[Any]]:
-    stop = asyncio.Event()
-    task = asyncio.create_task(c.run(stop))
-    try:
-        yield task
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)  # one that crashed fails the test
 
 
 async def publish(config: JobConfig, node: KuboNode, which: Sequence[int]) -> list[Any]:
@@ -190,15 +156,6 @@ async def round_list(api: str, head: str) -> Any:
     return json.loads(out.stdout)
 
 
-def _leaf_process(job: Path, keyfile: Path, api: str, state: Path) -> subprocess.Popen[bytes]:
-    """``gradstore coordinator`` for a leaf's key, in a process of its own."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "gradstore", "coordinator", "--config", str(job)]
-    cmd += ["--key", str(keyfile), "--api", api, "--state", str(state), "-v"]
-    with open(state.with_suffix(".out"), "wb") as out, open(state.with_suffix(".err"), "wb") as err:
-        return subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
-
-
 def test_a_sigkilled_leaf_costs_its_group_only_and_is_named(kubo_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     daemons: list[KuboDaemon] = kubo_factory(4, connect=True)
     raw = tree_job(deadline_s=4.0)
@@ -209,7 +166,7 @@ def test_a_sigkilled_leaf_costs_its_group_only_and_is_named(kubo_factory, tmp_pa
 
     async def go() -> None:
         root_node, a_node, peer_node = daemons[0].node(), daemons[1].node(), daemons[3].node()
-        proc = _leaf_process(job, keyfile, daemons[2].api_url, tmp_path / "b")
+        proc = coordinator_process(job, keyfile, daemons[2].api_url, tmp_path / "b")
         try:
             root = root_of(config, root_node, tmp_path / "root")
             leaf_a = leaf(config, "a", LEAF_A, a_node, tmp_path / "a")
