@@ -286,6 +286,34 @@ def exact_keys(
     return node
 
 
+def check_outcome(
+    array: str,
+    kind: str,
+    name: str,
+    record: CID | None,
+    output: CID | None,
+    failed: str | None,
+    linked: str,
+) -> None:
+    """MessageError("malformed") unless the entry of ``kind`` ``name`` in ``array`` (a
+    round/5's steps, a tree's groups) either failed (a reason, no links) or closed: a link
+    to its dag-cbor ``linked`` record and one to its output."""
+    if failed is not None:
+        check_text(f"{array}.failed", failed)
+        if record is not None or output is not None:
+            raise MessageError(
+                Reason.MALFORMED, f"failed {kind} {name!r} has no `record` or `output`"
+            )
+        return
+    if record is None or output is None:
+        raise MessageError(
+            Reason.MALFORMED, f"{kind} {name!r} needs a `record` and an `output`, or `failed`"
+        )
+    if check_link(f"{array}.record", record).codec != DAG_CBOR:
+        raise MessageError(Reason.MALFORMED, f"`{array}.record` must link to a dag-cbor {linked}")
+    check_link(f"{array}.output", output)
+
+
 def entries_from_node(
     name: str,
     node: object,

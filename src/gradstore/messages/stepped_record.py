@@ -26,12 +26,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from ..dag.cid import CID, DAG_CBOR
+from ..dag.cid import CID
 from ..errors import MessageError, Reason
 from .keys import SigningKey
 from .record_parts import (
     MAX_RECORD_BYTES,
     check_link,
+    check_outcome,
     check_prev,
     check_round_of,
     check_signed,
@@ -42,7 +43,7 @@ from .record_parts import (
     sign_node,
     typed,
 )
-from .schema import check_did, check_step, check_text
+from .schema import check_did, check_step
 from .step_record import StepRecord
 
 RECORD_TYPE_STEPPED: Final = "gradstore/round/5"
@@ -76,23 +77,9 @@ class RoundStep:
         check_step("steps.step", self.step)
         if self.coordinator is not None:
             check_did("steps.coordinator", self.coordinator)
-        if self.failed is not None:
-            check_text("steps.failed", self.failed)
-            if self.record is not None or self.output is not None:
-                raise MessageError(
-                    Reason.MALFORMED, f"failed step {self.step!r} has no `record` or `output`"
-                )
-            return
-        if self.record is None or self.output is None:
-            raise MessageError(
-                Reason.MALFORMED,
-                f"step {self.step!r} needs a `record` and an `output`, or `failed`",
-            )
-        if check_link("steps.record", self.record).codec != DAG_CBOR:
-            raise MessageError(
-                Reason.MALFORMED, "`steps.record` must link to a dag-cbor step record"
-            )
-        check_link("steps.output", self.output)
+        check_outcome(
+            "steps", "step", self.step, self.record, self.output, self.failed, "step record"
+        )
 
 
 @dataclass(frozen=True, slots=True)

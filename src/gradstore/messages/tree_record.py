@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from ..dag.cid import CID, DAG_CBOR
+from ..dag.cid import CID
 from ..errors import MessageError, Reason
 from .keys import SigningKey
 from .record import aggregate_meta
@@ -38,6 +38,7 @@ from .record_parts import (
     canonical_exclusions,
     canonical_inputs,
     check_link,
+    check_outcome,
     check_params_map,
     check_prev,
     check_round_of,
@@ -233,21 +234,9 @@ class TreeGroup:
     def __post_init__(self) -> None:
         check_step("groups.group", self.group)
         check_did("groups.coordinator", self.coordinator)
-        if self.failed is not None:
-            check_text("groups.failed", self.failed)
-            if self.record is not None or self.output is not None:
-                raise MessageError(
-                    Reason.MALFORMED, f"failed group {self.group!r} has no `record` or `output`"
-                )
-            return
-        if self.record is None or self.output is None:
-            raise MessageError(
-                Reason.MALFORMED,
-                f"group {self.group!r} needs a `record` and an `output`, or `failed`",
-            )
-        if check_link("groups.record", self.record).codec != DAG_CBOR:
-            raise MessageError(Reason.MALFORMED, "`groups.record` must link to a dag-cbor record")
-        check_link("groups.output", self.output)
+        check_outcome(
+            "groups", "group", self.group, self.record, self.output, self.failed, "record"
+        )
 
 
 @dataclass(frozen=True, slots=True)
