@@ -153,38 +153,57 @@ def _logging(args: argparse.Namespace) -> None:
     )
 
 
+def _state_dir(args: argparse.Namespace, config: JobConfig) -> Path:
+    return Path(args.state) if args.state else Path("gradstore-state") / config.job
+
+
+def _report(outcome: RoundOutcome) -> None:
+    print(format_outcome(outcome), flush=True)
+
+
+def _stop_on_signals() -> asyncio.Event:
+    """An event SIGINT and SIGTERM set (the running loop's handlers)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+def _ended(config: JobConfig, round_: int, outcomes: list[RoundOutcome]) -> int | None:
+    """INTERRUPTED if the job's rounds did not all run (stopped by a signal: the journal
+    keeps the open round); RoundsFailedError if one failed; else None (all closed)."""
+    count = config.rounds.count
+    if count == 0 or round_ < count:
+        return _exit.INTERRUPTED
+    failed = [o for o in outcomes if o.status == "failed"]
+    if failed:
+        first = failed[0]
+        raise _exit.RoundsFailedError(
+            f"{len(failed)} of {len(outcomes)} round(s) of job {config.job} "
+            f"failed; round {first.round}: {first.reason}"
+        )
+    return None
+
+
 def _run_tree_root(args: argparse.Namespace, config: JobConfig, key: SigningKey) -> int:
     """The root of a tree job: hears the leaves, combines their partials (``TreeRoot``)."""
-    state = Path(args.state) if args.state else Path("gradstore-state") / config.job
-
-    def report(outcome: RoundOutcome) -> None:
-        print(format_outcome(outcome), flush=True)
+    state = _state_dir(args, config)
 
     async def run() -> TreeRoot:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+        stop = _stop_on_signals()
         node = pinned_through(node_from_args(args), config)
         try:
             print(f"tree root {key.did} for job {config.job} on {node.name}", file=sys.stderr)
-            root = TreeRoot(config, key, node, state, on_round=report)
+            root = TreeRoot(config, key, node, state, on_round=_report)
             await root.run(stop)
             return root
         finally:
             await node.aclose()
 
     root = asyncio.run(run())
-    count = config.rounds.count
-    if count == 0 or root.round < count:
-        return _exit.INTERRUPTED
-    failed = [o for o in root.outcomes if o.status == "failed"]
-    if failed:
-        raise _exit.RoundsFailedError(
-            f"{len(failed)} of {len(root.outcomes)} round(s) of job {config.job} failed; "
-            f"round {failed[0].round}: {failed[0].reason}"
-        )
-    return _exit.SUCCESS
+    ended = _ended(config, root.round, root.outcomes)
+    return _exit.SUCCESS if ended is None else ended
 
 
 def cmd_coordinator(args: argparse.Namespace) -> int:
@@ -202,20 +221,14 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
             _logging(args)
             return _run_tree_root(args, config, key)
     _logging(args)
-    state = Path(args.state) if args.state else Path("gradstore-state") / config.job
+    state = _state_dir(args, config)
     done = finished_job(state, config, key.did)
     if done is not None:
         print(_complete_line(config, state, done, _options(args)), file=sys.stderr, flush=True)
         return _exit.SUCCESS
 
-    def report(outcome: RoundOutcome) -> None:
-        print(format_outcome(outcome), flush=True)
-
     async def run() -> Coordinator:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+        stop = _stop_on_signals()
         node = pinned_through(node_from_args(args), config)
         try:
             ident = await node.identity()
@@ -227,7 +240,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
             spill: bool | SpillDir = not args.no_spill  # --spill: the default, said aloud
             if args.spill_dir is not None:  # a folder of its own in it (a start empties it)
                 spill = SpillDir(Path(args.spill_dir) / f"gradstore-spill-{config.job}")
-            coordinator = Coordinator(config, key, node, state, on_round=report, spill=spill)
+            coordinator = Coordinator(config, key, node, state, on_round=_report, spill=spill)
             lines = RoundProgressLines(sys.stderr)
 
             async def show_progress() -> None:
@@ -246,16 +259,9 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
             await node.aclose()
 
     coordinator = asyncio.run(run())
-    count = config.rounds.count
-    if count == 0 or coordinator.round < count:
-        return _exit.INTERRUPTED  # stopped by a signal: the journal keeps the open round
-    failed = [o for o in coordinator.outcomes if o.status == "failed"]
-    if failed:
-        first = failed[0]
-        raise _exit.RoundsFailedError(
-            f"{len(failed)} of {len(coordinator.outcomes)} round(s) of job {config.job} "
-            f"failed; round {first.round}: {first.reason}"
-        )
+    ended = _ended(config, coordinator.round, coordinator.outcomes)
+    if ended is not None:
+        return ended
     if not coordinator.outcomes:  # finished in an earlier run; this one only published
         done = finished_job(state, config, key.did)
         if done is not None:

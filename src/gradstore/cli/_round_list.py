@@ -185,7 +185,16 @@ def _check_link(
         )
 
 
-def _plain(rcid: CID, record: RoundRecord) -> ListedRound:
+def _listed(
+    rcid: CID,
+    record: RoundRecord | TreeRecord | SteppedRoundRecord,
+    method: str,
+    peers: tuple[str, ...],
+    steps: tuple[ListedStep, ...] | None = None,
+) -> ListedRound:
+    """A listed round: ``record``'s own fields beside what its kind lists (``steps``: a
+    stepped round's; None for the others)."""
+    prev = None if record.prev is None else str(record.prev)
     return ListedRound(
         record.job,
         record.coordinator,
@@ -193,10 +202,15 @@ def _plain(rcid: CID, record: RoundRecord) -> ListedRound:
         record.type,
         str(rcid),
         str(record.output),
-        None if record.prev is None else str(record.prev),
-        record.method,
-        tuple(i.peer for i in record.inputs),
+        prev,
+        method,
+        peers,
+        steps,
     )
+
+
+def _plain(rcid: CID, record: RoundRecord) -> ListedRound:
+    return _listed(rcid, record, record.method, tuple(i.peer for i in record.inputs))
 
 
 async def _tree(node: Node, rcid: CID, record: TreeRecord, timeout: float | None) -> ListedRound:
@@ -219,17 +233,7 @@ async def _tree(node: Node, rcid: CID, record: TreeRecord, timeout: float | None
         except MessageError as exc:
             raise AuditError("group-link", f"round {record.round} record {rcid}: {exc}") from exc
         peers += [i.peer for i in partial.inputs]
-    return ListedRound(
-        record.job,
-        record.coordinator,
-        record.round,
-        record.type,
-        str(rcid),
-        str(record.output),
-        None if record.prev is None else str(record.prev),
-        record.method,
-        tuple(sorted(peers)),
-    )
+    return _listed(rcid, record, record.method, tuple(sorted(peers)))
 
 
 async def _stepped(
@@ -253,18 +257,9 @@ async def _stepped(
             ListedStep(step.step, "closed", str(scid), str(step.output), step.method, peers)
         )
     closed = [s for s in steps if s.state == "closed"]
-    return ListedRound(
-        record.job,
-        record.coordinator,
-        record.round,
-        record.type,
-        str(rcid),
-        str(record.output),
-        None if record.prev is None else str(record.prev),
-        "+".join(dict.fromkeys(s.method for s in closed if s.method)),
-        tuple(sorted({p for s in closed for p in s.peers})),
-        tuple(steps),
-    )
+    method = "+".join(dict.fromkeys(s.method for s in closed if s.method))
+    peers = tuple(sorted({p for s in closed for p in s.peers}))
+    return _listed(rcid, record, method, peers, tuple(steps))
 
 
 def _json(config: JobConfig | None, head: str | None, rounds: list[ListedRound]) -> dict[str, Any]:
