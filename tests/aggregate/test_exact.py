@@ -38,7 +38,7 @@ from gradstore.aggregate import (
     exact_partial,
     exact_partial_streamed,
     global_norm,
-    group_coefficients,
+    linear_terms,
     splittable,
 )
 from gradstore.aggregate._checks import NonFiniteResult
@@ -453,14 +453,13 @@ def test_a_tree_root_gives_the_flat_rounds_bits_and_info(kw: dict[str, Any]) -> 
     partials = []
     for group in ([4, 0, 2], [3], [5, 1]):  # any groups, in any order
         own = {**kw, "weights": tuple(kw["weights"][i] for i in group)} if "weights" in kw else kw
-        coefs = group_coefficients(
+        coefs, _ = linear_terms(
             AggregationParams(**own, accumulate="exact"),
-            len(group),
             [SAMPLES[i] for i in group],
             None if scales is None else [scales[i] for i in group],
         )
         partials.append(exact_partial([inputs[i] for i in group], layout, coefs))
-    got, info = aggregate_partials(partials, layout, params, 6, SAMPLES)
+    got, info = aggregate_partials(partials, layout, params, SAMPLES)
     assert list(got) == list(want)
     assert all(got[k].tobytes() == want[k].tobytes() for k in want)
     assert info.weights == want_info.weights

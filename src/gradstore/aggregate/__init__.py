@@ -29,6 +29,7 @@ from ._clip import (
     clip_inputs,
     clip_output,
     global_norm,
+    input_scales,
 )
 from ._compressed import (
     CompressedInMemory,
@@ -46,16 +47,17 @@ from ._exact import check_partial, combine_exact, exact_combine, exact_partial
 from ._fused import prepare
 from ._methods import fedavg, krum, mean, median, multikrum, sum_, trimmed_mean, weighted
 from ._params import CLIP_PARAMETERS, METHODS, AggregationParams, parameter_names
-from ._partials import aggregate_partials, group_coefficients, splittable
 from ._streamed import InMemory, InputSource, aggregate_streamed, exact_partial_streamed
 from ._tree import (
     Partial,
+    aggregate_partials,
     as_document,
     check_partial_tensors,
     combine_partials,
     linear_terms,
     partial_limits,
     partial_sums,
+    splittable,
 )
 
 __all__ = [
@@ -97,7 +99,7 @@ __all__ = [
     "fedavg",
     "first_beyond_dtype",
     "global_norm",
-    "group_coefficients",
+    "input_scales",
     "krum",
     "linear_terms",
     "mean",

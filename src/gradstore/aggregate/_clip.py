@@ -170,6 +170,15 @@ def clip_scale(norm: float, bound: float) -> float:
     return 1.0 if norm <= bound else bound / norm
 
 
+def input_scales(norms: Sequence[float], bound: float) -> list[float]:
+    """Each input's clip factor from its global norm (``clip_scale``), as a flat round and
+    a tree's leaf take them; AggregationError naming an input whose norm is not finite."""
+    for index, norm in enumerate(norms):
+        if not math.isfinite(norm):
+            raise AggregationError(f"input {index}: its L2 norm is not finite")
+    return [clip_scale(norm, bound) for norm in norms]
+
+
 def input_norms(inputs: Sequence[Tensors], rule: NormSum = "sequential") -> list[float]:
     """Each input's global norm; AggregationError naming an input with NaN/Inf."""
     norms = []

@@ -27,7 +27,6 @@ inputs").
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Sequence
 from typing import Any, Final, Protocol
 
@@ -38,7 +37,7 @@ from ..format import is_float
 from . import methods
 from ._blocks import CHUNK, blocks, chunks, default_threads
 from ._checks import Layout, NonFiniteResult, dtype_name
-from ._clip import NormSum, SquareSum, clip_output_into, clip_scale, clip_then_round
+from ._clip import NormSum, SquareSum, clip_output_into, clip_then_round, input_scales
 from ._compressed import Decompressing, SparseSource
 from ._dispatch import AggregationInfo
 from ._exact import combine_exact, exact_partial, join_pieces
@@ -115,10 +114,7 @@ async def aggregate_streamed(
     if params.clip_input_norm is not None:
         if norms is None:
             norms = [await _norm(source, layout, params.norm_sum) for source in sources]
-        for index, norm in enumerate(norms):
-            if not math.isfinite(norm):
-                raise AggregationError(f"input {index}: its L2 norm is not finite")
-        scales = [clip_scale(norm, params.clip_input_norm) for norm in norms]
+        scales = input_scales(norms, params.clip_input_norm)
         info["input_norms"], info["input_scales"] = tuple(norms), tuple(scales)
 
     window = _window(n, itemsize, window_bytes)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..aggregate import combine_partials, partial_limits
+from ..aggregate import aggregate_partials, partial_limits
 from ..dag import CID
 from ..errors import (
     AggregationError,
@@ -256,8 +256,12 @@ class TreeRoot:
             why = "; ".join(f"{g}: {w}" for g, w in {**book.failed, **failed}.items())
             return await self._fail(journal, r, f"every group failed: {why}", stats)
         try:
-            tensors = await asyncio.to_thread(
-                combine_partials, [p.partial for _, p in plan.parts], plan.layout, plan.divisor
+            tensors, _ = await asyncio.to_thread(
+                aggregate_partials,
+                [p.partial for _, p in plan.parts],
+                plan.layout,
+                plan.aggregation,
+                plan.samples,
             )
         except AggregationError as exc:
             return await self._fail(journal, r, f"aggregation refused: {exc}", stats)

@@ -8,7 +8,7 @@ a group whose leaf says it failed fails with the leaf's reason; a group not hear
 round's deadline plus the close retries fails naming its leaf (``TreeRound.due``). Once
 every group is over, the closed groups' partials are combined (``TreeRound.plan``): the
 first closed group in the job's order sets the tensors, a group whose partial holds others
-fails, and the divisor is the method's over every input of the round.
+fails, and the method (its divisor, its output clipping) is over every input of the round.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..aggregate import Layout, check_partial_tensors, linear_terms
+from ..aggregate import AggregationParams, Layout, check_partial_tensors, linear_terms
 from ..dag import CID
 from ..errors import AggregationError, MessageError, Reason, reason_text
 from ..format import numpy_dtype
@@ -104,15 +104,29 @@ class GroupPart:
 @dataclass(frozen=True)
 class TreePlan:
     """How the root combines a round: the closed groups' parts (job order), the tensors,
-    every input (sorted by peer), the divisor, the method's params for the record and the
-    groups that failed at the combination (name -> reason)."""
+    every input (sorted by peer), the method over them (``aggregation``) and the groups
+    that failed at the combination (name -> reason)."""
 
     parts: tuple[tuple[str, GroupPart], ...]
     layout: Layout
     inputs: tuple[RecordInput, ...]
-    divisor: float | None
-    params: dict[str, Any]
+    aggregation: AggregationParams
     failed: dict[str, str]
+
+    @property
+    def samples(self) -> list[int]:
+        """Every input's sample count, in record order."""
+        return [i.num_samples for i in self.inputs]
+
+    @property
+    def divisor(self) -> float | None:
+        """The method's divisor over every input of the round (fedavg: all their samples)."""
+        return linear_terms(self.aggregation, self.samples)[1]
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """The method's parameters as the tree record states them."""
+        return self.aggregation.to_record()
 
 
 class TreeRound:
@@ -198,8 +212,7 @@ class TreeRound:
                 kept.append((name, part))
         inputs = tuple(sorted((i for _, p in kept for i in p.record.inputs), key=lambda i: i.peer))
         params = self.config.aggregation.params_for([i.peer for i in inputs])
-        _, divisor = linear_terms(params, [i.num_samples for i in inputs])
-        return TreePlan(tuple(kept), first.layout, inputs, divisor, params.to_record(), failed)
+        return TreePlan(tuple(kept), first.layout, inputs, params, failed)
 
 
 def checked_part(
