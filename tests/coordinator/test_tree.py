@@ -1,7 +1,7 @@
 """A round shared by coordinators in a two-level tree, on real Kubo daemons
 (docs/design/multicoord.md, "The tree by peer groups"): two leaves each close their group
 into a signed partial record, the root combines them into the flat exact round's output,
-CID for CID, and ``gradstore audit round`` re-derives the whole tree; a SIGKILLed leaf
+CID for CID, for every linear method, and ``gradstore audit round`` re-derives the whole tree; a SIGKILLed leaf
 costs its group only, named in the record; a leaf that signs a partial that is not its
 inputs' sums is taken by the root and fails the audit by name."""
 
@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from gradstore.aggregate.methods import REGISTRY
+from gradstore.aggregate.methods.base import Linear
 from gradstore.coordinator import Coordinator, Journal, TreeRoot
 from gradstore.coordinator import partial as partial_module
 from gradstore.dag import CID
@@ -40,14 +42,26 @@ PEERS = sorted((key(i) for i in range(4)), key=lambda k: k.did)
 SAMPLES = [3, 5, 7, 11]
 
 
-def tree_job(*, groups: bool = True, deadline_s: float = 30.0) -> dict[str, Any]:
-    """Four peers, fedavg accumulated exactly; with ``groups``, peers 0-1 in group ``a``
-    (leaf A) and 2-3 in ``b`` (leaf B), each group closing with all its peers."""
+#: Every linear method (the registry's), with what it takes: a tree job runs each one.
+LINEAR: dict[str, dict[str, Any]] = {
+    "fedavg": {},
+    "sum": {},
+    "mean": {},
+    "weighted": {"weights": {k.did: w for k, w in zip(PEERS, (0.5, 3.0, 0.25, 7.0), strict=True)}},
+}
+
+
+def tree_job(
+    *, groups: bool = True, deadline_s: float = 30.0, method: str = "fedavg", **more: Any
+) -> dict[str, Any]:
+    """Four peers, ``method`` (its ``LINEAR`` settings and ``more``) accumulated exactly;
+    with ``groups``, peers 0-1 in group ``a`` (leaf A) and 2-3 in ``b`` (leaf B), each
+    group closing with all its peers."""
     raw: dict[str, Any] = {
         "job": "tree-job",
         "coordinator": ROOT.did,
         "peers": [k.did for k in PEERS],
-        "aggregation": {"method": "fedavg", "accumulate": "exact"},
+        "aggregation": {"method": method, "accumulate": "exact", **LINEAR[method], **more},
         "rounds": {"count": 1, "quorum": 4, "deadline_s": deadline_s},
     }
     if groups:
@@ -100,11 +114,18 @@ async def tree_record(node: KuboNode, cid: CID) -> TreeRecord:
     return decode_tree_record(await node.get_block(cid), cid=cid)
 
 
+def test_every_linear_method_is_run_through_the_tree() -> None:
+    linear = {name for name, cls in REGISTRY.items() if issubclass(cls, Linear)}
+    assert set(LINEAR) == linear  # a new linear method gets its tree round below
+
+
+@pytest.mark.parametrize("method", list(LINEAR))
 def test_a_tree_round_gives_the_flat_exact_rounds_output_and_audits(
-    kubo_factory, tmp_path: Path
+    kubo_factory, tmp_path: Path, method: str
 ) -> None:  # type: ignore[no-untyped-def]
     daemons: list[KuboDaemon] = kubo_factory(4, connect=True)
-    tree, flat = parse_job(tree_job()), parse_job(tree_job(groups=False))
+    tree = parse_job(tree_job(method=method))
+    flat = parse_job(tree_job(groups=False, method=method))
 
     async def go() -> None:
         root_node, a_node, b_node, peer_node = (d.node() for d in daemons)
