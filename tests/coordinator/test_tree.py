@@ -1,7 +1,7 @@
 """A round shared by coordinators in a two-level tree, on real Kubo daemons
 (docs/design/multicoord.md, "The tree by peer groups"): two leaves each close their group
 into a signed partial record, the root combines them into the flat exact round's output,
-CID for CID, for every linear method, and ``gradstore audit round`` re-derives the whole tree; a SIGKILLed leaf
+CID for CID, for every linear method (input and output clipping too), and ``gradstore audit round`` re-derives the whole tree; a SIGKILLed leaf
 costs its group only, named in the record; a leaf that signs a partial that is not its
 inputs' sums is taken by the root and fails the audit by name."""
 
@@ -119,13 +119,20 @@ def test_every_linear_method_is_run_through_the_tree() -> None:
     assert set(LINEAR) == linear  # a new linear method gets its tree round below
 
 
-@pytest.mark.parametrize("method", list(LINEAR))
+#: Clips peers 0 and 2 (norms 1.66e8 and 2.27e8), not 1 and 3, and the output (9e7).
+CLIPPED: dict[str, Any] = {"clip_input_norm": 1.6e8, "clip_output_norm": 5e7}
+
+
+@pytest.mark.parametrize(
+    ("method", "more"),
+    [(m, {}) for m in LINEAR] + [pytest.param("fedavg", CLIPPED, id="fedavg-clipped")],
+)
 def test_a_tree_round_gives_the_flat_exact_rounds_output_and_audits(
-    kubo_factory, tmp_path: Path, method: str
+    kubo_factory, tmp_path: Path, method: str, more: dict[str, Any]
 ) -> None:  # type: ignore[no-untyped-def]
     daemons: list[KuboDaemon] = kubo_factory(4, connect=True)
-    tree = parse_job(tree_job(method=method))
-    flat = parse_job(tree_job(groups=False, method=method))
+    tree = parse_job(tree_job(method=method, **more))
+    flat = parse_job(tree_job(groups=False, method=method, **more))
 
     async def go() -> None:
         root_node, a_node, b_node, peer_node = (d.node() for d in daemons)

@@ -1,5 +1,5 @@
 """A tree job's ``[[groups]]`` (docs/design/multicoord.md, "The tree by peer groups"): every
-peer in exactly one group, a linear method accumulated exactly, no clipping, no steps; and
+peer in exactly one group, a linear method accumulated exactly (clipped or not), no steps; and
 a group's view of the job (its leaf, peers, topics, quorum), without a network."""
 
 from __future__ import annotations
@@ -117,13 +117,13 @@ def test_a_tree_job_refuses_a_method_without_exact_partial_sums(
         parse_job(tree_job(aggregation=aggregation))
 
 
-def test_a_tree_job_refuses_ordered_accumulation_and_clipping_and_steps() -> None:
+def test_a_tree_job_refuses_ordered_accumulation_and_steps_and_takes_clipping() -> None:
     with pytest.raises(ConfigError, match='accumulate` must be "exact"'):
         parse_job(tree_job(aggregation={"method": "mean"}))
-    with pytest.raises(ConfigError, match="clip_input_norm` is not built"):
-        parse_job(
-            tree_job(aggregation={"method": "sum", "accumulate": "exact", "clip_input_norm": 1.0})
-        )
+    clipped = {"method": "sum", "accumulate": "exact", "clip_input_norm": 1.0}
+    config = parse_job(tree_job(aggregation={**clipped, "clip_output_norm": 2.0}))
+    view = config.group_view(config.groups[0].name)  # the leaf clips its inputs
+    assert (view.aggregation.clip_input_norm, view.aggregation.clip_output_norm) == (1.0, 2.0)
     steps = [{"name": "all", "tensors": ["w"]}]
     with pytest.raises(ConfigError, match="cannot be combined with \\[\\[groups\\]\\]"):
         parse_job(tree_job(steps=steps))

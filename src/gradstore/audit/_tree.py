@@ -16,7 +16,11 @@ A ``gradstore/tree/1`` record is audited group by group, and besides:
 - ``params``: the record's parameters are its method's over every input (weights, one per
   input, are the partial records' ones);
 - ``output-cid``: the closed groups' partials combined (the divisor the method's over every
-  input of the round) give the output the record names: the flat exact round's output.
+  input of the round, the output clipped by the record's bound) give the output the record
+  names: the flat exact round's output.
+
+With ``clip_input_norm`` a partial's inputs are clipped by their own norms (taken from the
+fetched values, as the flat audit does) before they are summed: the leaf's arithmetic.
 
 Memory: a partial is re-derived from its group's inputs held whole (O(group x model)).
 """
@@ -35,8 +39,10 @@ from ..aggregate import (
     InputSource,
     Layout,
     Partial,
-    combine_partials,
+    aggregate_partials,
     compressed_source,
+    global_norm,
+    input_scales,
     linear_terms,
     partial_sums,
 )
@@ -166,6 +172,10 @@ async def verify_partial(
                 f"{inp.weight!r}, its coefficient is {want!r}",
             )
     try:
+        if params.clip_input_norm is not None:  # each input by its own norm, as the leaf
+            norms = [global_norm(flat, params.norm_sum) for flat in flats]
+            scales = input_scales(norms, params.clip_input_norm)
+            coefs, _ = linear_terms(params, samples, scales)
         partial = partial_sums(flats, layout, coefs)
     except AggregationError as exc:
         raise AuditError("aggregate", f"{_where(rcid, record)}: {exc}") from exc
@@ -238,7 +248,7 @@ async def verify_tree_record(
     inputs = sorted((i for r in reports for i in r.record.inputs), key=lambda i: i.peer)
     params = _params(record.method, record.params, record.round)
     try:
-        coefs, divisor = linear_terms(params, [i.num_samples for i in inputs])
+        coefs, _ = linear_terms(params, [i.num_samples for i in inputs])
     except AggregationError as exc:
         raise AuditError("params", f"round {record.round} record {rcid}: {exc}") from exc
     if coefs is not None and list(coefs) != [i.weight for i in inputs]:
@@ -248,7 +258,9 @@ async def verify_tree_record(
             "groups' inputs' weights",
         )
     try:
-        tensors = combine_partials([r.partial for r in reports], reports[0].layout, divisor)
+        tensors, _ = aggregate_partials(
+            [r.partial for r in reports], reports[0].layout, params, [i.num_samples for i in inputs]
+        )
     except AggregationError as exc:
         raise AuditError("aggregate", f"round {record.round}: combining: {exc}") from exc
     meta = aggregate_meta(

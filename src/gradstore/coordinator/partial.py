@@ -3,7 +3,9 @@ its group's verified inputs become the group's exact partial sums (``aggregate.p
 stored as a partial document, and a signed ``gradstore/partial/1`` record naming them.
 
 The leaf neither divides nor rounds to the inputs' dtype: the root does, once, over every
-group's partials. The inputs are read window by window (``exact_partial_streamed``), from
+group's partials (and clips the output). With input clipping each input's coefficient has
+its clip factor folded in, from the norm taken when it was verified, as the flat round's
+close does; the record's weights stay the method's coefficients. The inputs are read window by window (``exact_partial_streamed``), from
 memory, their spill files or the node as a round's close.
 """
 
@@ -13,7 +15,13 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..aggregate import InputSource, as_document, exact_partial_streamed, linear_terms
+from ..aggregate import (
+    InputSource,
+    as_document,
+    exact_partial_streamed,
+    input_scales,
+    linear_terms,
+)
 from ..dag import CID
 from ..errors import CoordinatorError
 from ..format import Gradient
@@ -64,7 +72,11 @@ async def close_partial(
         raise CoordinatorError("close_partial closes a round of a tree job's group")
     verified = announced_in_order(inputs, announcements)
     params = config.aggregation.params_for([i.peer for i in verified])
-    coefs, _ = linear_terms(params, [i.num_samples for i in verified])
+    samples = [i.num_samples for i in verified]
+    weights, _ = linear_terms(params, samples)  # the record's: the method's c_i
+    bound = params.clip_input_norm  # each input clipped by its norm, as the flat round does
+    scales = None if bound is None else input_scales([i.norm or 0.0 for i in verified], bound)
+    coefs, _ = linear_terms(params, samples, scales)
     t0 = time.perf_counter()
     sources: list[InputSource] = []
     try:
@@ -86,7 +98,6 @@ async def close_partial(
         lambda: store.put(Gradient(partial, meta)),
         give_up_after=give_up_after,
     )
-    weights = [1.0] * len(verified) if coefs is None else coefs
     record = PartialRecord(
         job=config.job,
         run=run,
@@ -94,7 +105,7 @@ async def close_partial(
         group=group,
         method=params.method,
         params=params.to_record(),
-        inputs=input_entries(verified, weights, announcements),
+        inputs=input_entries(verified, weights or [1.0] * len(verified), announcements),
         excluded=exclusion_entries(excluded),
         output=output,
         coordinator=key.did,

@@ -3,7 +3,7 @@ has its leaf coordinator, and the job's coordinator (the root) combines the leav
 partial results (docs/design/multicoord.md, "The tree by peer groups").
 
 Pure: reading the tables and the rules a tree job must keep (every peer in exactly one
-group, a linear method accumulated exactly, no clipping, no steps).
+group, a linear method accumulated exactly, no steps).
 """
 
 from __future__ import annotations
@@ -99,9 +99,9 @@ def parse_groups(
 def tree_problem(aggregation: Aggregation, raw: Mapping[str, Any]) -> tuple[str, str] | None:
     """Why a job with ``[[groups]]`` cannot run as a tree, as (key, message), or None.
 
-    Only a linear method accumulated exactly gives the flat round's bits from partial sums;
-    clipping needs every input's (or the whole output's) norm at one place; steps, stages
-    and a population are rounds of another shape."""
+    Only a linear method accumulated exactly gives the flat round's bits from partial sums
+    (clipping does not stop it: a leaf clips each of its inputs by its own norm, the root
+    the whole output); steps, stages and a population are rounds of another shape."""
     for section in ("steps", "stages", "population"):
         if section in raw:
             return section, (
@@ -118,7 +118,4 @@ def tree_problem(aggregation: Aggregation, raw: Mapping[str, Any]) -> tuple[str,
             'must be "exact" in a tree job ([[groups]]): partial sums are carried exactly, '
             "so the output is the flat round's with the same accumulation, whatever the groups"
         )
-    for key in ("clip_input_norm", "clip_output_norm"):
-        if getattr(aggregation, key) is not None:
-            return f"aggregation.{key}", "is not built for a tree job ([[groups]]) yet"
     return None
