@@ -13,7 +13,9 @@ import math
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ import pytest
 
 from gradstore.aggregate.methods import REGISTRY
 from gradstore.aggregate.methods.base import Linear
+from gradstore.cli._round_status import _hearing
 from gradstore.coordinator import Coordinator, Journal, TreeRoot
 from gradstore.coordinator import partial as partial_module
 from gradstore.dag import CID
@@ -176,6 +179,15 @@ def test_a_tree_round_gives_the_flat_exact_rounds_output_and_audits(
     asyncio.run(go())
 
 
+async def round_show(api: str, record: str, state: Path | None = None) -> Any:
+    """``gradstore round show RECORD`` (with ``--state``: the coordinator's journal)."""
+    cmd = [sys.executable, "-m", "gradstore", "round", "show", record, "--api", api]
+    cmd += [] if state is None else ["--state", str(state)]
+    out = await asyncio.to_thread(subprocess.run, cmd, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return json.loads(out.stdout)
+
+
 async def round_list(api: str, head: str) -> Any:
     """``gradstore round list HEAD --json``: a tree record's round, its groups' peers."""
     cmd = [sys.executable, "-m", "gradstore", "round", "list", head, "--json", "--api", api]
@@ -198,13 +210,44 @@ def test_a_sigkilled_leaf_costs_its_group_only_and_is_named(kubo_factory, tmp_pa
         try:
             root = root_of(config, root_node, tmp_path / "root")
             leaf_a = leaf(config, "a", LEAF_A, a_node, tmp_path / "a")
-            async with running(root) as root_task, running(leaf_a):
-                view = config.group_view("b")  # leaf B is up: it listens on its group's topic
-                await peer_node.wait_for_topic_peers(view.gradients_topic, 1, timeout=30)
-                proc.send_signal(signal.SIGKILL)
-                await asyncio.to_thread(proc.wait)
-                results = await publish(config, peer_node, range(2))
-                await asyncio.wait_for(root_task, 60)
+            since_ms = int(time.time() * 1000)
+            async with AsyncExitStack() as stack:  # what `gradstore round status` hears
+                hearing = await _hearing(stack, config, peer_node)
+                async with running(root) as root_task, running(leaf_a):
+                    view = config.group_view("b")  # leaf B is up: it listens on its group's topic
+                    await peer_node.wait_for_topic_peers(view.gradients_topic, 1, timeout=30)
+                    proc.send_signal(signal.SIGKILL)
+                    await asyncio.to_thread(proc.wait)
+                    killed_ms = int(time.time() * 1000)
+                    publishing = asyncio.ensure_future(publish(config, peer_node, range(2)))
+                    while not leaf_a.outcomes:  # group a closed; the root waits for b
+                        await hearing.next_message(0.5)
+                    await hearing.next_message(1.0)
+                    status = hearing.status(since_ms)
+                    results = await publishing
+                    await asyncio.wait_for(root_task, 60)
+                await hearing.next_message(1.0)
+                ended = hearing.status(since_ms)
+            # the open round, group by group, as the root and each leaf say it
+            assert status.open_round == 0, status.lines()
+            a_open, b_open = status.steps
+            assert (a_open.step, a_open.leaf, a_open.state) == ("a", LEAF_A.did, "closed")
+            assert a_open.record == str(leaf_a.outcomes[0].record) and a_open.verified == 2
+            # leaf B said round 0 open before it was killed: open, and when it was last heard
+            assert (b_open.step, b_open.leaf, b_open.state) == ("b", LEAF_B.did, "open")
+            assert b_open.heard_at_ms is not None and b_open.heard_at_ms <= killed_ms
+            text = "\n".join(status.lines())
+            assert f"group a (leaf {LEAF_A.did}): closed, 2/2 aggregated, partial" in text, text
+            assert f"group b (leaf {LEAF_B.did}): open, 0/2 verified" in text, text
+            assert "its leaf last heard" in text, text
+            groups = status.to_json()["open"]["groups"]
+            assert [(g["group"], g["state"]) for g in groups] == [("a", "closed"), ("b", "open")]
+            # the round ended: group b is not in the root's result
+            assert ended.last is not None and ended.last.state == "closed", ended.lines()
+            a_end, b_end = ended.last.groups
+            assert (a_end.state, b_end.state) == ("closed", "failed"), ended.lines()
+            assert b_end.failed is not None and "round's result" in b_end.failed
+            assert ended.to_json()["last"]["groups"][1]["state"] == "failed"
             record = await tree_record(root_node, root.head)
             a, b = record.groups
             assert (a.group, a.failed, b.group, b.coordinator, b.record) == (
@@ -223,6 +266,23 @@ def test_a_sigkilled_leaf_costs_its_group_only_and_is_named(kubo_factory, tmp_pa
             }
             code, report = await audit(daemons[0].api_url, str(root.head), ROOT.did)
             assert code == 0 and "group b of round 0 failed" in report, report
+            shown = await round_show(daemons[0].api_url, str(root.head), tmp_path / "root")
+            assert [(g["group"], g["leaf"], g["status"]) for g in shown["groups"]] == [
+                ("a", LEAF_A.did, "closed"),
+                ("b", LEAF_B.did, "failed"),
+            ], shown
+            a_shown, b_shown = shown["groups"]
+            assert a_shown["record"] == str(a.record) and a_shown["type"] == "gradstore/partial/1"
+            assert sorted(p["peer"] for p in a_shown["peers"]) == sorted(k.did for k in PEERS[:2])
+            assert b_shown["reason"] == b.failed
+            assert shown["counts"] == {
+                "groups": {"total": 2, "completed": 1, "failed": 1},
+                "peers": 2,
+                "aggregated": 2,
+            }
+            assert shown["stats"]["groups"] == {"total": 2, "completed": 1, "failed": 1}
+            partial = await round_show(daemons[0].api_url, str(a.record))
+            assert (partial["group"], partial["counts"]["aggregated"]) == ("a", 2), partial
         finally:
             if proc.poll() is None:
                 proc.kill()

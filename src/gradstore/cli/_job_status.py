@@ -2,6 +2,11 @@
 out of quorum, deadline), and the last round that ended, built from what a
 ``CoordinatorListener`` heard (verified, signed messages only). Pure: no I/O.
 
+A tree job (``[[groups]]``, ``tree_status``): the round and its result as the root says
+them, and each group as its leaf does (its peers, verified out of its quorum; closed with
+its partial record; failed with the leaf's reason; or nothing heard of it), in the open
+round and in the last one that ended.
+
 Only messages stamped at or after ``since_ms`` (when the command began to listen) count: the
 coordinator re-sends the open round's statuses and its last results with fresh stamps every
 few seconds, and a replayed message was stamped before.
@@ -10,10 +15,12 @@ few seconds, and a replayed message was stamped before.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
-from ..job import JobConfig, StepConfig
+from ..job import GroupConfig, JobConfig, StepConfig
+from ..messages import Roster
 from ..peer import CoordinatorView, RoundView
 
 #: Seconds a status command listens for the coordinator before it says it heard none.
@@ -36,8 +43,10 @@ class PeerStatus:
 
 @dataclass(frozen=True)
 class StepState:
-    """One step of the open round (``step`` None: the round of a job without steps):
-    ``open``, ``closed`` (its aggregate and record), ``failed`` (why), or ``unheard``."""
+    """One step of the open round (``step`` None: the round of a job without steps), or a
+    tree job's group (``step`` its name, ``leaf`` its leaf coordinator): ``open``,
+    ``closed`` (its aggregate and record; a group's partial document and record),
+    ``failed`` (why), or ``unheard``."""
 
     step: str | None
     state: str
@@ -51,6 +60,10 @@ class StepState:
     record: str | None = None
     #: when the open step's deadline falls (unix ms), as the coordinator's signed status says
     deadline_at_ms: int | None = None
+    #: a tree job's group: its leaf's did (None: a step)
+    leaf: str | None = None
+    #: a tree job's group: the stamp of its leaf's latest word (unix ms; None: none heard)
+    heard_at_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -65,6 +78,8 @@ class Ended:
     method: str | None = None
     peers: int = 0
     reason: str | None = None
+    #: a tree job's round: each group as its leaf said it of this round
+    groups: tuple[StepState, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -106,7 +121,7 @@ class JobStatus:
             "complete": self.complete,
             "open": None
             if self.open_round is None
-            else {"round": self.open_round, "steps": [_step_json(s) for s in self.steps]},
+            else {"round": self.open_round, **_parts_json(self.steps)},
             "last": None if self.last is None else _ended_json(self.last),
         }
 
@@ -137,6 +152,8 @@ class JobStatus:
             out += _step_lines(step)
         if self.last is not None:
             out.append(_ended_line(self.last))
+            for group in self.last.groups:
+                out += _step_lines(group)
         return out
 
 
@@ -175,6 +192,59 @@ def job_status(
     return replace(
         base, heard=True, silent=silent, run=run.run, open_round=open_round, steps=steps, last=last
     )
+
+
+def tree_status(
+    config: JobConfig,
+    root: CoordinatorView,
+    groups: Mapping[str, CoordinatorView],
+    since_ms: int,
+    *,
+    silent: bool = False,
+) -> JobStatus:
+    """A tree job (``config.groups``) as its root's view and each group's leaf's (``groups``,
+    by name: a ``CoordinatorListener`` with ``partials``) heard it: the root's round and
+    result, each group's part of the open round and of the last that ended."""
+    status = job_status(config, root, since_ms, silent=silent)
+
+    def parts(round_: int, ended: RoundView | None = None) -> tuple[StepState, ...]:
+        return tuple(
+            _group_state(config, g, groups[g.name], round_, since_ms, root.roster, ended)
+            for g in config.groups
+        )
+
+    last = status.last
+    if last is not None:
+        last = replace(last, groups=parts(last.round, root.slot(last.round, None, since_ms)))
+    steps = () if status.open_round is None else parts(status.open_round)
+    return replace(status, steps=steps, last=last)
+
+
+def _group_state(
+    config: JobConfig,
+    group: GroupConfig,
+    view: CoordinatorView,
+    round_: int,
+    since_ms: int,
+    roster: Roster,
+    ended: RoundView | None,
+) -> StepState:
+    """``group``'s part of ``round_`` as its leaf's view says it (a step of its group's
+    view). Of a round that ended (``ended``: the root's word of it) with no result or
+    failure heard from the leaf, the root's result says whether the group is in it."""
+    step = config.group_view(group.name).steps[0]
+    state = _step_state(view, step, round_, None, since_ms)
+    current = view.current
+    heard = None if current is None or current.last_sent_at < since_ms else current.last_sent_at
+    state = replace(state, step=group.name, leaf=group.coordinator, heard_at_ms=heard)
+    if ended is None or state.state in ("closed", "failed"):
+        return state
+    took = [p for p in group.peers if ended.result and roster.has(ended.result_peers, p)]
+    if took:  # the root took a part of the leaf's this listener did not hear
+        peers = tuple(PeerStatus(p, "aggregated" if p in took else "excluded") for p in group.peers)
+        return replace(state, state="closed", verified=len(took), peers=peers, deadline_at_ms=None)
+    why = "none of its peers is in the round's result (the root's record says why)"
+    return replace(state, state="failed", failed=why, deadline_at_ms=None)
 
 
 def _ended(slot: RoundView | None) -> bool:
@@ -242,9 +312,17 @@ def _open_peer(view: CoordinatorView, slot: RoundView, peer: str) -> PeerStatus:
     return PeerStatus(peer, "absent")
 
 
+def _parts_json(steps: tuple[StepState, ...]) -> dict[str, Any]:
+    """The open round's steps, or a tree round's groups."""
+    if any(s.leaf is not None for s in steps):
+        return {"groups": [_step_json(s) for s in steps]}
+    return {"steps": [_step_json(s) for s in steps]}
+
+
 def _step_json(step: StepState) -> dict[str, Any]:
+    part = {"step": step.step} if step.leaf is None else {"group": step.step, "leaf": step.leaf}
     return {
-        "step": step.step,
+        **part,
         "state": step.state,
         "verified": step.verified,
         "expected": step.expected,
@@ -254,6 +332,7 @@ def _step_json(step: StepState) -> dict[str, Any]:
         "failed": step.failed,
         "output": step.output,
         "record": step.record,
+        **({} if step.leaf is None else {"leaf_heard_at_ms": step.heard_at_ms}),
         "peers": [{"peer": p.peer, "state": p.state, "reason": p.reason} for p in step.peers],
     }
 
@@ -267,23 +346,26 @@ def _ended_json(last: Ended) -> dict[str, Any]:
         "method": last.method,
         "peers": last.peers,
         "reason": last.reason,
+        **(_parts_json(last.groups) if last.groups else {}),
     }
 
 
 def _step_lines(step: StepState) -> list[str]:
     name = "" if step.step is None else f"step {step.step}: "
+    if step.leaf is not None:
+        name = f"group {step.step} (leaf {step.leaf}): "
     if step.state == "closed":
-        text = (
-            f"closed, {step.verified}/{step.expected} aggregated, aggregate {step.output} "
-            f"record {step.record}"
-        )
+        output = "aggregate" if step.leaf is None else "partial"
+        text = f"closed, {step.verified}/{step.expected} aggregated"
+        if step.record is not None:
+            text += f", {output} {step.output} record {step.record}"
     elif step.state == "unheard":
-        text = "nothing heard of it yet"
+        text = "nothing heard of it yet" if step.leaf is None else "nothing heard from its leaf"
     else:
         deadline = (
             f"{step.deadline_s:g} s from the round's first announcement"
             if step.deadline_at_ms is None
-            else time.strftime("%H:%M:%S UTC", time.gmtime(step.deadline_at_ms / 1000))
+            else _clock(step.deadline_at_ms)
         )
         text = (
             f"{step.verified}/{step.expected} verified, quorum {step.quorum}, deadline {deadline}"
@@ -292,12 +374,18 @@ def _step_lines(step: StepState) -> list[str]:
             text = f"failed: {step.failed} ({text})"
         elif name:
             text = f"open, {text}"
+    if step.leaf is not None and step.heard_at_ms is not None and step.state == "open":
+        text += f", its leaf last heard {_clock(step.heard_at_ms)}"
     out = [f"  {name}{text}"]
     width = max((len(p.state) for p in step.peers), default=0)
     for p in step.peers:
         reason = "" if p.reason is None else f"  {p.reason}"
         out.append(f"    {p.state:<{width}}  {p.peer}{reason}")
     return out
+
+
+def _clock(unix_ms: int) -> str:
+    return time.strftime("%H:%M:%S UTC", time.gmtime(unix_ms / 1000))
 
 
 def _ended_line(last: Ended) -> str:

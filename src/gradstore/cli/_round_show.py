@@ -4,8 +4,11 @@ A round/2-4 record lists its peers, and what its number means under a coordinato
 counted from 0) and under ``gradstore.flower`` (Flower's, from 1); a stepped round's
 round/5 record lists its steps, each with its step record's peers (or why it failed), and
 counts the steps (total, completed, pending, failed) and the peers that took part. A step
-record (step/1) shows as a round record with its step and tensors. With ``--state``, the
-coordinator's journal adds the round's stats (and each step's).
+record (step/1) shows as a round record with its step and tensors. A tree round's tree/1
+record lists its groups, each with its leaf and its partial record's peers (or why it
+failed), and counts the groups and the peers; a partial record (partial/1) shows as a
+round record with its group. With ``--state``, the coordinator's journal adds the round's
+stats (and each step's).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +24,20 @@ from ..coordinator import Journal
 from ..dag import CID, cbor
 from ..errors import CoordinatorError, Reason
 from ..messages import (
+    PARTIAL_RECORD_TYPE,
     RECORD_TYPE_STEPPED,
     STEP_RECORD_TYPE,
+    TREE_RECORD_TYPE,
+    PartialRecord,
     RoundRecord,
     SteppedRoundRecord,
     StepRecord,
+    TreeRecord,
+    decode_partial_record,
     decode_record,
     decode_step_record,
     decode_stepped_record,
+    decode_tree_record,
 )
 from . import _exit
 from ._nodes import node_from_args
@@ -42,24 +52,35 @@ def cmd_round_show(args: argparse.Namespace) -> int:
         try:
             patience = Patience(f"round record {cid} from {node.name}", args.timeout)
             data = await patience.run(node.get_block(cid))
-            steps: dict[CID, bytes] = {}
+            parts: dict[CID, bytes] = {}  # a stepped round's step records, a tree's partial
+            linked: list[tuple[str, CID | None]] = []
             if _type_of(data) == RECORD_TYPE_STEPPED:
-                for entry in decode_stepped_record(data, cid=cid).steps:
-                    if entry.record is not None:
-                        what = f"step record {entry.record} from {node.name}"
-                        block = await Patience(what, args.timeout).run(node.get_block(entry.record))
-                        steps[entry.record] = block
-            return data, steps
+                linked = [("step", e.record) for e in decode_stepped_record(data, cid=cid).steps]
+            elif _type_of(data) == TREE_RECORD_TYPE:
+                groups = decode_tree_record(data, cid=cid).groups
+                linked = [("partial", g.record) for g in groups]
+            for what, link in linked:
+                if link is not None:
+                    waiting = Patience(f"{what} record {link} from {node.name}", args.timeout)
+                    parts[link] = await waiting.run(node.get_block(link))
+            return data, parts
         finally:
             await node.aclose()
 
     data, blocks = asyncio.run(run())
     kind = _type_of(data)
-    record: RoundRecord | StepRecord | SteppedRoundRecord
+    record: RoundRecord | StepRecord | SteppedRoundRecord | TreeRecord | PartialRecord
     if kind == RECORD_TYPE_STEPPED:
         record = decode_stepped_record(data, cid=cid)
         steps = {c: decode_step_record(b, cid=c) for c, b in blocks.items()}
         doc = stepped_doc(record, cid, steps)
+    elif kind == TREE_RECORD_TYPE:
+        record = decode_tree_record(data, cid=cid)
+        partials = {c: decode_partial_record(b, cid=c) for c, b in blocks.items()}
+        doc = tree_doc(record, cid, partials)
+    elif kind == PARTIAL_RECORD_TYPE:
+        record = decode_partial_record(data, cid=cid)
+        doc = record_doc(record, cid)
     elif kind == STEP_RECORD_TYPE:
         record = decode_step_record(data, cid=cid)
         doc = record_doc(record, cid)
@@ -83,18 +104,15 @@ def _type_of(data: bytes) -> Any:
     return node.get("type") if isinstance(node, dict) else None
 
 
-def record_doc(record: RoundRecord | StepRecord, cid: CID) -> dict[str, Any]:
-    """A round/2-4 record, or a step record (with its step and tensors, and no ``prev``)."""
+def record_doc(record: RoundRecord | StepRecord | PartialRecord, cid: CID) -> dict[str, Any]:
+    """A round/2-4 record, a step record (with its step and tensors, and no ``prev``) or a
+    tree's partial record (with its group, and no ``prev``)."""
     absent = sum(Reason.of(e.reason) is Reason.ABSENT for e in record.excluded)
-    doc: dict[str, Any] = {
-        "record": str(cid),
-        "type": record.type,
-        "job": record.job,
-        "run": record.run,
-        "round": record.round,
-    }
+    doc = _head(record, cid)
     if isinstance(record, StepRecord):
         doc |= {"step": record.step, "tensors": list(record.tensors)}
+    if isinstance(record, PartialRecord):
+        doc["group"] = record.group
     doc |= {
         "method": record.method,
         "params": record.params,
@@ -133,6 +151,19 @@ def record_doc(record: RoundRecord | StepRecord, cid: CID) -> dict[str, Any]:
     return doc
 
 
+def _head(
+    record: RoundRecord | StepRecord | PartialRecord | SteppedRoundRecord | TreeRecord, cid: CID
+) -> dict[str, Any]:
+    """What every record's doc begins with: its CID, type, job, run and round."""
+    return {
+        "record": str(cid),
+        "type": record.type,
+        "job": record.job,
+        "run": record.run,
+        "round": record.round,
+    }
+
+
 def numbering(round_: int) -> dict[str, str]:
     """What a round/2-4 record's number means under a coordinator (rounds from 0) and under
     ``gradstore.flower`` (Flower's ``server_round``, from 1): the record does not say which."""
@@ -158,25 +189,12 @@ def stepped_doc(
 ) -> dict[str, Any]:
     """A round/5 record: each step's record (or why it failed), and the counts of steps and
     of the peers that took part (announced in any step) and were aggregated."""
-    entries: list[dict[str, Any]] = []
-    took_part: set[str] = set()
-    aggregated: set[str] = set()
-    for entry in record.steps:
-        if entry.record is None:
-            entries.append({"step": entry.step, "status": "failed", "reason": entry.failed})
-            continue
-        step = steps[entry.record]
-        took_part.update(i.peer for i in step.inputs)
-        took_part.update(e.peer for e in step.excluded if Reason.of(e.reason) is not Reason.ABSENT)
-        aggregated.update(i.peer for i in step.inputs)
-        entries.append({"status": "closed", **record_doc(step, entry.record)})
+    entries, took_part, aggregated = _parts(
+        [({"step": e.step}, {}, e.record, e.failed) for e in record.steps], steps
+    )
     failed = sum(e["status"] == "failed" for e in entries)
     return {
-        "record": str(cid),
-        "type": record.type,
-        "job": record.job,
-        "run": record.run,
-        "round": record.round,
+        **_head(record, cid),
         "coordinator": record.coordinator,
         "output": str(record.output),
         "prev": None if record.prev is None else str(record.prev),
@@ -192,6 +210,53 @@ def stepped_doc(
             "aggregated": len(aggregated),
         },
     }
+
+
+def tree_doc(record: TreeRecord, cid: CID, partials: dict[CID, PartialRecord]) -> dict[str, Any]:
+    """A tree/1 record: each group with its leaf and its partial record (or why it failed),
+    and the counts of groups and of the peers that took part and were aggregated."""
+    heads = [{"group": g.group, "leaf": g.coordinator} for g in record.groups]
+    entries, took_part, aggregated = _parts(
+        [(h, h, g.record, g.failed) for h, g in zip(heads, record.groups, strict=True)], partials
+    )
+    failed = sum(e["status"] == "failed" for e in entries)
+    return {
+        **_head(record, cid),
+        "method": record.method,
+        "params": record.params,
+        "coordinator": record.coordinator,
+        "output": str(record.output),
+        "prev": None if record.prev is None else str(record.prev),
+        "numbering": numbering(record.round),
+        "groups": entries,
+        "counts": {
+            "groups": {"total": len(entries), "completed": len(entries) - failed, "failed": failed},
+            "peers": len(took_part),
+            "aggregated": len(aggregated),
+        },
+    }
+
+
+def _parts(
+    parts: Sequence[tuple[dict[str, Any], dict[str, Any], CID | None, str | None]],
+    records: Mapping[CID, StepRecord] | Mapping[CID, PartialRecord],
+) -> tuple[list[dict[str, Any]], set[str], set[str]]:
+    """A stepped or tree round's parts, each ``(head if failed, head if closed, its record
+    or None, why it failed)``: their entries (closed: the record's doc), the peers that took
+    part (announced: inputs and non-absent exclusions) and the peers aggregated."""
+    entries: list[dict[str, Any]] = []
+    took_part: set[str] = set()
+    aggregated: set[str] = set()
+    for failed_head, closed_head, link, why in parts:
+        if link is None:
+            entries.append({**failed_head, "status": "failed", "reason": why})
+            continue
+        part = records[link]
+        absent = {e.peer for e in part.excluded if Reason.of(e.reason) is Reason.ABSENT}
+        took_part.update({i.peer for i in part.inputs} | {e.peer for e in part.excluded} - absent)
+        aggregated.update(i.peer for i in part.inputs)
+        entries.append({**closed_head, "status": "closed", **record_doc(part, link)})
+    return entries, took_part, aggregated
 
 
 def _journal_stats(

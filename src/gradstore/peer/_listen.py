@@ -38,7 +38,10 @@ class CoordinatorListener:
     """What one node hears from a job's coordinator. Use as ``async with``.
 
     With ``listener`` (another, entered one) it hears the coordinator through that one's
-    subscription instead of its own.
+    subscription instead of its own. With ``partials`` (``config`` a tree job's group view)
+    it hears the group's leaf alone, its own (partial) results included, and skips the
+    root's messages: what ``gradstore round status`` shows of a group; a peer takes the
+    round's result from the root instead.
     """
 
     def __init__(
@@ -49,8 +52,12 @@ class CoordinatorListener:
         coordinator_timeout_s: float = DEFAULT_COORDINATOR_TIMEOUT_S,
         clock: Callable[[], float] = time.time,
         listener: CoordinatorListener | None = None,
+        partials: bool = False,
     ) -> None:
+        if partials and config.root is None:
+            raise CoordinatorError("only a tree job's group view (its leaf) has partial results")
         self.config = config
+        self.partials = partials
         self.node = node
         self.coordinator_timeout_s = coordinator_timeout_s
         self.clock = clock
@@ -124,9 +131,11 @@ class CoordinatorListener:
                     coordinator=cfg.coordinator,
                     peers=cfg.roster,
                     owners=cfg.step_owners,
-                    results_by=cfg.root,  # a tree job's group: the root signs the round's
+                    results_by=None if self.partials else cfg.root,  # a tree's: the root's
                 )
             except MessageError as exc:  # anyone can publish here: no sender to name
+                if self.partials and _signed_by_root(msg.data, cfg):
+                    continue  # the round's result, or its failure: the leaf's word is wanted
                 tree = None if cfg.root is None else _from_tree(msg.data, cfg)
                 if tree is True:
                     continue  # a tree's leaf's partial result, there for the root: not ours
@@ -252,6 +261,16 @@ class CoordinatorListener:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(limit):
                         await self._news.wait()
+
+
+def _signed_by_root(data: bytes, cfg: JobConfig) -> bool:
+    """Whether ``data`` is a message of ``cfg``'s job signed by its tree's root."""
+    assert cfg.root is not None
+    try:
+        verify_message(data, job=cfg.job, coordinator=cfg.root, peers=cfg.roster)
+    except MessageError:
+        return False
+    return True
 
 
 def _from_tree(data: bytes, cfg: JobConfig) -> bool | Status:
