@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -22,16 +22,24 @@ from typing import Any
 import numpy as np
 import pytest
 
+from gradstore.aggregate import aggregate_with_info
 from gradstore.aggregate.methods import REGISTRY
 from gradstore.aggregate.methods.base import Linear
-from gradstore.cli._round_status import _hearing
+from gradstore.cli._job_status import JobStatus
+from gradstore.cli._round_status import Hearing, _hearing
 from gradstore.coordinator import Coordinator, Journal, TreeRoot
 from gradstore.coordinator import partial as partial_module
-from gradstore.dag import CID
+from gradstore.dag import CID, file_cid
 from gradstore.errors import RoundFailedError
-from gradstore.format import Gradient
+from gradstore.format import Gradient, encode
 from gradstore.job import JobConfig, parse_job
-from gradstore.messages import SigningKey, TreeRecord, decode_tree_record
+from gradstore.messages import (
+    SigningKey,
+    TreeRecord,
+    aggregate_meta,
+    decode_partial_record,
+    decode_tree_record,
+)
 from gradstore.node import KuboDaemon, KuboNode
 from gradstore.peer import Peer
 
@@ -113,6 +121,13 @@ async def publish(config: JobConfig, node: KuboNode, which: Sequence[int]) -> li
     return list(await asyncio.gather(*(one(i) for i in which)))
 
 
+def for_a_process(raw: dict[str, Any], k: SigningKey, folder: Path) -> tuple[JobConfig, Path, Path]:
+    """``raw`` parsed, and as the job file and ``k``'s key file a coordinator process reads."""
+    keyfile = folder / "coordinator.key"
+    k.save(keyfile)
+    return parse_job(raw), job_toml(raw, folder / "job.toml"), keyfile
+
+
 async def tree_record(node: KuboNode, cid: CID) -> TreeRecord:
     return decode_tree_record(await node.get_block(cid), cid=cid)
 
@@ -179,6 +194,18 @@ def test_a_tree_round_gives_the_flat_exact_rounds_output_and_audits(
     asyncio.run(go())
 
 
+async def _heard(
+    hearing: Hearing, since_ms: int, ok: Callable[[JobStatus], Any], timeout: float = 20.0
+) -> JobStatus:
+    """The job's status as ``hearing`` has it once ``ok`` holds (at most ``timeout`` s)."""
+    end = time.monotonic() + timeout
+    status = hearing.status(since_ms)
+    while not (status.heard and ok(status)) and time.monotonic() < end:
+        await hearing.next_message(0.5)
+        status = hearing.status(since_ms)
+    return status
+
+
 async def round_show(api: str, record: str, state: Path | None = None) -> Any:
     """``gradstore round show RECORD`` (with ``--state``: the coordinator's journal)."""
     cmd = [sys.executable, "-m", "gradstore", "round", "show", record, "--api", api]
@@ -198,11 +225,7 @@ async def round_list(api: str, head: str) -> Any:
 
 def test_a_sigkilled_leaf_costs_its_group_only_and_is_named(kubo_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     daemons: list[KuboDaemon] = kubo_factory(4, connect=True)
-    raw = tree_job(deadline_s=4.0)
-    config = parse_job(raw)
-    job = job_toml(raw, tmp_path / "job.toml")
-    keyfile = tmp_path / "leaf-b.key"
-    LEAF_B.save(keyfile)
+    config, job, keyfile = for_a_process(tree_job(deadline_s=4.0), LEAF_B, tmp_path)
 
     async def go() -> None:
         root_node, a_node, peer_node = daemons[0].node(), daemons[1].node(), daemons[3].node()
@@ -220,14 +243,13 @@ def test_a_sigkilled_leaf_costs_its_group_only_and_is_named(kubo_factory, tmp_pa
                     await asyncio.to_thread(proc.wait)
                     killed_ms = int(time.time() * 1000)
                     publishing = asyncio.ensure_future(publish(config, peer_node, range(2)))
-                    while not leaf_a.outcomes:  # group a closed; the root waits for b
-                        await hearing.next_message(0.5)
-                    await hearing.next_message(1.0)
-                    status = hearing.status(since_ms)
+                    # group a closed (its leaf's result heard); the root waits for b
+                    status = await _heard(
+                        hearing, since_ms, lambda s: s.steps and s.steps[0].record
+                    )
                     results = await publishing
                     await asyncio.wait_for(root_task, 60)
-                await hearing.next_message(1.0)
-                ended = hearing.status(since_ms)
+                ended = await _heard(hearing, since_ms, lambda s: s.last)
             # the open round, group by group, as the root and each leaf say it
             assert status.open_round == 0, status.lines()
             a_open, b_open = status.steps
@@ -356,3 +378,69 @@ def test_a_round_whose_every_group_failed_reaches_the_waiting_peers(
                 await n.aclose()
 
     asyncio.run(go())
+
+
+def test_a_sigkilled_root_resumes_its_round_with_the_journaled_partials(
+    kubo_factory, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    daemons: list[KuboDaemon] = kubo_factory(4, connect=True)
+    config, job, keyfile = for_a_process(tree_job(deadline_s=3.0), ROOT, tmp_path)
+    state = tmp_path / "root"
+    grads = gradients()
+
+    async def go() -> None:
+        root_node, a_node, b_node, peer_node = (d.node() for d in daemons)
+        leaf_a = leaf(config, "a", LEAF_A, a_node, tmp_path / "a")
+        leaf_b = leaf(config, "b", LEAF_B, b_node, tmp_path / "b")
+        proc = coordinator_process(job, keyfile, daemons[0].api_url, state)
+        try:
+            async with running(leaf_b):
+                a_task = asyncio.create_task(leaf_a.run())
+
+                async def announce(i: int) -> None:
+                    async with Peer(config, peer_node, PEERS[i], first_backoff_s=0.3) as peer:
+                        await peer.publish(grads[i], 0, SAMPLES[i], timeout=60)
+
+                await asyncio.gather(announce(0), announce(1))
+                await _logged(state.with_suffix(".err"), "round 0 group a: took partial record")
+                proc.send_signal(signal.SIGKILL)  # group a's part taken, group b still open
+                await asyncio.to_thread(proc.wait)
+                # leaf A gives up waiting for the root's result and stops repeating its own
+                await asyncio.wait_for(a_task, 30)
+                proc = coordinator_process(job, keyfile, daemons[0].api_url, state)
+                results = await publish(config, peer_node, (2, 3))
+                assert await asyncio.to_thread(proc.wait, 30) == 0
+            record = await tree_record(root_node, CID.parse(results[0].record))
+            assert [(g.group, g.failed) for g in record.groups] == [("a", None), ("b", None)]
+            assert record.groups[0].record == leaf_a.outcomes[0].record  # read from the journal
+            # the output is the flat exact round's over the four inputs, CID for CID
+            inputs = [i for g in record.groups for i in (await partial_record(root_node, g)).inputs]
+            assert [i.peer for i in inputs] == [k.did for k in PEERS]
+            params = config.aggregation.params_for([k.did for k in PEERS])
+            tensors, _ = aggregate_with_info([g.tensors for g in grads], params, SAMPLES)
+            meta = aggregate_meta(
+                config.job, 0, config.method, [i.gradient for i in inputs], run=record.run
+            )
+            assert {r.cid for r in results} == {record.output}
+            assert file_cid(encode(Gradient(tensors, meta))) == record.output.to_v1()
+            code, report = await audit(daemons[0].api_url, str(results[0].record), ROOT.did)
+            assert code == 0 and "2 group(s) audited" in report, report
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            for n in (root_node, a_node, b_node, peer_node):
+                await n.aclose()
+
+    asyncio.run(go())
+
+
+async def _logged(path: Path, line: str, timeout: float = 30.0) -> None:
+    """Wait until a coordinator process's log at ``path`` holds ``line``."""
+    async with asyncio.timeout(timeout):
+        while not path.is_file() or line not in path.read_text(errors="replace"):
+            await asyncio.sleep(0.1)
+
+
+async def partial_record(node: KuboNode, group: Any) -> Any:
+    return decode_partial_record(await node.get_block(group.record), cid=group.record)

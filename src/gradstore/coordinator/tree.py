@@ -7,6 +7,12 @@ view of the job, closing into a partial record, ``coordinator.partial``). The ro
 its run on the job's results topic (a status of its open round, repeated, which the leaves
 adopt); it publishes the round's result there and on every group's results topic, where
 the group's peers wait for it. The decisions are ``tree_state``'s.
+
+Restart: each part taken (its partial record's CID) and each failure a leaf said is
+journaled as the group's row of the open round (the journal's ``steps`` table, keyed by
+the group's name). A root restarted mid-round re-fetches the journaled partial records and
+documents from the network (they are the leaves', content-addressed), so it does not
+depend on a leaf still repeating its result; the round's clock starts again at the restart.
 """
 
 from __future__ import annotations
@@ -82,6 +88,7 @@ class TreeRoot:
                 "the tree's root"
             )
         self.config = config
+        self._groups = {g.name: g for g in config.groups}
         self.key = key
         self.node = node
         self.state_dir = Path(state_dir)
@@ -97,6 +104,7 @@ class TreeRoot:
         self.round = 0
         self.head: CID | None = None
         self._book: TreeRound | None = None
+        self._journal: Journal | None = None
         self._news = asyncio.Event()
         self._said: list[tuple[str, Any]] = []  # (topic, message) the beacon repeats
         self._reads: set[tuple[int, str]] = set()
@@ -110,6 +118,7 @@ class TreeRoot:
         stop = stop or asyncio.Event()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         with Journal(self.state_dir / "journal.sqlite") as journal:
+            self._journal = journal
             self.run_id = journal.bind(self.config.job, self.key.did)
             for row in journal.rounds():  # resume after the last round that ended
                 if row.state == "closed" and row.record is not None:
@@ -140,6 +149,7 @@ class TreeRoot:
             book = self._book = TreeRound(self.config, r, self.close_retry_s)
             self._said = [(self.config.results_topic, self._status(r))]
             await self._say(self.config.results_topic, self._said[0][1])
+            self._resume(journal, book)
             for g in self.config.groups:
                 early = self._early.pop((r, g.name), None)
                 if early is not None:
@@ -199,25 +209,51 @@ class TreeRoot:
         if isinstance(said, Status):
             if said.failed is not None:
                 book.fail(group.name, said.failed)
+                if self._journal is not None:  # a restart keeps the leaf's word
+                    self._journal.fail_step(book.round, group.name, said.failed)
+                    self._journal.flush()
                 self._news.set()
             return
-        at = (said.round, group.name)
+        self._reading(group, said.round, said.record, book, said)
+
+    def _resume(self, journal: Journal, book: TreeRound) -> None:
+        """A restart mid-round: the groups journaled in ``book``'s round are over again,
+        each taken part re-fetched by its partial record's CID (``_read``)."""
+        rows = [row for row in journal.steps(book.round) if row.step in self._groups]
+        for row in rows:
+            if row.state == "failed":
+                book.fail(row.step, row.reason or "failed")
+            elif row.record is not None:
+                self._reading(self._groups[row.step], book.round, row.record, book, None)
+        if rows:
+            log.info("round %d: resumed %d group(s) from the journal", book.round, len(rows))
+            book.heard(self.clock())  # the clock starts again: the others get a full deadline
+
+    def _reading(
+        self, group: GroupConfig, r: int, record: str, book: TreeRound, result: Result | None
+    ) -> None:
+        """Read the partial ``record`` of ``group`` in round ``r`` once at a time (``_read``)."""
+        at = (r, group.name)
         if at not in self._reads:
             self._reads.add(at)
-            task = asyncio.create_task(self._read(group, said, book))
+            task = asyncio.create_task(self._read(group, r, record, book, result))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _read(self, group: GroupConfig, result: Result, book: TreeRound) -> None:
-        """Fetch and check the partial record and document the leaf's ``result`` names; the
-        group's part is taken once they hold (else its leaf's next repeat tries again)."""
+    async def _read(
+        self, group: GroupConfig, r: int, record_cid: str, book: TreeRound, result: Result | None
+    ) -> None:
+        """Fetch and check the partial record and document the leaf's ``result`` names (None:
+        one journaled when it was taken, checked then); the group's part is taken once they
+        hold (else its leaf's next repeat tries again), and journaled."""
         try:
-            cid = CID.parse(result.record)
+            cid = CID.parse(record_cid)
             data = await asyncio.wait_for(self.node.get_block(cid), self.resolve_timeout_s)
             record = decode_partial_record(data, cid=cid)
-            check_remote_partial(
-                result, cid, record, group=group, job=self.config.job, run=self.run_id
-            )
+            if result is not None:
+                check_remote_partial(
+                    result, cid, record, group=group, job=self.config.job, run=self.run_id
+                )
             document = await asyncio.wait_for(
                 self.store.get(record.output), self.resolve_timeout_s * 6
             )
@@ -232,16 +268,21 @@ class TreeRoot:
             LimitExceededError,
         ) as exc:
             log.warning(
-                "round %d group %s: the result of its leaf is not taken: %s",
-                result.round,
+                "round %d group %s: the %s is not taken: %s",
+                r,
                 group.name,
+                "result of its leaf" if result is not None else "journaled partial record",
                 exc,
             )
         else:
+            if book.wants(group.name) and self._journal is not None:
+                self._journal.close_step(r, group.name, str(record.output), str(cid))
+                self._journal.flush()  # a restart re-reads it from the network
             book.took(group.name, part)
+            log.info("round %d group %s: took partial record %s", r, group.name, cid)
             self._news.set()
         finally:
-            self._reads.discard((result.round, group.name))
+            self._reads.discard((r, group.name))
 
     # -- the round's end -------------------------------------------------------------------
     async def _finish(self, journal: Journal, book: TreeRound) -> RoundOutcome:
