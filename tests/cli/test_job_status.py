@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from gradstore.cli._job_status import JobStatus, job_status
+from gradstore.cli._job_status import JobStatus, job_status, tree_status
 from gradstore.dag import CID
 from gradstore.dag.cid import RAW
 from gradstore.job import JobConfig, parse_job
@@ -228,3 +228,83 @@ def test_the_job_is_complete_once_its_last_round_ended() -> None:
         f"job watched, run {RUN}: complete (3 round(s))",
         "last: round 2 failed: quorum not met: 0 verified of 2 needed",
     ]
+
+
+LEAF_A, LEAF_B = key(110), key(111)
+D = key(3).did
+
+
+def _tree() -> JobConfig:
+    """A tree job: group a (peers A, B; leaf A) and b (C, D; leaf B), each closing with 2."""
+    return parse_job(
+        {
+            "job": "watched",
+            "coordinator": COORD.did,
+            "peers": [A, B, C, D],
+            "aggregation": {"method": "fedavg", "accumulate": "exact"},
+            "rounds": {"count": 1, "quorum": 4, "deadline_s": 45},
+            "groups": [
+                {"name": "a", "coordinator": LEAF_A.did, "peers": [A, B]},
+                {"name": "b", "coordinator": LEAF_B.did, "peers": [C, D]},
+            ],
+        }
+    )
+
+
+def _tree_views(config: JobConfig) -> tuple[CoordinatorView, dict[str, CoordinatorView]]:
+    leaves = {g.name: _view(config.group_view(g.name)) for g in config.groups}
+    return _view(config), leaves
+
+
+def test_a_tree_jobs_open_round_shows_each_group_as_its_leaf_says_it() -> None:
+    config = _tree()
+    a, b = config.group_view("a"), config.group_view("b")
+    root, leaves = _tree_views(config)
+    _see(root, _status(config, 0, SINCE + 1))  # the root admits nothing: empty lists
+    _see(leaves["a"], _status(a, 0, SINCE + 2, verified=[A, B]), _result(a, 0, SINCE + 3))
+    _see(leaves["b"], _status(b, 0, SINCE + 4, verified=[C]))
+    status = tree_status(config, root, leaves, SINCE)
+    assert status.open_round == 0
+    got = [(s.step, s.leaf, s.state, s.verified, s.expected, s.heard_at_ms) for s in status.steps]
+    assert got == [
+        ("a", LEAF_A.did, "closed", 2, 2, SINCE + 3),
+        ("b", LEAF_B.did, "open", 1, 2, SINCE + 4),
+    ]
+    lines = "\n".join(status.lines())
+    assert f"group a (leaf {LEAF_A.did}): closed, 2/2 aggregated, partial " in lines, lines
+    assert f"group b (leaf {LEAF_B.did}): open, 1/2 verified, quorum 2" in lines, lines
+    groups = status.to_json()["open"]["groups"]
+    assert [(g["group"], g["leaf"], g["state"]) for g in groups] == [
+        ("a", LEAF_A.did, "closed"),
+        ("b", LEAF_B.did, "open"),
+    ]
+    assert groups[0]["record"] == str(record_cid("0/None"))
+    # a leaf that says its group failed: failed, with its reason
+    _see(
+        leaves["b"], _status(b, 0, SINCE + 5, verified=[C], failed="quorum: 1 of 2 by the deadline")
+    )
+    failed = tree_status(config, root, leaves, SINCE).steps[1]
+    assert (failed.state, failed.failed) == ("failed", "quorum: 1 of 2 by the deadline")
+
+
+def test_a_tree_jobs_last_round_shows_its_groups_by_the_roots_result() -> None:
+    config = _tree()
+    a = config.group_view("a")
+    root, leaves = _tree_views(config)
+    _see(leaves["a"], _status(a, 0, SINCE + 1, verified=[A, B]), _result(a, 0, SINCE + 2))
+    # group b's leaf was never heard; the root's result names A and B only
+    _see(root, _result(config, 0, SINCE + 3, peers=(A, B)))
+    status = tree_status(config, root, leaves, SINCE)
+    assert status.open_round is None and status.complete and status.last is not None
+    got = [(s.step, s.state, s.verified) for s in status.last.groups]
+    assert got == [("a", "closed", 2), ("b", "failed", 0)]
+    assert "round's result" in (status.last.groups[1].failed or "")
+    assert [g["state"] for g in status.to_json()["last"]["groups"]] == ["closed", "failed"]
+    # a group whose peers are in the root's result, its leaf not heard: closed there
+    root2, silent = _tree_views(config)
+    _see(root2, _result(config, 0, SINCE + 3, peers=(A, C, D)))
+    parts = tree_status(config, root2, silent, SINCE).last
+    assert parts is not None
+    assert [(s.state, s.verified) for s in parts.groups] == [("closed", 1), ("closed", 2)]
+    assert [p.state for p in parts.groups[0].peers] == ["aggregated", "excluded"]
+    assert "closed, 1/2 aggregated" in "\n".join(tree_status(config, root2, silent, SINCE).lines())
