@@ -425,6 +425,12 @@ def test_a_sigkilled_root_resumes_its_round_with_the_journaled_partials(
             assert file_cid(encode(Gradient(tensors, meta))) == record.output.to_v1()
             code, report = await audit(daemons[0].api_url, str(results[0].record), ROOT.did)
             assert code == 0 and "2 group(s) audited" in report, report
+            # started again on its finished job, the root says the last round's result again
+            async with Peer(config, peer_node, PEERS[0]) as late:
+                proc = coordinator_process(job, keyfile, daemons[0].api_url, state)
+                again = await late.await_result(0, timeout=30)
+            assert (again.cid, again.record) == (record.output, results[0].record)
+            assert await asyncio.to_thread(proc.wait, 30) == 0
         finally:
             if proc.poll() is None:
                 proc.kill()

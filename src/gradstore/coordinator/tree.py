@@ -46,6 +46,7 @@ from ..messages import (
     TreeRecord,
     aggregate_meta,
     decode_partial_record,
+    decode_tree_record,
     encode_fitted,
     encode_tree_record,
     shorten,
@@ -55,7 +56,7 @@ from ..node import Node, follow
 from ..store import GradientStore
 from ._tasks import relay, until
 from .closing import DEFAULT_CLOSE_RETRY_S, put_record, with_retries
-from .journal import Journal
+from .journal import Journal, RoundRow
 from .outcome import RoundOutcome, format_outcome
 from .tree_state import TreeRound, check_remote_partial, checked_part
 
@@ -107,6 +108,7 @@ class TreeRoot:
         self._journal: Journal | None = None
         self._news = asyncio.Event()
         self._said: list[tuple[str, Any]] = []  # (topic, message) the beacon repeats
+        self._last: list[tuple[str, Any]] = []  # what the last round's end said, repeated too
         self._reads: set[tuple[int, str]] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         #: a leaf's word about a round the root has not opened yet (it moved on sooner)
@@ -120,11 +122,13 @@ class TreeRoot:
         with Journal(self.state_dir / "journal.sqlite") as journal:
             self._journal = journal
             self.run_id = journal.bind(self.config.job, self.key.did)
-            for row in journal.rounds():  # resume after the last round that ended
+            ended = [row for row in journal.rounds() if row.state in ("closed", "failed")]
+            for row in ended:  # resume after the last round that ended
                 if row.state == "closed" and row.record is not None:
                     self.head = CID.parse(row.record)
-                if row.state in ("closed", "failed"):
-                    self.round = row.round + 1
+                self.round = row.round + 1
+            if ended:
+                await self._said_again(ended[-1])
             async with asyncio.TaskGroup() as tg:
                 background = [
                     tg.create_task(self._hear(g), name=f"tree-group-{g.name}")
@@ -147,8 +151,9 @@ class TreeRoot:
             r = self.round
             journal.open_round(r, opened_at=self.clock())
             book = self._book = TreeRound(self.config, r, self.close_retry_s)
-            self._said = [(self.config.results_topic, self._status(r))]
-            await self._say(self.config.results_topic, self._said[0][1])
+            status = self._status(r)
+            self._said = [*self._last, (self.config.results_topic, status)]
+            await self._say(self.config.results_topic, status)
             self._resume(journal, book)
             for g in self.config.groups:
                 early = self._early.pop((r, g.name), None)
@@ -330,7 +335,7 @@ class TreeRoot:
         journal.mark_published(r)
         await asyncio.to_thread(journal.flush)  # durable before announcing
         self.head = record_cid
-        self._said = self._results(record, record_cid, plan.inputs)
+        self._last = self._said = self._results(record, record_cid, plan.inputs)
         for topic, msg in self._said:
             await self._say(topic, msg)
         closed = [g.group for g in record.groups if g.failed is None]
@@ -349,12 +354,46 @@ class TreeRoot:
     ) -> RoundOutcome:
         journal.fail_round(r, reason)
         await asyncio.to_thread(journal.flush)
-        self._said = []  # on the job's topic and each group's (its roster), where peers wait
-        for view in [self.config] + [self.config.group_view(g.name) for g in self.config.groups]:
-            status = dataclasses.replace(self._status(r, view), failed=shorten(reason))
-            self._said.append((view.results_topic, status))
-            await self._say(view.results_topic, status)
+        self._last = self._said = self._failure(r, reason)
+        for topic, status in self._said:
+            await self._say(topic, status)
         return RoundOutcome(r, "failed", None, None, (), (), reason, stats)
+
+    async def _said_again(self, row: RoundRow) -> None:
+        """A restart: what the end of the last round (``row``) said, said again and repeated,
+        so that peers and leaves waiting for it hear it (its record and the partial records
+        read back for a closed round; never fatal)."""
+        if row.state == "failed":
+            self._last = self._failure(row.round, row.reason or "failed")
+        else:
+            try:
+                cid = CID.parse(row.record or "")
+                record = decode_tree_record(await self._block(cid), cid=cid)
+                inputs = [
+                    i
+                    for g in record.groups
+                    if g.record is not None
+                    for i in decode_partial_record(await self._block(g.record), cid=g.record).inputs
+                ]
+            except (MessageError, IntegrityError, NodeError, TimeoutError, ValueError) as exc:
+                log.warning("round %d: its result is not said again: %s", row.round, exc)
+                return
+            self._last = self._results(record, cid, sorted(inputs, key=lambda i: i.peer))
+        self._said = list(self._last)
+        for topic, msg in self._said:
+            await self._say(topic, msg)
+
+    async def _block(self, cid: CID) -> bytes:
+        return await asyncio.wait_for(self.node.get_block(cid), self.resolve_timeout_s)
+
+    def _failure(self, r: int, reason: str) -> list[tuple[str, Status]]:
+        """Round ``r`` failed: the root's status saying why, on the job's topic and each
+        group's (its roster), where peers wait."""
+        views = [self.config] + [self.config.group_view(g.name) for g in self.config.groups]
+        return [
+            (view.results_topic, dataclasses.replace(self._status(r, view), failed=shorten(reason)))
+            for view in views
+        ]
 
     # -- saying things ---------------------------------------------------------------------
     def _status(self, r: int, view: JobConfig | None = None) -> Status:
