@@ -5,8 +5,9 @@ stored as a partial document, and a signed ``gradstore/partial/1`` record naming
 The leaf neither divides nor rounds to the inputs' dtype: the root does, once, over every
 group's partials (and clips the output). With input clipping each input's coefficient has
 its clip factor folded in, from the norm taken when it was verified, as the flat round's
-close does; the record's weights stay the method's coefficients. The inputs are read window by window (``exact_partial_streamed``), from
-memory, their spill files or the node as a round's close.
+close does; the record's weights stay the method's coefficients. The inputs are read
+window by window (``exact_partial_streamed``), from memory, their spill files or the node
+as a round's close.
 """
 
 from __future__ import annotations

@@ -253,8 +253,7 @@ class TreeRoot:
         hold (else its leaf's next repeat tries again), and journaled."""
         try:
             cid = CID.parse(record_cid)
-            data = await asyncio.wait_for(self.node.get_block(cid), self.resolve_timeout_s)
-            record = decode_partial_record(data, cid=cid)
+            record = decode_partial_record(await self._block(cid), cid=cid)
             if result is not None:
                 check_remote_partial(
                     result, cid, record, group=group, job=self.config.job, run=self.run_id
@@ -384,6 +383,7 @@ class TreeRoot:
             await self._say(topic, msg)
 
     async def _block(self, cid: CID) -> bytes:
+        """A block from the node, within the resolve timeout."""
         return await asyncio.wait_for(self.node.get_block(cid), self.resolve_timeout_s)
 
     def _failure(self, r: int, reason: str) -> list[tuple[str, Status]]:
