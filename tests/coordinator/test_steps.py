@@ -24,6 +24,7 @@ from gradstore.messages import (
     model_meta,
     step_aggregate_meta,
 )
+from gradstore.node import KuboNode
 from gradstore.store import GradientStore
 
 from .harness import World, wait_subscribed, world
@@ -73,6 +74,7 @@ def test_a_step_closes_and_publishes_while_another_waits_then_closes_at_its_dead
     async def go() -> None:
         async with world(daemons, config, coord, peers) as w:
             stop = asyncio.Event()
+            read = reads_of(w.coord_node)
             coordinator, task = _start(w, tmp_path / "state", stop)
             try:
                 await wait_subscribed(w)
@@ -102,6 +104,8 @@ def test_a_step_closes_and_publishes_while_another_waits_then_closes_at_its_dead
             finally:
                 stop.set()
                 await asyncio.gather(task, return_exceptions=True)
+            # the model-level output took the steps' outputs from memory, not from the node
+            assert not {head.cid, body.cid} & {str(c) for c in read}, read
 
             # each step has the bits of its own method over its tensors alone
             assert head.cid == expected_output(w, run, "head", [0, 1, 2], grads, samples)
@@ -176,6 +180,19 @@ def test_a_step_closes_and_publishes_while_another_waits_then_closes_at_its_dead
         assert code == 0 and "model-level output" in report, report
 
     asyncio.run(go())
+
+
+def reads_of(node: KuboNode) -> list[CID]:
+    """Every block ``node`` is asked for from now on (its ``get_block`` wrapped)."""
+    read: list[CID] = []
+    get_block = node.get_block
+
+    async def recorded(cid: CID, *args: Any, **kwargs: Any) -> bytes:
+        read.append(cid)
+        return await get_block(cid, *args, **kwargs)
+
+    node.get_block = recorded  # type: ignore[method-assign]
+    return read
 
 
 async def audit(api: str, record: str, coordinator: str) -> tuple[int, str]:

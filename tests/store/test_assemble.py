@@ -100,6 +100,32 @@ def test_assembling_holds_a_few_windows_not_the_model(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+def test_held_outputs_are_taken_from_memory_not_read_back(tmp_path: Path) -> None:
+    """A coordinator passes the step outputs it holds (what it just stored): none of their
+    blocks is read from the node, and the model's CID is the one read back from the node
+    gives; outputs it does not hold are read from the node, and a held one is checked."""
+
+    async def main() -> None:
+        node = LocalNode(tmp_path)
+        outputs = [*steps(3, 300), step_output({"a.bf": np.float64(2.5)}, "t")]
+        cids = [file_cid(encode(g)) for g in outputs]  # the first two are never stored
+        await put_all(node, outputs[2:])
+        held = {cids[0]: outputs[0], cids[1]: outputs[1], cids[3]: outputs[3]}
+        want = await model_cid(node, cids, MODEL_META, held=held)
+        assert want == file_cid(encode(union(outputs, MODEL_META)))
+        assert await put_model(GradientStore(node), cids, MODEL_META, held=held) == want
+        with pytest.raises(AssemblyError, match=r"tensor 'layer0\.weight' is in two"):
+            await model_cid(node, [cids[0], cids[0]], MODEL_META, held=held)
+        wrong = step_output({"x": np.ones(3, "<i4")})
+        with pytest.raises(AssemblyError, match="dtype <i4"):
+            await model_cid(node, [cids[0]], MODEL_META, held={cids[0]: wrong})
+        with pytest.raises(AssemblyError, match="kind None, not"):
+            await model_cid(node, [cids[0]], MODEL_META, held={cids[0]: Gradient({"x": w})})
+
+    w = np.ones(3, "<f4")
+    asyncio.run(main())
+
+
 def test_a_tensor_in_two_step_outputs_is_refused(tmp_path: Path) -> None:
     async def main() -> None:
         node = LocalNode(tmp_path)

@@ -52,6 +52,7 @@ from ..node import Node
 from ..store import GradientStore, put_model
 from .closing import Closed, close_round, put_record, with_retries
 from .effects import Effects, Judged, schema_key
+from .held import HeldOutputs
 from .journal import Journal
 from .outcome import RoundOutcome, format_outcome
 from .partial import close_partial
@@ -76,6 +77,7 @@ class Closer:
     clock: Callable[[], float]
     _attempts: dict[Key, asyncio.Task[None]]
     _spills: SpillDir | None
+    _held: HeldOutputs  # closed steps' outputs, for the round's model-level output
 
     @property
     def journal(self) -> Journal:
@@ -136,6 +138,8 @@ class Closer:
         await asyncio.to_thread(self.journal.flush)  # durable before announcing
         await self._publish(self.state.status(r, self._stamp(), step=step))  # its last word
         if isinstance(closed.record, StepRecord) and step is not None:
+            if closed.aggregate is not None and self.state.steps.root:
+                self._held.hold(r, closed.output, closed.aggregate)
             self.state.announce_step_result(closed.record, closed.record_cid)
             await self._publish(self.state.step_result(step, self._stamp()))
             self.journal.mark_step_published(r, step)
@@ -180,6 +184,7 @@ class Closer:
             outcome = await self._close_stepped(round_, steps)
         else:
             (outcome,) = steps
+        self._held.drop(round_)
         await self._unpin(self.state.forget(round_, keep_pins=outcome.status == "closed"))
         if self._spills is not None:  # the round is recorded (or failed): its folder goes
             await asyncio.to_thread(self._spills.drop_round, round_)
@@ -228,7 +233,7 @@ class Closer:
         try:
             model = await with_retries(
                 "storing the model-level output",
-                partial(put_model, self.store, outputs, meta),
+                partial(put_model, self.store, outputs, meta, held=self._held.of(round_)),
                 give_up_after=self.close_retry_s,
             )
         except (AssemblyError, LimitExceededError) as exc:  # e.g. a model over the job's limits

@@ -74,6 +74,9 @@ class Closed:
     record: RoundRecord | StepRecord | PartialRecord
     record_cid: CID
     stats: dict[str, Any]
+    #: the output document in memory, as stored (a step's: the model-level output takes its
+    #: tensors from here rather than reading them back from the node)
+    aggregate: Gradient | None = None
 
 
 async def with_retries(
@@ -230,7 +233,7 @@ async def close_round(
     what = "round record" if step is None else "step record"
     await put_record(node, record_cid, record_bytes, what, give_up_after=give_up_after)
     stats["store_s"] = round(time.perf_counter() - t0, 3)
-    return Closed(output, record, record_cid, stats)
+    return Closed(output, record, record_cid, stats, aggregate)
 
 
 def announced_in_order(

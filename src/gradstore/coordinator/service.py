@@ -42,6 +42,7 @@ from ._tasks import relay, under_way, until, unwrap
 from .admission import Verdict
 from .closing import DEFAULT_CLOSE_RETRY_S, prepare_aggregation
 from .fetch_plan import DEFAULT_ATTEMPTS
+from .held import HeldOutputs
 from .inputs import ByteBudget, VerifiedInput, verify_input
 from .journal import Journal
 from .outcome import RoundOutcome, format_outcome
@@ -112,6 +113,7 @@ class Coordinator(SplitSteps):
         self._budget = ByteBudget(memory_budget_bytes)
         self._pinner = BatchPinner(node)  # verified inputs, pinned in batches
         self._keep = ByteBudget(keep_bytes)
+        self._held = HeldOutputs(keep_bytes)  # closed steps' outputs, kept for the model's
         # verified inputs' bytes, read back from here at the close (None: from the node)
         self._spills: SpillDir | None = spill_dir_for(spill, self.state_dir / "spill")
         self._lists_pinned: set[CID] = set()  # lists blocks pinned (repeats share them)

@@ -7,6 +7,9 @@ output's tensors on the node (``format.HeaderWalk``: a few small windows per ten
 leaf hashed), and the ``ModelDocument`` it returns reads each tensor's bytes from its step
 output, window by window, as the document is hashed or put: memory is a window or two,
 never the model. ``model_cid`` only hashes it (an auditor's check); ``put_model`` stores it.
+A coordinator that still holds a step's output in memory (it has just stored it) passes it
+as ``held``: its tensors' bytes are then taken from its arrays, not read back from the node
+and hashed again (4 reads a step: 256 for a round of 64 steps).
 
 The model document's leaves are its own: under the CID profile (1 MiB chunks cut from the
 start of the document), a chunk of it is a step output's block only when the same 1 MiB of
@@ -31,11 +34,14 @@ from ..format import (
     FLOATS,
     DocumentHeader,
     EncodedDocument,
+    Gradient,
     HeaderWalk,
     Limits,
     TensorInfo,
     check_layout,
     dense_layout,
+    dtype_code,
+    numpy_dtype,
 )
 from ..node import Node
 from ._put import ByteProgress
@@ -48,6 +54,10 @@ from ._stored import StoredDocument
 WINDOW: Final = CHUNK_SIZE
 #: The ``kind`` in the meta of a step's output (``messages.step_aggregate_meta``).
 STEP_KIND: Final = "aggregate"
+
+#: Where a tensor's bytes come from: its step output on the node and its place there, or
+#: its array (little-endian, C order) in a step output held in memory.
+Source = tuple[StoredDocument, TensorInfo] | np.ndarray[Any, Any]
 
 
 @dataclass(frozen=True)
@@ -89,8 +99,8 @@ class ModelDocument(EncodedDocument):
         self,
         layout: list[bytes | str],
         size: int,
-        sources: Mapping[str, tuple[StoredDocument, TensorInfo]],
-        outputs: Sequence[StepOutput],
+        sources: Mapping[str, Source],
+        outputs: Sequence[StepOutput | CID],
         loop: asyncio.AbstractEventLoop,
     ) -> None:
         super().__init__([], size)
@@ -121,7 +131,12 @@ class ModelDocument(EncodedDocument):
                 yield memoryview(piece)
                 pos += len(piece)
                 continue
-            document, info = self._sources[piece]
+            source = self._sources[piece]
+            if isinstance(source, np.ndarray):
+                yield from _windows(source, pos)
+                pos += source.nbytes
+                continue
+            document, info = source
             at = 0
             while at < info.nbytes:
                 end = min(info.nbytes, (pos + at) // WINDOW * WINDOW + WINDOW - pos)
@@ -141,6 +156,7 @@ async def open_model(
     *,
     kind: str = STEP_KIND,
     limits: Limits = DEFAULT_LIMITS,
+    held: Mapping[CID, Gradient] | None = None,
 ) -> ModelDocument:
     """The model-level document of ``outputs`` (the steps' output CIDs, in the round record's
     order) with ``meta``: every output's tensors, in the document's order.
@@ -148,27 +164,67 @@ async def open_model(
     Each output must be a dense (gradstore/1) document of float tensors whose meta ``kind``
     is ``kind``, and no tensor name may be in two of them (``AssemblyError``). The model
     document must fit ``limits`` (``LimitExceededError``). An output that cannot be read is
-    refused as by :func:`open_output`.
+    refused as by :func:`open_output`. ``held``: outputs the caller holds in memory, by the
+    CID it stored each as (trusted: not hashed again), whose tensors are taken from there.
     """
-    opened: list[StepOutput] = []
-    sources: dict[str, tuple[StoredDocument, TensorInfo]] = {}
+    opened: list[StepOutput | CID] = []
+    sources: dict[str, Source] = {}
+    described: dict[str, tuple[str, tuple[int, ...], int]] = {}
     owner: dict[str, CID] = {}
     for cid in outputs:
-        out = await open_output(node, cid, limits)
-        _check_output(out, kind)
-        for info in out.header.tensors:
-            if info.name in owner:
+        root = CID.parse(cid)
+        kept = None if held is None else held.get(root)
+        if kept is not None:
+            tensors = _held(root, kept, kind)
+            opened.append(root)
+        else:
+            out = await open_output(node, root, limits)
+            _check_output(out, kind)
+            tensors = [(i.name, i.dtype, i.shape, (out.document, i)) for i in out.header.tensors]
+            opened.append(out)
+        for name, code, shape, source in tensors:
+            if name in owner:
                 raise AssemblyError(
-                    f"tensor {info.name!r:.80} is in two step outputs, {owner[info.name]} "
-                    f"and {out.cid}"
+                    f"tensor {name!r:.80} is in two step outputs, {owner[name]} and {root}"
                 )
-            owner[info.name] = out.cid
-            sources[info.name] = (out.document, info)
-        opened.append(out)
-    described = {name: (i.dtype, i.shape, i.nbytes) for name, (_, i) in sources.items()}
+            owner[name] = root
+            sources[name] = source
+            nbytes = source.nbytes if isinstance(source, np.ndarray) else source[1].nbytes
+            described[name] = (code, shape, nbytes)
     layout, size = dense_layout(meta, described)
     check_layout(size, meta, [(name, d[1]) for name, d in described.items()], limits)
     return ModelDocument(layout, size, sources, opened, asyncio.get_running_loop())
+
+
+def _windows(array: np.ndarray[Any, Any], pos: int) -> Iterator[memoryview]:
+    """``array``'s bytes, placed at ``pos`` in the model document, cut where its windows
+    end (views of the array's memory, as the reads from a node are cut)."""
+    data = array.reshape(-1).view(np.uint8).data
+    at = 0
+    while at < len(data):
+        end = min(len(data), (pos + at) // WINDOW * WINDOW + WINDOW - pos)
+        yield data[at:end]
+        at = end
+
+
+def _held(cid: CID, output: Gradient, kind: str) -> list[tuple[str, str, tuple[int, ...], Source]]:
+    """(name, dtype, shape, array) of each tensor of a step output held in memory, checked
+    as ``_check_output`` checks one read from the node (its arrays as ``encode`` writes
+    them: little-endian, C order)."""
+    found = output.meta.get("kind")
+    if found != kind:
+        raise AssemblyError(f"step output {cid} is a document of kind {found!r:.60}, not {kind!r}")
+    out: list[tuple[str, str, tuple[int, ...], Source]] = []
+    for name, value in output.tensors.items():
+        code = dtype_code(np.asarray(value).dtype)
+        if code not in FLOATS:
+            raise AssemblyError(
+                f"step output {cid} holds tensor {name!r:.80} of dtype {code}; "
+                "a step's output holds float tensors"
+            )
+        array = np.asarray(value, dtype=numpy_dtype(code), order="C")  # no copy if it is
+        out.append((name, code, tuple(array.shape), array))
+    return out
 
 
 def _check_output(out: StepOutput, kind: str) -> None:
@@ -198,9 +254,10 @@ async def model_cid(
     *,
     kind: str = STEP_KIND,
     limits: Limits = DEFAULT_LIMITS,
+    held: Mapping[CID, Gradient] | None = None,
 ) -> CID:
     """The CID of :func:`open_model`'s document, computed without storing it."""
-    document = await open_model(node, outputs, meta, kind=kind, limits=limits)
+    document = await open_model(node, outputs, meta, kind=kind, limits=limits, held=held)
     return await asyncio.to_thread(file_cid, document)
 
 
@@ -212,7 +269,11 @@ async def put_model(
     kind: str = STEP_KIND,
     pin: bool = True,
     progress: ByteProgress | None = None,
+    held: Mapping[CID, Gradient] | None = None,
 ) -> CID:
-    """Store :func:`open_model`'s document on ``store``'s node (pinned by default); its CID."""
-    document = await open_model(store.node, outputs, meta, kind=kind, limits=store.limits)
+    """Store :func:`open_model`'s document on ``store``'s node (pinned by default); its CID.
+    ``held``: step outputs in memory, as :func:`open_model` takes them."""
+    document = await open_model(
+        store.node, outputs, meta, kind=kind, limits=store.limits, held=held
+    )
     return await store.put_document(document, pin=pin, progress=progress)
