@@ -213,6 +213,26 @@ def test_a_failed_attempt_gives_its_worker_back_and_honest_inputs_go_first() -> 
     assert plan.next(3.0) == (None, None)  # 2 retries running: the other 2 workers stay free
 
 
+def test_an_input_waiting_for_its_pin_gives_its_worker_back() -> None:
+    """Pins wait on the node (its lock and disk sync): an attempt that only waits for its
+    pin frees its worker for the next fetch, yet its input is neither queued again nor
+    forgotten, and a failed pin is retried as any passing failure."""
+    plan = FetchPlan(workers=1, attempts=2, first_delay_s=1.0)
+    for k in [(0, "a"), (0, "b"), (0, "c")]:
+        plan.add(k)
+    assert plan.next(0.0)[0] == (0, "a") and plan.next(0.0) == (None, None)
+    plan.pinning((0, "a"))
+    assert plan.running == 0
+    plan.add((0, "a"))  # announced again while it pins: not queued twice
+    assert plan.next(0.0)[0] == (0, "b")
+    plan.pinning((0, "b"))
+    assert plan.next(0.0)[0] == (0, "c")
+    plan.finished((0, "a"))
+    assert plan.retry((0, "b"), now=0.0) == 1.0  # its pin failed: its second attempt
+    plan.finished((0, "c"))
+    assert plan.next(1.0)[0] == (0, "b") and plan.next(1.0) == (None, None)
+
+
 def test_each_input_has_a_bounded_budget() -> None:
     plan = FetchPlan(workers=2, attempts=3, first_delay_s=0.5, max_delay_s=1.0)
     plan.add((0, "p"))

@@ -24,7 +24,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -171,6 +171,7 @@ async def verify_input(
     step: StepConfig | None = None,
     pinner: BatchPinner | None = None,
     spill: SpillTarget | None = None,
+    checked: Callable[[], object] | None = None,
 ) -> VerifiedInput:
     """One attempt at ``cid`` (see the module docstring).
 
@@ -178,8 +179,10 @@ async def verify_input(
     the step whose tensors the document must hold (None: any); ``pinner``: pins it with
     other inputs in one call (None: alone); ``spill``: where to write the verified bytes
     of a document not kept in memory, if they fit on its disk (None: nowhere, it is read
-    back from the node). Whatever the document does wrong is a ``RefusedError``; only the
-    node's failures pass through."""
+    back from the node); ``checked``: called once the document passed its checks and only
+    its pin is left (the fetch plan lets another fetch start: a pin waits on the node, not
+    on this coordinator's work). Whatever the document does wrong is a ``RefusedError``;
+    only the node's failures pass through."""
     with _as_refusal():
         start = time.perf_counter()
         size, root = await root_block(node, cid, store.limits, resolve_timeout_s)
@@ -221,6 +224,8 @@ async def verify_input(
                 await budget.release(held)
                 held = 0
             times.append(time.perf_counter())
+            if checked is not None:
+                checked()
             pinned = node.pin(cid) if pinner is None else pinner.pin(cid)
             await asyncio.wait_for(pinned, timeout)
             times.append(time.perf_counter())

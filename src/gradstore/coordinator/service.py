@@ -331,6 +331,7 @@ class Coordinator(SplitSteps):
                     spill=None
                     if self._spills is None
                     else self._spills.target(*key[:2], key_step(key)),
+                    checked=lambda: self._apply(self.state.checked(key)),
                 )
         except RefusedError as exc:
             got = FetchFailed(exc.reason)

@@ -678,6 +678,12 @@ class CoordinatorState:
             config if self.steps.stepped else None,
         )
 
+    def checked(self, key: Key) -> Effects:
+        """``key``'s input passed its checks and only waits for its pin: its fetch worker
+        may start another input (``FetchPlan.pinning``)."""
+        self.plan.pinning(key)
+        return Effects(fetch=True)
+
     def fetched(
         self, key: Key, got: VerifiedInput | FetchFailed | None, seconds: float, now: float
     ) -> Effects:
