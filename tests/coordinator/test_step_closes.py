@@ -1,12 +1,12 @@
 """Steps due together close concurrently, on real Kubo (issue 19): a step whose close is
-held up (its record's put waits) holds up no other step's aggregate, record or result;
+held up (its record's pin waits) holds up no other step's aggregate, record or result;
 a stop while a close runs lets it end, durably, and leaves no task of the coordinator."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 
@@ -20,15 +20,13 @@ from .harness import World, wait_subscribed, world
 from .steps_harness import Heard, announce, listening, run_id, step_gradients, stepped_job
 from .test_steps import expected_output
 
-if TYPE_CHECKING:
-    from typing_extensions import Buffer
-
 pytestmark = pytest.mark.kubo
 
 
 class _HeldRecord(KuboNode):
-    """Real Kubo, but the put of ``step``'s step record waits until ``release`` is set
-    (``held`` is set once it waits): that step's close stands still mid-way."""
+    """Real Kubo, but the pin of ``step``'s step record (stored with its aggregate, then
+    pinned directly) waits until ``release`` is set (``held`` is set once it waits): that
+    step's close stands still mid-way."""
 
     def __init__(self, api_url: str, step: str) -> None:
         super().__init__(api_url)
@@ -36,11 +34,11 @@ class _HeldRecord(KuboNode):
         self.held = asyncio.Event()
         self.release = asyncio.Event()
 
-    async def put_block(self, data: Buffer, codec: int) -> CID:
-        if codec == DAG_CBOR and self._is_held(bytes(data)):
+    async def pin(self, cid: CID, *, recursive: bool = True, offline: bool = False) -> None:
+        if not recursive and cid.codec == DAG_CBOR and self._is_held(await self.get_block(cid)):
             self.held.set()
             await self.release.wait()
-        return await super().put_block(data, codec)
+        await super().pin(cid, recursive=recursive, offline=offline)
 
     def _is_held(self, data: bytes) -> bool:
         node = cbor.decode(data)

@@ -75,6 +75,7 @@ def test_a_step_closes_and_publishes_while_another_waits_then_closes_at_its_dead
         async with world(daemons, config, coord, peers) as w:
             stop = asyncio.Event()
             read = reads_of(w.coord_node)
+            put = puts_of(w.coord_node)
             coordinator, task = _start(w, tmp_path / "state", stop)
             try:
                 await wait_subscribed(w)
@@ -106,6 +107,8 @@ def test_a_step_closes_and_publishes_while_another_waits_then_closes_at_its_dead
                 await asyncio.gather(task, return_exceptions=True)
             # the model-level output took the steps' outputs from memory, not from the node
             assert not {head.cid, body.cid} & {str(c) for c in read}, read
+            # each step's record went in its aggregate's import, not a block/put of its own
+            assert not {head.record, body.record} & {str(c) for c in put}, put
 
             # each step has the bits of its own method over its tensors alone
             assert head.cid == expected_output(w, run, "head", [0, 1, 2], grads, samples)
@@ -193,6 +196,20 @@ def reads_of(node: KuboNode) -> list[CID]:
 
     node.get_block = recorded  # type: ignore[method-assign]
     return read
+
+
+def puts_of(node: KuboNode) -> list[CID]:
+    """Every block ``node`` stores by ``put_block`` from now on (wrapped)."""
+    put: list[CID] = []
+    put_block = node.put_block
+
+    async def recorded(*args: Any, **kwargs: Any) -> CID:
+        cid = await put_block(*args, **kwargs)
+        put.append(cid)
+        return cid
+
+    node.put_block = recorded  # type: ignore[method-assign]
+    return put
 
 
 async def audit(api: str, record: str, coordinator: str) -> tuple[int, str]:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from gradstore.compress import compress
-from gradstore.dag import CID, file_cid
+from gradstore.dag import CID, RAW, Block, file_cid
 from gradstore.errors import BlockNotFoundError, IntegrityError, InvalidDocumentError, NodeError
 from gradstore.format import CompressedGradient, Gradient, encode
 from gradstore.node import KuboDaemon, KuboNode
@@ -230,6 +230,41 @@ def test_a_small_put_is_one_request_that_pins_its_whole_dag(kubo: KuboDaemon, n:
             stat = await node.dag_stat(cid, offline=True)  # raises if a block is missing
             assert stat["TotalSize"] >= encode(g).size
             assert decode_equal(await GradientStore(node).get(cid), g)
+
+    asyncio.run(go())
+
+
+def test_a_small_put_takes_a_block_naming_its_root_in_the_same_request(
+    kubo: KuboDaemon,
+) -> None:
+    # A step's record names its aggregate: both go in the aggregate's one CAR import (no
+    # block/put), the aggregate pinned, the record only stored (the coordinator pins it
+    # directly); a document too large for one request is not stored at all (None).
+    g = _gradient(1000, seed=SEED + 7)
+    big = _gradient(600_000, seed=SEED + 8)  # 2.4 MB: over SMALL_PUT_BYTES
+    assert encode(big).size > _put.SMALL_PUT_BYTES
+
+    def naming(root: CID) -> Block:
+        data = b"a record of " + str(root).encode()
+        return Block(CID.hash(RAW, data), data)
+
+    async def go() -> None:
+        async with kubo.node() as node:
+            store = GradientStore(node)
+            before_pins = await node.pins()
+            before = Counter(counts.REQUESTS)
+            stored = await store.put_with(g, naming)
+            sent = Counter(counts.REQUESTS)
+            sent.subtract(before)
+            assert +sent == Counter({"dag/import": 1})
+            assert stored is not None
+            cid, block = stored
+            assert cid == file_cid(encode(g)) and block == naming(cid)
+            assert await node.get_block(block.cid) == block.data
+            assert await node.pins() - before_pins == {cid}
+            assert decode_equal(await store.get(cid), g)
+            assert await store.put_with(big, naming) is None
+            assert not await node.has_block(file_cid(encode(big)))
 
     asyncio.run(go())
 

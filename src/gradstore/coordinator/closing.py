@@ -27,7 +27,7 @@ from ..aggregate import (
     compressed_source,
     prepare,
 )
-from ..dag import CID
+from ..dag import CID, Block
 from ..dag.cid import DAG_CBOR
 from ..errors import CoordinatorError, DAGError, NodeError, NodeUnreachableError
 from ..format import CompressedGradient, Gradient
@@ -193,13 +193,45 @@ async def close_round(
     else:
         meta = step_aggregate_meta(config.job, round_, step.name, method, cids, run=run)
     aggregate = Gradient(result, meta)
-    output = await with_retries(
-        "storing the aggregate", lambda: store.put(aggregate), give_up_after=give_up_after
-    )
     weights = info.weights or tuple(1.0 for _ in verified)
     record_inputs = input_entries(verified, weights, announcements)
     record_excluded = exclusion_entries(excluded)
     record: RoundRecord | StepRecord
+    if step is not None:  # a small aggregate and its record in one request, if it can
+        signed: list[tuple[StepRecord, CID, bytes]] = []
+
+        def step_record(output: CID) -> Block:
+            rec = StepRecord(
+                job=config.job,
+                run=run,
+                round=round_,
+                step=step.name,
+                tensors=tuple(str(s) for s in step.tensors),
+                method=method,
+                params=params.to_record(),
+                inputs=record_inputs,
+                excluded=record_excluded,
+                output=output,
+                coordinator=key.did,  # the step's owner (docs/design/multicoord.md)
+            )
+            cid, data = encode_step_record(rec, key)
+            signed[:] = [(rec, cid, data)]
+            return Block(cid, data)
+
+        together = await with_retries(
+            "storing the aggregate and its record",
+            lambda: store.put_with(aggregate, step_record),
+            give_up_after=give_up_after,
+        )
+        if together is not None:
+            output = together[0]
+            record, record_cid, _ = signed[0]
+            await pin_record(node, record_cid, "step record", give_up_after=give_up_after)
+            stats["store_s"] = round(time.perf_counter() - t0, 3)
+            return Closed(output, record, record_cid, stats, aggregate)
+    output = await with_retries(
+        "storing the aggregate", lambda: store.put(aggregate), give_up_after=give_up_after
+    )
     if step is None:
         record = RoundRecord(
             job=config.job,
@@ -329,6 +361,14 @@ async def put_record(
     stored = await with_retries(f"storing the {what}", put, give_up_after=give_up_after)
     if stored != cid:
         raise NodeError(f"node stored the {what} as {stored}, expected {cid}")
+    await pin_record(node, cid, what, give_up_after=give_up_after)
+
+
+async def pin_record(
+    node: Node, cid: CID, what: str, *, give_up_after: float = DEFAULT_CLOSE_RETRY_S
+) -> None:
+    """Pin a stored record directly (its links are pinned apart), retried while the node
+    fails."""
     await with_retries(
         f"pinning the {what}", lambda: node.pin(cid, recursive=False), give_up_after=give_up_after
     )

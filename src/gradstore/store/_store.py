@@ -18,11 +18,11 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..dag import CID, EMPTY_FILE, build_file
+from ..dag import CID, EMPTY_FILE, Block, build_file
 from ..errors import IntegrityError, InvalidDocumentError
 from ..format import DEFAULT_LIMITS, EncodedDocument, Limits
 from ..node import Node
-from ._put import ByteProgress, put_document
+from ._put import ByteProgress, Companion, put_document, put_small_with
 
 if TYPE_CHECKING:
     import numpy as np
@@ -73,6 +73,14 @@ class GradientStore:
         arrays until ``put`` returns.
         """
         return await put_document(self.node, doc, pin=pin, progress=progress)
+
+    async def put_with(self, gradient: Gradient, companion: Companion) -> tuple[CID, Block] | None:
+        """Store a small ``gradient`` (pinned) and the block ``companion`` builds from its
+        CID (a record naming it, stored unpinned) in one request: its CID and that block;
+        None, storing nothing, when the document is too large for one request."""
+        from ..format import encode
+
+        return await put_small_with(self.node, encode(gradient), companion)
 
     # -- get ---------------------------------------------------------------
     async def fetch_document(
