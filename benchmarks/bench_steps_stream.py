@@ -24,6 +24,12 @@ round's figure is its slowest peer's; the table gives medians over --rounds roun
 (backward alone; until the first step's aggregate is in .grad; until all of it is) and the
 best, and MB/s of model per median second. ratio = streamed / whole (target <= 0.75).
 
+Core-seconds per side (medians over the counted rounds), the figure the machine's other
+load moves least: the peers' processes (summed: backward, converting, storing, announcing,
+fetching and applying), the coordinators' process and the Kubo daemon, over the timed
+window (from the start of backward to the applied aggregate, as the first peer sees it)
+and over the whole round (until the round's own result, its model-level output included).
+
     .venv/bin/python -m benchmarks steps_stream
     options: --peers 2 --layers 8 --width 1792 --batch 2048 --rounds 5 --warmup 1 --json
 """
@@ -55,6 +61,11 @@ from gradstore.node import KuboDaemon, stop_all
 from gradstore.torch import TorchPeer, steps_from_module
 
 SIDES = ("whole", "stepped", "streamed")
+#: CPU seconds per round, in a result row's order after the times.
+CPU_KEYS = (
+    "peers_cpu_s", "kubo_cpu_s", "coordinators_cpu_s",
+    "peers_round_cpu_s", "kubo_round_cpu_s", "coordinators_round_cpu_s",
+)  # fmt: skip
 SEED = 20251019
 
 
@@ -95,7 +106,9 @@ def peer_main(
     barrier: Any, results: Any,
 ) -> None:  # fmt: skip
     """Play every round of every side; put (side, round, peer, backward s, first step
-    applied s, total s) on ``results``."""
+    applied s, total s, then CPU seconds: this peer's, Kubo's and the coordinators' process's
+    over the timed window and over the whole round; the first peer only measures the last
+    two, the others give None) on ``results``."""
     torch.set_num_threads(args["threads"])
     key = SigningKey.from_seed(seed)
     model = mlp(args["layers"], args["width"])
@@ -115,9 +128,14 @@ def peer_main(
                 model.zero_grad(set_to_none=True)
                 loss = model(x).square().mean()
                 barrier.wait()
+                before = cpu_now(index, args["pids"])
                 times = one_round(peers[side], side, model, loss, round_, len(x))
-                results.put((side, round_, index, *times))
+                timed = cpu_now(index, args["pids"])
                 peers[side].await_result(round_)  # untimed: the coordinator is idle again
+                after = cpu_now(index, args["pids"])
+                cpu = [_delta(before[k], timed[k]) for k in range(3)]
+                cpu += [_delta(before[k], after[k]) for k in range(3)]
+                results.put((side, round_, index, *times, *cpu))
     except BaseException as exc:
         results.put(("error", index, repr(exc)))
         barrier.abort()
@@ -125,6 +143,25 @@ def peer_main(
     finally:
         for peer in peers.values():
             peer.close()
+
+
+def cpu_now(index: int, pids: tuple[int, int]) -> tuple[float, float | None, float | None]:
+    """CPU seconds so far: this process's (every thread), and for the first peer also the
+    Kubo daemon's and the coordinators' process's (``pids``)."""
+    own = time.process_time()
+    if index != 0:
+        return own, None, None
+    return own, process_cpu_s(pids[0]), process_cpu_s(pids[1])
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _delta(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else b - a
 
 
 def one_round(
@@ -206,8 +243,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(args.peers)
     results = ctx.Queue()
-    peer_args = {k: getattr(args, k) for k in ("layers", "width", "batch", "rounds", "warmup", "threads")}  # fmt: skip
+    peer_args: dict[str, Any] = {k: getattr(args, k) for k in ("layers", "width", "batch", "rounds", "warmup", "threads")}  # fmt: skip
     [daemon] = start_daemons(kubo_binary(args.kubo), 1)
+    peer_args["pids"] = (daemon.pid, os.getpid())
     rows: list[tuple[Any, ...]] = []
     try:
         with (
@@ -235,14 +273,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def summarize(args: argparse.Namespace, rows: list[tuple[Any, ...]], nbytes: int) -> dict[str, Any]:
-    """Per side: each counted round's slowest peer (backward, first applied, total)."""
+    """Per side: each counted round's slowest peer (backward, first applied, total), and its
+    core-seconds (the peers' summed, Kubo's, the coordinators'; timed window, whole round)."""
     out: dict[str, Any] = {"machine": machine(), "bytes": nbytes, "args": vars(args), "sides": {}}
     for side in args.sides:
         got: dict[str, list[float]] = {"backward_s": [], "first_applied_s": [], "totals_s": []}
+        for key in CPU_KEYS:
+            got[key] = []
         for round_ in range(args.warmup, args.warmup + args.rounds):
             mine = [r for r in rows if r[0] == side and r[1] == round_]
-            for k, key in enumerate(got):
+            for k, key in enumerate(("backward_s", "first_applied_s", "totals_s")):
                 got[key].append(max(r[3 + k] for r in mine))
+            first = next(r for r in mine if r[2] == 0)
+            for k, key in enumerate(CPU_KEYS):
+                if key.startswith("peers"):
+                    got[key].append(sum(r[6 + k] for r in mine))
+                else:
+                    got[key].append(first[6 + k])
         out["sides"][side] = got
     if "whole" in args.sides and "streamed" in args.sides:
         sides = out["sides"]
@@ -266,7 +313,16 @@ def report(data: dict[str, Any], args: argparse.Namespace) -> str:
         f"one Kubo daemon, load {data['machine']['loadavg']}"
     )
     headers = ["side", "backward s", "1st applied s", "all applied s", "best s", "MB/s"]
-    lines = [head, table(headers, rows)]
+    cpu_rows = []
+    for side, d in data["sides"].items():
+        med = {k: statistics.median(d[k]) for k in CPU_KEYS}
+        window = [med["peers_cpu_s"], med["coordinators_cpu_s"], med["kubo_cpu_s"]]
+        whole = [med["peers_round_cpu_s"], med["coordinators_round_cpu_s"], med["kubo_round_cpu_s"]]
+        cpu_rows.append([side, *(f"{v:.2f}" for v in window), f"{sum(window):.2f}",
+                         *(f"{v:.2f}" for v in whole), f"{sum(whole):.2f}"])  # fmt: skip
+    cpu_headers = ["core-s", "peers", "coordinators", "Kubo", "all", "round: peers",
+                   "coordinators", "Kubo", "all"]  # fmt: skip
+    lines = [head, table(headers, rows), "", table(cpu_headers, cpu_rows)]
     if "ratio" in data:
         lines.append(f"ratio streamed/whole: {data['ratio']:.2f} (target <= 0.75)")
     return "\n".join(lines)
