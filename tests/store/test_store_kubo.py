@@ -53,6 +53,11 @@ def test_raw_cid_parity_two_level_tree(kubo: KuboDaemon, tmp_path: Path) -> None
     assert str(ours) == _only_hash(kubo, path)
 
 
+#: Float32 elements of a document over ``_put.ONE_REQUEST_BYTES`` (17.2 MB): put streams it
+#: through a guarded import (the smaller ones go in one request).
+GUARDED_N = 4_300_000
+
+
 def _gradient(n: int, seed: int = SEED) -> Gradient:
     rng = np.random.default_rng(seed)
     return Gradient(
@@ -181,7 +186,7 @@ def test_put_pins_only_the_root_and_leaves_its_canaries_to_the_gc(kubo: KuboDaem
     # The canaries are not removed by put: block/rm makes Kubo walk every pinned DAG to
     # check them, a cost that grows with all the node keeps (docs/design/storage.md). They stay
     # unpinned, and a GC removes them without touching the pinned gradient.
-    g = _gradient(700_000, seed=SEED + 2)  # three leaves, over SMALL_PUT_BYTES: guarded
+    g = _gradient(GUARDED_N, seed=SEED + 2)  # over ONE_REQUEST_BYTES: guarded
 
     async def go() -> None:
         async with kubo.node() as node:
@@ -241,8 +246,8 @@ def test_a_small_put_takes_a_block_naming_its_root_in_the_same_request(
     # block/put), the aggregate pinned, the record only stored (the coordinator pins it
     # directly); a document too large for one request is not stored at all (None).
     g = _gradient(1000, seed=SEED + 7)
-    big = _gradient(600_000, seed=SEED + 8)  # 2.4 MB: over SMALL_PUT_BYTES
-    assert encode(big).size > _put.SMALL_PUT_BYTES
+    big = _gradient(GUARDED_N, seed=SEED + 8)  # over ONE_REQUEST_BYTES
+    assert encode(big).size > _put.ONE_REQUEST_BYTES
 
     def naming(root: CID) -> Block:
         data = b"a record of " + str(root).encode()
@@ -265,6 +270,34 @@ def test_a_small_put_takes_a_block_naming_its_root_in_the_same_request(
             assert decode_equal(await store.get(cid), g)
             assert await store.put_with(big, naming) is None
             assert not await node.has_block(file_cid(encode(big)))
+
+    asyncio.run(go())
+
+
+def test_a_step_sized_put_is_one_request_unless_progress_is_asked_for(kubo: KuboDaemon) -> None:
+    # A step of 12.8 MB (a 1792 x 1792 float32 layer) put by a peer or a coordinator, who ask
+    # for no progress, goes in one request; with progress (gradstore put, whose --timeout
+    # counts from it) it streams through a guarded import as before. The same CID, pinned.
+    g = _gradient(3_200_000, seed=SEED + 9)  # 12.8 MB
+    assert _put.SMALL_PUT_BYTES < encode(g).size <= _put.ONE_REQUEST_BYTES
+
+    async def go() -> None:
+        async with kubo.node() as node:
+            before = Counter(counts.REQUESTS)
+            cid = await GradientStore(node).put(g)
+            sent = Counter(counts.REQUESTS)
+            sent.subtract(before)
+            assert +sent == Counter({"dag/import": 1})
+            assert cid == file_cid(encode(g)) and cid in await node.pins()
+            await node.unpin(cid)
+            await asyncio.to_thread(kubo.run, "repo", "gc", "--quiet")
+            told: list[int] = []
+            before = Counter(counts.REQUESTS)
+            assert await GradientStore(node).put(g, progress=lambda n, _: told.append(n)) == cid
+            sent = Counter(counts.REQUESTS)
+            sent.subtract(before)
+            assert sent["dag/import"] == 2 and sent["dag/put"] == 1
+            assert len(told) > 2 and cid in await node.pins()
 
     asyncio.run(go())
 
@@ -293,7 +326,7 @@ def test_a_gc_during_put_is_caught_and_the_dag_sent_again(
 ) -> None:
     # A GC between the leaf imports and the root's pin collects the unpinned leaves. put must
     # notice (its canaries are gone) and send the DAG again, so the pinned root is complete.
-    g = _gradient(700_000, seed=SEED + 1)  # blocks no other test pins
+    g = _gradient(GUARDED_N, seed=SEED + 1)  # blocks no other test pins
     _gc_before_the_root(kubo, monkeypatch)
 
     async def go() -> None:
@@ -316,7 +349,7 @@ def test_a_failed_re_send_after_a_gc_leaves_no_pin_over_missing_blocks(
 ) -> None:
     # The GC of the test above, then the re-send fails too: put raises, and the root it had
     # pinned over collected leaves is unpinned rather than left as a pin that protects nothing.
-    g = _gradient(700_000, seed=SEED + 5)  # blocks no other test pins
+    g = _gradient(GUARDED_N, seed=SEED + 5)  # blocks no other test pins
 
     async def failing_re_send(*args: object) -> None:
         raise NodeError("connection lost during the re-send")
@@ -378,8 +411,8 @@ class _WrongDagPut(httpx.AsyncBaseTransport):
 
 
 def test_a_node_that_stores_another_root_fails_the_put(kubo: KuboDaemon) -> None:
-    g = _gradient(700_000, seed=SEED + 3)  # over SMALL_PUT_BYTES: its root goes by dag/put
-    other = file_cid(encode(_gradient(700_000, seed=SEED + 4)))
+    g = _gradient(GUARDED_N, seed=SEED + 3)  # over ONE_REQUEST_BYTES: its root goes by dag/put
+    other = file_cid(encode(_gradient(GUARDED_N, seed=SEED + 4)))
 
     async def go() -> None:
         async with KuboNode(kubo.api_url, transport=_WrongDagPut(other)) as node:
