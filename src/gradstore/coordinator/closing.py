@@ -197,23 +197,28 @@ async def close_round(
     record_inputs = input_entries(verified, weights, announcements)
     record_excluded = exclusion_entries(excluded)
     record: RoundRecord | StepRecord
+
+    def new_step_record(output: CID) -> StepRecord:
+        assert step is not None
+        return StepRecord(
+            job=config.job,
+            run=run,
+            round=round_,
+            step=step.name,
+            tensors=tuple(str(s) for s in step.tensors),
+            method=method,
+            params=params.to_record(),
+            inputs=record_inputs,
+            excluded=record_excluded,
+            output=output,
+            coordinator=key.did,  # the step's owner (docs/design/multicoord.md)
+        )
+
     if step is not None:  # a small aggregate and its record in one request, if it can
         signed: list[tuple[StepRecord, CID, bytes]] = []
 
         def step_record(output: CID) -> Block:
-            rec = StepRecord(
-                job=config.job,
-                run=run,
-                round=round_,
-                step=step.name,
-                tensors=tuple(str(s) for s in step.tensors),
-                method=method,
-                params=params.to_record(),
-                inputs=record_inputs,
-                excluded=record_excluded,
-                output=output,
-                coordinator=key.did,  # the step's owner (docs/design/multicoord.md)
-            )
+            rec = new_step_record(output)
             cid, data = encode_step_record(rec, key)
             signed[:] = [(rec, cid, data)]
             return Block(cid, data)
@@ -247,19 +252,7 @@ async def close_round(
         )
         record_cid, record_bytes = encode_record(record, key)
     else:
-        record = StepRecord(
-            job=config.job,
-            run=run,
-            round=round_,
-            step=step.name,
-            tensors=tuple(str(s) for s in step.tensors),
-            method=method,
-            params=params.to_record(),
-            inputs=record_inputs,
-            excluded=record_excluded,
-            output=output,
-            coordinator=key.did,  # the step's owner (docs/design/multicoord.md)
-        )
+        record = new_step_record(output)
         record_cid, record_bytes = encode_step_record(record, key)
 
     what = "round record" if step is None else "step record"
