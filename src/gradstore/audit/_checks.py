@@ -43,7 +43,7 @@ from ..store import (
     ReadAhead,
     ReadAheadPool,
     SpilledDocument,
-    SpillWriter,
+    SpillMap,
     StoredCompressed,
     StoredDocument,
     StoredGradient,
@@ -272,11 +272,11 @@ async def _input(
     on_input: OnInput | None,
     progress: ByteProgress | None,
 ) -> tuple[StoredGradient | StoredCompressed, int, list[Any]]:
-    """One input fetched (every block verified, its bytes spilled to ``path`` as they are,
-    if given and they fit), checked against the record; its source, size and layout."""
+    """One input fetched (every block verified; into its spill file at ``path``, mapped,
+    if given and it fits), checked against the record; its source, size and layout."""
     what = f"input of {inp.peer}"
     spill = path is not None and _room(path.parent, store.limits.max_bytes)
-    writer = SpillWriter(path) if spill and path is not None else None
+    mapped = SpillMap(path) if spill and path is not None else None
     try:
         gradient, header = await fetch_with_header(
             store,
@@ -284,10 +284,12 @@ async def _input(
             what,
             prefix="input-",
             progress=progress,
-            sink=None if writer is None else writer.write,
+            allocate=None if mapped is None else mapped.allocate,
         )
-    finally:
-        spilled = writer is not None and writer.close()
+    except BaseException:
+        if mapped is not None:
+            mapped.close()
+        raise
     if inp.codec != header.codec:
         raise AuditError(
             "input-codec",
@@ -300,6 +302,7 @@ async def _input(
     size = gradient.nbytes
     layout = [(t.name, t.array_dtype, t.shape) for t in header.tensors]
     del gradient  # read back range by range: one input in memory at a time
+    spilled = mapped is not None and mapped.close()
     infos = {t.name: t for t in header.tensors}
     if spilled and path is not None:  # the bytes just verified, from the spill file
         return spilled_source(SpilledDocument(path, header.size), infos, header.codec), size, layout

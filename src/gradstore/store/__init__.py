@@ -13,11 +13,12 @@ from .._lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from ._assemble import ModelDocument, StepOutput, model_cid, open_model, open_output, put_model
-    from ._fetch import Sink
+    from ._fetch import Allocate, Sink
     from ._put import ByteProgress, Progress
     from ._read_ahead import ReadAhead, ReadAheadPool, read_ahead
     from ._spilled import (
         SpilledDocument,
+        SpillMap,
         SpillWriter,
         fits,
         free_space,
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from ._sync import SyncGradientStore
 
 _HOMES = {
+    "Allocate": "_fetch",
     "ByteProgress": "_put",
     "ModelDocument": "_assemble",
     "StepOutput": "_assemble",
@@ -44,6 +46,7 @@ _HOMES = {
     "VerifyReport": "_store",
     "SpilledDocument": "_spilled",
     "Sink": "_fetch",
+    "SpillMap": "_spilled",
     "SpillWriter": "_spilled",
     "fits": "_spilled",
     "free_space": "_spilled",
@@ -57,6 +60,7 @@ _HOMES = {
 __getattr__, __dir__ = lazy_exports(__name__, _HOMES)
 
 __all__ = [
+    "Allocate",
     "ByteProgress",
     "GradientStore",
     "ModelDocument",
@@ -64,6 +68,7 @@ __all__ = [
     "ReadAhead",
     "ReadAheadPool",
     "Sink",
+    "SpillMap",
     "SpillWriter",
     "SpilledDocument",
     "StepOutput",

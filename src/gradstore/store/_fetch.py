@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 
 from ..dag import CID, Block, CarReader, FileAssembler
-from ..dag.assemble import LeafSpan
+from ..dag.assemble import LeafSpan, anonymous_buffer
 from ..dag.cid import RAW
 from ..errors import DAGError, IntegrityError
 from ..node import Node, SupportsCatInto
@@ -25,6 +25,8 @@ _SINK_BYTES = 16 << 20  # verified bytes handed to a sink at a time (the last pi
 
 #: Takes a document's verified bytes, in order, each byte once (called from a worker thread).
 Sink = Callable[[memoryview], None]
+#: Gives the buffer of a document of the size its root declares (``FileAssembler``'s).
+Allocate = Callable[[int], memoryview]
 _MAX_NODE_FETCHES = 64  # dag-pb nodes fetched at once by block/get (64 GiB files under the profile)
 
 
@@ -36,6 +38,7 @@ async def fetch_view(
     *,
     root: bytes | None = None,
     sink: Sink | None = None,
+    allocate: Allocate | None = None,
 ) -> memoryview:
     """Fetch the file bytes of ``cid``, every block verified, into one buffer.
 
@@ -47,8 +50,10 @@ async def fetch_view(
     size a root declares first): verified against ``cid`` and not fetched again.
     ``sink``: also hands the verified bytes, in order, to it (a coordinator's spill file):
     on Kubo while later leaves are still arriving, else once the file is complete.
+    ``allocate``: gives the buffer once the root declares its size (a coordinator's spill
+    file, mapped: the bytes land, and are hashed, in the file's pages).
     """
-    assembler = FileAssembler(CID.parse(cid), max_bytes)
+    assembler = FileAssembler(CID.parse(cid), max_bytes, allocate=allocate or anonymous_buffer)
     root_cid = assembler.root
     if root is not None:
         await asyncio.to_thread(assembler.add, Block(root_cid, root))

@@ -1,16 +1,20 @@
 """A verified document's bytes kept in a local file (a spill file), written and read by ranges.
 
-A coordinator (or an auditor) writes the bytes of a document it fetched and hashed to a
-file of its own as they are verified (``SpillWriter``, the fetch's sink), if they fit on
-the disk (``fits``); when the round is aggregated, ``SpilledDocument`` reads them back
-with ``preadv`` straight into the caller's array (off the event loop, no copy), instead of
-fetching and hashing every leaf from the node again. The file is trusted only by the
-process that wrote it: a restart deletes it and verifies the input again.
+A coordinator fetches a document it will spill straight into its spill file, mapped
+(``SpillMap``: the fetch's buffer is the file's pages, so the bytes hashed are the bytes
+kept, and no second copy is made); an auditor writes them as they are verified
+(``SpillWriter``, the fetch's sink). Either only if they fit on the disk (``fits``); when
+the round is aggregated, ``SpilledDocument`` reads them back with ``preadv`` straight into
+the caller's array (off the event loop, no copy), instead of fetching and hashing every
+leaf from the node again. The file is trusted only by the process that wrote it: a
+restart deletes it and verifies the input again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import mmap
 import os
 import shutil
 from collections.abc import Mapping
@@ -19,6 +23,7 @@ from typing import Any, Final
 
 import numpy as np
 
+from ..dag.assemble import anonymous_buffer
 from ..errors import DAGError
 from ..format import Codec, TensorInfo
 from ._stored import ByteRanges, StoredGradient
@@ -77,6 +82,53 @@ class SpillWriter:
                 self.error = self.error or exc
             self._fd = None
         return self.error is None
+
+
+class SpillMap:
+    """A document's spill file as the fetch's buffer (``allocate``): created at its size,
+    its blocks reserved (``posix_fallocate``: writing the mapping can then never find the
+    disk full, which would kill the process with SIGBUS) and mapped shared, so the fetch's
+    reads land in the file's pages and its leaves are hashed there. A file that cannot be
+    made (a full disk, a file system without room) gives an anonymous buffer instead and
+    ``error``: the input is then read back from the node, it does not fail."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.error: OSError | None = None
+        self._map: mmap.mmap | None = None
+
+    def allocate(self, size: int) -> memoryview:
+        """The buffer of a ``size``-byte document: the file's mapping (else anonymous memory)."""
+        if self._map is not None or size == 0:
+            self.error = self.error or OSError(f"spill file {self.path}: nothing to map")
+            return anonymous_buffer(size)
+        try:
+            flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
+            fd = os.open(self.path, flags, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, size)
+                self._map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            self.error = exc
+            return anonymous_buffer(size)
+        return memoryview(self._map)
+
+    @property
+    def mapped(self) -> bool:
+        """Whether the fetch's buffer is the file (else nothing was spilled)."""
+        return self._map is not None and self.error is None
+
+    def close(self) -> bool:
+        """Unmap the file (its pages stay in the page cache, written back by the kernel, no
+        fsync: a crash's spill files are never read); whether it holds the document. Every
+        view of the buffer must be gone; one left (a failure's traceback) keeps the mapping
+        until it goes."""
+        if self._map is not None:
+            with contextlib.suppress(BufferError):
+                self._map.close()
+        return self.mapped
 
 
 class SpilledDocument:
