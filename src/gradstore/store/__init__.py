@@ -13,13 +13,12 @@ from .._lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from ._assemble import ModelDocument, StepOutput, model_cid, open_model, open_output, put_model
-    from ._fetch import Allocate, Sink
+    from ._fetch import Allocate
     from ._put import ByteProgress, Progress
     from ._read_ahead import ReadAhead, ReadAheadPool, read_ahead
     from ._spilled import (
         SpilledDocument,
         SpillMap,
-        SpillWriter,
         fits,
         free_space,
         spilled_source,
@@ -45,9 +44,7 @@ _HOMES = {
     "read_ahead": "_read_ahead",
     "VerifyReport": "_store",
     "SpilledDocument": "_spilled",
-    "Sink": "_fetch",
     "SpillMap": "_spilled",
-    "SpillWriter": "_spilled",
     "fits": "_spilled",
     "free_space": "_spilled",
     "spilled_source": "_spilled",
@@ -67,9 +64,7 @@ __all__ = [
     "Progress",
     "ReadAhead",
     "ReadAheadPool",
-    "Sink",
     "SpillMap",
-    "SpillWriter",
     "SpilledDocument",
     "StepOutput",
     "StoredCompressed",

@@ -1,9 +1,8 @@
 """A verified document's bytes kept in a local file (a spill file), written and read by ranges.
 
-A coordinator fetches a document it will spill straight into its spill file, mapped
-(``SpillMap``: the fetch's buffer is the file's pages, so the bytes hashed are the bytes
-kept, and no second copy is made); an auditor writes them as they are verified
-(``SpillWriter``, the fetch's sink). Either only if they fit on the disk (``fits``); when
+A coordinator (or an auditor) fetches a document it will spill straight into its spill
+file, mapped (``SpillMap``: the fetch's buffer is the file's pages, so the bytes hashed are
+the bytes kept, and no second copy is made), if it fits on the disk (``fits``); when
 the round is aggregated, ``SpilledDocument`` reads them back with ``preadv`` straight into
 the caller's array (off the event loop, no copy), instead of fetching and hashing every
 leaf from the node again. The file is trusted only by the process that wrote it: a
@@ -19,7 +18,7 @@ import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 import numpy as np
 
@@ -28,9 +27,6 @@ from ..errors import DAGError
 from ..format import Codec, TensorInfo
 from ._stored import ByteRanges, StoredGradient
 from ._stored_compressed import StoredCompressed, StoredSparse
-
-#: Bytes written per ``write`` call (a document's buffer is written in pieces of this size).
-WRITE_BYTES: Final = 64 << 20
 
 
 def fits(size: int, free: int, writing: int, reserve: int) -> bool:
@@ -42,46 +38,6 @@ def fits(size: int, free: int, writing: int, reserve: int) -> bool:
 def free_space(path: Path) -> int:
     """Free bytes of the file system holding ``path`` (for an unprivileged process)."""
     return shutil.disk_usage(path).free
-
-
-class SpillWriter:
-    """Writes a document's verified bytes, in order, to its spill file (the fetch's sink,
-    called from its hashing thread); a disk that fails stops it quietly (``error``): the
-    input is then read back from the node, it does not fail."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.error: OSError | None = None
-        self.written = 0
-        self._fd: int | None = None
-        try:
-            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
-            self._fd = os.open(path, flags, 0o600)
-        except OSError as exc:
-            self.error = exc
-
-    def write(self, piece: memoryview) -> None:
-        """Append ``piece`` (no fsync: a crash's spill files are never read)."""
-        if self._fd is None or self.error is not None:
-            return
-        view = piece.cast("B") if piece.format != "B" or piece.ndim != 1 else piece
-        try:
-            done = 0
-            while done < len(view):
-                done += os.write(self._fd, view[done : done + WRITE_BYTES])
-        except OSError as exc:
-            self.error = exc
-        self.written += len(view)
-
-    def close(self) -> bool:
-        """Close the file; whether every byte was written."""
-        if self._fd is not None:
-            try:
-                os.close(self._fd)
-            except OSError as exc:
-                self.error = self.error or exc
-            self._fd = None
-        return self.error is None
 
 
 class SpillMap:
