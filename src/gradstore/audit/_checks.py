@@ -277,7 +277,7 @@ async def _input(
     what = f"input of {inp.peer}"
     spill = path is not None and _room(path.parent, store.limits.max_bytes)
     mapped = SpillMap(path) if spill and path is not None else None
-    try:
+    try:  # the mapping goes whatever happens (and its pages' faulting-in thread with it)
         gradient, header = await fetch_with_header(
             store,
             inp.gradient,
@@ -286,23 +286,20 @@ async def _input(
             progress=progress,
             allocate=None if mapped is None else mapped.allocate,
         )
-    except BaseException:
-        if mapped is not None:
-            mapped.close()
-        raise
-    if inp.codec != header.codec:
-        raise AuditError(
-            "input-codec",
-            f"{where(rcid, record)} says {what} {inp.gradient} is "
-            f"{_codec_text(inp.codec)}, but the document is {_codec_text(header.codec)}",
-        )
-    check_document_meta(rcid, record, inp, gradient.meta)
-    if on_input is not None:
-        on_input(inp, header)
-    size = gradient.nbytes
-    layout = [(t.name, t.array_dtype, t.shape) for t in header.tensors]
-    del gradient  # read back range by range: one input in memory at a time
-    spilled = mapped is not None and mapped.close()
+        if inp.codec != header.codec:
+            raise AuditError(
+                "input-codec",
+                f"{where(rcid, record)} says {what} {inp.gradient} is "
+                f"{_codec_text(inp.codec)}, but the document is {_codec_text(header.codec)}",
+            )
+        check_document_meta(rcid, record, inp, gradient.meta)
+        if on_input is not None:
+            on_input(inp, header)
+        size = gradient.nbytes
+        layout = [(t.name, t.array_dtype, t.shape) for t in header.tensors]
+        del gradient  # read back range by range: one input in memory at a time
+    finally:
+        spilled = mapped is not None and mapped.close()
     infos = {t.name: t for t in header.tensors}
     if spilled and path is not None:  # the bytes just verified, from the spill file
         return spilled_source(SpilledDocument(path, header.size), infos, header.codec), size, layout

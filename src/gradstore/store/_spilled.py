@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import functools
 import mmap
 import os
 import shutil
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
@@ -27,6 +30,12 @@ from ..errors import DAGError
 from ..format import Codec, TensorInfo
 from ._stored import ByteRanges, StoredGradient
 from ._stored_compressed import StoredCompressed, StoredSparse
+
+#: ``madvise`` advice that faults a range's pages in, writable (Linux 5.14; older: EINVAL).
+MADV_POPULATE_WRITE: Final = 23
+
+#: Bytes of a spill file's mapping faulted in per ``madvise`` call, ahead of the reader.
+PREFAULT_BYTES: Final = 32 << 20
 
 
 def fits(size: int, free: int, writing: int, reserve: int) -> bool:
@@ -46,12 +55,18 @@ class SpillMap:
     disk full, which would kill the process with SIGBUS) and mapped shared, so the fetch's
     reads land in the file's pages and its leaves are hashed there. A file that cannot be
     made (a full disk, a file system without room) gives an anonymous buffer instead and
-    ``error``: the input is then read back from the node, it does not fail."""
+    ``error``: the input is then read back from the node, it does not fail.
+
+    The file's new pages are faulted in by a thread of its own ahead of the fetch's reader
+    (``_Prefault``): a new page-cache page is what a spilled byte costs most on a machine
+    that backs its memory lazily (docs/design/spill.md, "Cost"), and the reader, which
+    would otherwise fault each one in the middle of its copy, is the fetch's slowest thread."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.error: OSError | None = None
         self._map: mmap.mmap | None = None
+        self._prefault: _Prefault | None = None
 
     def allocate(self, size: int) -> memoryview:
         """The buffer of a ``size``-byte document: the file's mapping (else anonymous memory)."""
@@ -69,6 +84,7 @@ class SpillMap:
         except OSError as exc:
             self.error = exc
             return anonymous_buffer(size)
+        self._prefault = _Prefault(self._map, size)
         return memoryview(self._map)
 
     @property
@@ -81,10 +97,52 @@ class SpillMap:
         fsync: a crash's spill files are never read); whether it holds the document. Every
         view of the buffer must be gone; one left (a failure's traceback) keeps the mapping
         until it goes."""
+        if self._prefault is not None:
+            self._prefault.stop()
+            self._prefault = None
         if self._map is not None:
             with contextlib.suppress(BufferError):
                 self._map.close()
         return self.mapped
+
+
+class _Prefault:
+    """Faults a mapping's pages in, from its start, ``PREFAULT_BYTES`` at a time, in a thread
+    of its own (``madvise`` through ctypes: the GIL is released while the kernel works); it
+    stops at ``stop``, at the end, or at the first refusal (a kernel without the advice)."""
+
+    def __init__(self, mapping: mmap.mmap, size: int) -> None:
+        held = ctypes.c_char.from_buffer(mapping)  # only to learn the address: let go at once
+        self._base = ctypes.addressof(held)
+        del held
+        self._size = size
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gradstore-prefault", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        madvise = _madvise()
+        for offset in range(0, self._size, PREFAULT_BYTES):
+            if self._stop.is_set():
+                return
+            length = min(PREFAULT_BYTES, self._size - offset)
+            if madvise(self._base + offset, length, MADV_POPULATE_WRITE) != 0:
+                return  # the reader faults the rest in itself
+
+    def stop(self) -> None:
+        """Stop, and wait for the call under way (before the mapping goes)."""
+        self._stop.set()
+        self._thread.join()
+
+
+@functools.cache
+def _madvise() -> Callable[[int, int, int], int]:
+    """libc's ``madvise(addr, length, advice)``."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    call = libc.madvise
+    call.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    call.restype = ctypes.c_int
+    return call
 
 
 class SpilledDocument:
