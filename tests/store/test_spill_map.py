@@ -63,3 +63,16 @@ def test_closing_stops_the_faulting_in_at_once(tmp_path: Path) -> None:
     start = time.monotonic()
     assert spill.close()
     assert time.monotonic() - start < 2.0  # one call under way at most (32 MiB), not 1 GiB
+
+
+def test_a_view_left_over_keeps_the_mapping_but_not_its_pages(tmp_path: Path) -> None:
+    """Closed while a view of its buffer is still held (a finished task not yet collected):
+    the document's pages leave the process's memory all the same, and the view still reads
+    the bytes (from the page cache)."""
+    spill = SpillMap(tmp_path / "c.doc")
+    view = spill.allocate(16 * MIB)
+    view[:] = b"\x07" * (16 * MIB)
+    assert _resident(spill.path) == 16 * MIB
+    assert spill.close()
+    assert _resident(spill.path) == 0
+    assert view[12345] == 7 and bytes(view[-3:]) == b"\x07\x07\x07"

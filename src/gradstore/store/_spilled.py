@@ -12,7 +12,6 @@ restart deletes it and verifies the input again.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ctypes
 import functools
 import mmap
@@ -94,15 +93,20 @@ class SpillMap:
 
     def close(self) -> bool:
         """Unmap the file (its pages stay in the page cache, written back by the kernel, no
-        fsync: a crash's spill files are never read); whether it holds the document. Every
-        view of the buffer must be gone; one left (a failure's traceback) keeps the mapping
-        until it goes."""
+        fsync: a crash's spill files are never read); whether it holds the document. A view
+        of the buffer still held somewhere (a finished task not yet collected, a failure's
+        traceback) keeps the mapping until it goes, but not its pages: they leave the
+        process's memory at once (``MADV_DONTNEED``: a shared file mapping's pages stay in
+        the page cache, dirty ones too, and a late read faults them back in), so the next
+        input's document is never held beside this one's."""
         if self._prefault is not None:
             self._prefault.stop()
             self._prefault = None
         if self._map is not None:
-            with contextlib.suppress(BufferError):
+            try:
                 self._map.close()
+            except BufferError:
+                self._map.madvise(mmap.MADV_DONTNEED)
         return self.mapped
 
 
