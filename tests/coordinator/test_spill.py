@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
+import os
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +20,10 @@ from gradstore.compress import compress
 from gradstore.coordinator import ByteBudget, verify_input
 from gradstore.coordinator.closing import close_round
 from gradstore.coordinator.inputs import VerifiedInput
-from gradstore.coordinator.spill import SpillDir, SpillTarget, fits, spill_dir_for
+from gradstore.coordinator.spill import SpillDir, SpillMap, SpillTarget, fits, spill_dir_for
 from gradstore.dag import CID
 from gradstore.format import CompressedGradient, Gradient
-from gradstore.node import KuboDaemon
+from gradstore.node import KuboDaemon, KuboNode
 from gradstore.store import GradientStore
 
 from .harness import make_job, publish_all, start_coordinator, wait_subscribed, world
@@ -192,6 +194,56 @@ async def _verified_one(
             spill=SpillTarget(spills, 0, spills.path(0, did, None)),
         )
         return [got]
+
+
+def test_an_input_is_fetched_into_its_spill_file_and_one_that_cannot_be_made_is_read_back(
+    kubo: KuboDaemon, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fetch's buffer is the spill file itself (mapped: the bytes hashed are the file's,
+    no second copy); a file whose blocks cannot be reserved (a full disk, faked: one cannot
+    be filled here) leaves the input verified in memory and read back from the node."""
+    grad = _inputs(False)[0]
+    spills = SpillDir(tmp_path / "spill")
+    mapped: list[int] = []
+    allocate = SpillMap.allocate
+
+    def watched(self: SpillMap, size: int) -> memoryview:
+        view = allocate(self, size)
+        mapped.append(size if self.mapped else -size)
+        return view
+
+    monkeypatch.setattr(SpillMap, "allocate", watched)
+    maps = Path("/proc/self/maps")
+    mapped_at_pin: list[bool] = []
+    pin = KuboNode.pin
+
+    async def pinning(self: KuboNode, cid: CID) -> None:
+        if maps.exists():
+            mapped_at_pin.append(".doc" in maps.read_text())
+        await pin(self, cid)
+
+    monkeypatch.setattr(KuboNode, "pin", pinning)
+
+    async def go() -> None:
+        (fine,) = await _verified_one(kubo, spills, grad)
+        assert fine.spill is not None and mapped == [fine.nbytes]
+        async with kubo.node() as node:
+            document = await GradientStore(node).fetch_document(fine.cid)
+        assert fine.spill.read_bytes() == document.tobytes()
+        if maps.exists():  # unmapped once checked: nothing of it held while it is pinned
+            assert mapped_at_pin == [False]
+
+        def full(fd: int, offset: int, length: int) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(os, "posix_fallocate", full)
+        full_disk = SpillDir(tmp_path / "full")
+        (short,) = await _verified_one(kubo, full_disk, grad)
+        assert short.spill is None and mapped[1] == -short.nbytes
+        assert list(full_disk.folder(0).iterdir()) == []  # its file went
+        assert spills.writing == 0 and full_disk.writing == 0
+
+    asyncio.run(go())
 
 
 def test_fits_counts_the_reserve_and_the_spills_being_written() -> None:

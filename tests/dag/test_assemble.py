@@ -90,6 +90,23 @@ def test_preorder_reassembly_of_a_two_level_file() -> None:
     assert np.array_equal(out, data), f"seed={SEED}"
 
 
+def test_the_buffer_may_be_the_callers_of_exactly_the_declared_size() -> None:
+    """``allocate`` gives the buffer (a coordinator's spill file, mapped): the file's bytes
+    land in it; one of another size is refused before a leaf is placed."""
+    data = _data(5 * 1024 + 7)
+    blocks = list(build_file([data], chunk_size=1024))
+    given = bytearray(len(data))
+    asm = FileAssembler(blocks[-1].cid, max_size=len(data), allocate=lambda n: memoryview(given))
+    for block in _preorder(blocks):
+        asm.add(block)
+    assert given == data.tobytes() and asm.view().obj is given
+    short = FileAssembler(
+        blocks[-1].cid, max_size=len(data), allocate=lambda n: memoryview(given)[1:]
+    )
+    with pytest.raises(ValueError, match="gave a buffer of"):
+        short.add(blocks[-1])
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_shuffled_parent_first_order(seed: int) -> None:
     data = _data(20 * 1024 + 1, seed)

@@ -43,7 +43,7 @@ from ..store import (
     ReadAhead,
     ReadAheadPool,
     SpilledDocument,
-    SpillWriter,
+    SpillMap,
     StoredCompressed,
     StoredDocument,
     StoredGradient,
@@ -272,34 +272,34 @@ async def _input(
     on_input: OnInput | None,
     progress: ByteProgress | None,
 ) -> tuple[StoredGradient | StoredCompressed, int, list[Any]]:
-    """One input fetched (every block verified, its bytes spilled to ``path`` as they are,
-    if given and they fit), checked against the record; its source, size and layout."""
+    """One input fetched (every block verified; into its spill file at ``path``, mapped,
+    if given and it fits), checked against the record; its source, size and layout."""
     what = f"input of {inp.peer}"
     spill = path is not None and _room(path.parent, store.limits.max_bytes)
-    writer = SpillWriter(path) if spill and path is not None else None
-    try:
+    mapped = SpillMap(path) if spill and path is not None else None
+    try:  # the mapping goes whatever happens (and its pages' faulting-in thread with it)
         gradient, header = await fetch_with_header(
             store,
             inp.gradient,
             what,
             prefix="input-",
             progress=progress,
-            sink=None if writer is None else writer.write,
+            allocate=None if mapped is None else mapped.allocate,
         )
+        if inp.codec != header.codec:
+            raise AuditError(
+                "input-codec",
+                f"{where(rcid, record)} says {what} {inp.gradient} is "
+                f"{_codec_text(inp.codec)}, but the document is {_codec_text(header.codec)}",
+            )
+        check_document_meta(rcid, record, inp, gradient.meta)
+        if on_input is not None:
+            on_input(inp, header)
+        size = gradient.nbytes
+        layout = [(t.name, t.array_dtype, t.shape) for t in header.tensors]
+        del gradient  # read back range by range: one input in memory at a time
     finally:
-        spilled = writer is not None and writer.close()
-    if inp.codec != header.codec:
-        raise AuditError(
-            "input-codec",
-            f"{where(rcid, record)} says {what} {inp.gradient} is "
-            f"{_codec_text(inp.codec)}, but the document is {_codec_text(header.codec)}",
-        )
-    check_document_meta(rcid, record, inp, gradient.meta)
-    if on_input is not None:
-        on_input(inp, header)
-    size = gradient.nbytes
-    layout = [(t.name, t.array_dtype, t.shape) for t in header.tensors]
-    del gradient  # read back range by range: one input in memory at a time
+        spilled = mapped is not None and mapped.close()
     infos = {t.name: t for t in header.tensors}
     if spilled and path is not None:  # the bytes just verified, from the spill file
         return spilled_source(SpilledDocument(path, header.size), infos, header.codec), size, layout

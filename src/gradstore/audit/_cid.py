@@ -26,7 +26,7 @@ from ..format import (
     decode_with_header,
     encode,
 )
-from ..store import ByteProgress, GradientStore, Sink
+from ..store import Allocate, ByteProgress, GradientStore
 
 
 @dataclass(frozen=True)
@@ -68,17 +68,17 @@ async def fetch_with_header(
     what: str,
     prefix: str = "",
     progress: ByteProgress | None = None,
-    sink: Sink | None = None,
+    allocate: Allocate | None = None,
 ) -> tuple[Gradient | CompressedGradient, DocumentHeader]:
-    """:func:`fetch_gradient`, and where each tensor lives in the document (``sink``: takes
-    its verified bytes as they come, a spill file).
+    """:func:`fetch_gradient`, and where each tensor lives in the document (``allocate``:
+    gives the buffer the document is fetched into, a spill file's mapping).
 
     Checks: ``{prefix}fetch`` (the node cannot serve it), ``{prefix}blocks`` (a block does
     not hash to its CID or the DAG is malformed), ``{prefix}decode`` (not a valid gradstore/1
     or gradstore/2 document within the store's limits).
     """
     try:
-        buf = await store.fetch_document(cid, progress=progress, sink=sink)
+        buf = await store.fetch_document(cid, progress=progress, allocate=allocate)
     except IntegrityError as exc:
         raise AuditError(f"{prefix}blocks", f"{what} {cid}: {exc}") from exc
     except (DAGError, LimitExceededError) as exc:

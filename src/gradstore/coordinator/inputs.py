@@ -67,7 +67,7 @@ from ..store import GradientStore
 from .binding import Claim, check_binding
 from .pinner import BatchPinner
 from .rounds import Schema, schema_of, schema_text
-from .spill import SpillTarget, SpillWriter
+from .spill import SpillMap, SpillTarget
 
 log = logging.getLogger("gradstore.coordinator")
 
@@ -192,20 +192,20 @@ async def verify_input(
         kept = keep.try_take(size)
         # decided before a leaf is fetched: a spill that would not fit on its disk is not made
         to_spill = not kept and spill is not None and spill.claim(size)
-        writer = None
+        mapped = None
         try:
             timeout = resolve_timeout_s + size / MIN_RATE_BYTES_S
             limits = store.limits
             try:
-                if to_spill and spill is not None:
-                    writer = SpillWriter(spill.path)
+                if to_spill and spill is not None:  # fetched into the file itself: no copy
+                    mapped = SpillMap(spill.path)
                 if cid.codec == RAW:  # a one-block document: the root is all of it
                     buf: Any = root
-                    if writer is not None:
-                        await asyncio.to_thread(writer.write, memoryview(root))
-                else:  # the verified bytes go to the spill file as the leaves come in
-                    sink = None if writer is None else writer.write
-                    fetched = store.fetch_document(cid, root=root, sink=sink)  # not the root
+                    if mapped is not None:
+                        mapped.allocate(len(root))[:] = root
+                else:
+                    allocate = None if mapped is None else mapped.allocate
+                    fetched = store.fetch_document(cid, root=root, allocate=allocate)
                     buf = await asyncio.wait_for(fetched, timeout)
                 times.append(time.perf_counter())
                 # off the loop: a compressed payload's checks take time in proportion to it
@@ -218,11 +218,13 @@ async def verify_input(
             )
             if problem is not None:
                 raise RefusedError.parse(problem)
-            spilled = writer is not None and _closed(writer)
             if not kept:  # its memory goes back before the pin: the next fetch may start
                 del gradient, buf
+                spilled = mapped is not None and _closed(mapped)
                 await budget.release(held)
                 held = 0
+            else:
+                spilled = False
             times.append(time.perf_counter())
             if checked is not None:
                 checked()
@@ -250,8 +252,8 @@ async def verify_input(
                 header.codec,
                 spill.path if spilled and spill is not None else None,
             )
-            if writer is not None:
-                writer = None  # the result holds its file now (or it is read from the node)
+            if mapped is not None:
+                mapped = None  # the result holds its file now (or it is read from the node)
                 if not spilled and spill is not None:
                     spill.spills.remove([spill.path])
             kept = False  # the result holds them now
@@ -261,20 +263,21 @@ async def verify_input(
                 keep.give_back(size)
             if to_spill and spill is not None:
                 spill.written(size)
-                if writer is not None:  # refused, failed or cancelled: its file goes
-                    writer.close()
+                if mapped is not None:  # refused, failed or cancelled: its file goes
+                    mapped.close()
                     spill.spills.remove([spill.path])
             if held:
                 await budget.release(held)
 
 
-def _closed(writer: SpillWriter) -> bool:
-    """Whether the spill file holds the whole document; a disk that failed it (full,
-    read-only) only means the input is read back from the node, as without a spill."""
-    if writer.close():
+def _closed(mapped: SpillMap) -> bool:
+    """Whether the spill file holds the whole document (unmapping it); a disk without room
+    for it (full, read-only) only means the input is read back from the node, as without a
+    spill."""
+    if mapped.close():
         return True
     log.warning(
-        "writing spill file %s failed (%s): read back from the node", writer.path, writer.error
+        "making spill file %s failed (%s): read back from the node", mapped.path, mapped.error
     )
     return False
 

@@ -13,11 +13,13 @@ The buffer is anonymous memory the kernel hands out page by page as it is writte
 only a root to learn a size), and no NumPy is needed (``view``; ``result`` gives the same
 bytes as a NumPy array). Not NumPy's allocator: it asks for huge pages, and where the
 kernel must compact memory to find them a fresh 256 MiB buffer took 0.5 s instead of 0.1.
+A caller may give the buffer instead (``allocate``: a coordinator's spill file, mapped).
 """
 
 from __future__ import annotations
 
 import mmap
+from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..errors import DAGError, LimitExceededError
@@ -35,6 +37,11 @@ _MAPPED = 1 << 20  # buffers from this size on are mapped; smaller ones are byte
 # A balanced 1024-link tree of 1 MiB chunks is 4 levels deep at 1 PiB; 32
 # levels leaves room for other layouts (trickle) and bounds the work.
 MAX_DEPTH = 32
+
+
+def anonymous_buffer(size: int) -> memoryview:
+    """A writable buffer of ``size`` bytes whose pages the kernel hands out as they are written."""
+    return memoryview(mmap.mmap(-1, size) if size >= _MAPPED else bytearray(size))
 
 
 class _Place(NamedTuple):
@@ -67,8 +74,12 @@ class FileAssembler:
         *,
         max_links: int = MAX_LINKS,
         max_depth: int = MAX_DEPTH,
+        allocate: Callable[[int], memoryview] = anonymous_buffer,
     ) -> None:
+        """``allocate(size)``: the file's buffer, once its root declares ``size`` (a
+        writable, byte-formatted view of exactly that many bytes)."""
         self.root = CID.parse(root)
+        self._allocate_buffer = allocate
         self.max_size = max_size
         self.max_links = max_links
         self.max_depth = max_depth
@@ -175,7 +186,12 @@ class FileAssembler:
                 "max_bytes",  # what every caller bounds a document's file by
             )
         self._budget = 4 * self.max_links + size // 1024
-        self._buf = memoryview(mmap.mmap(-1, size) if size >= _MAPPED else bytearray(size))
+        buf = self._allocate_buffer(size)
+        if buf.nbytes != size or buf.readonly or buf.format != "B" or buf.ndim != 1:
+            raise ValueError(
+                f"allocate({size}) gave a buffer of {buf.nbytes} bytes, or not writable"
+            )
+        self._buf = buf
         return self._buf
 
     def _add_leaf(self, cid: CID, data: bytes | memoryview, places: list[_Place]) -> None:

@@ -13,12 +13,12 @@ from .._lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from ._assemble import ModelDocument, StepOutput, model_cid, open_model, open_output, put_model
-    from ._fetch import Sink
+    from ._fetch import Allocate
     from ._put import ByteProgress, Progress
     from ._read_ahead import ReadAhead, ReadAheadPool, read_ahead
     from ._spilled import (
         SpilledDocument,
-        SpillWriter,
+        SpillMap,
         fits,
         free_space,
         spilled_source,
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from ._sync import SyncGradientStore
 
 _HOMES = {
+    "Allocate": "_fetch",
     "ByteProgress": "_put",
     "ModelDocument": "_assemble",
     "StepOutput": "_assemble",
@@ -43,8 +44,7 @@ _HOMES = {
     "read_ahead": "_read_ahead",
     "VerifyReport": "_store",
     "SpilledDocument": "_spilled",
-    "Sink": "_fetch",
-    "SpillWriter": "_spilled",
+    "SpillMap": "_spilled",
     "fits": "_spilled",
     "free_space": "_spilled",
     "spilled_source": "_spilled",
@@ -57,14 +57,14 @@ _HOMES = {
 __getattr__, __dir__ = lazy_exports(__name__, _HOMES)
 
 __all__ = [
+    "Allocate",
     "ByteProgress",
     "GradientStore",
     "ModelDocument",
     "Progress",
     "ReadAhead",
     "ReadAheadPool",
-    "Sink",
-    "SpillWriter",
+    "SpillMap",
     "SpilledDocument",
     "StepOutput",
     "StoredCompressed",

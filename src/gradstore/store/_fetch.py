@@ -14,17 +14,15 @@ import threading
 from collections.abc import Callable
 
 from ..dag import CID, Block, CarReader, FileAssembler
-from ..dag.assemble import LeafSpan
+from ..dag.assemble import LeafSpan, anonymous_buffer
 from ..dag.cid import RAW
 from ..errors import DAGError, IntegrityError
 from ..node import Node, SupportsCatInto
 from ._put import PROGRESS_BYTES, ByteProgress
 
 _CAR_BATCH_BYTES = 8 << 20  # blocks of a CAR export are verified in a thread this many at a time
-_SINK_BYTES = 16 << 20  # verified bytes handed to a sink at a time (the last piece: fewer)
-
-#: Takes a document's verified bytes, in order, each byte once (called from a worker thread).
-Sink = Callable[[memoryview], None]
+#: Gives the buffer of a document of the size its root declares (``FileAssembler``'s).
+Allocate = Callable[[int], memoryview]
 _MAX_NODE_FETCHES = 64  # dag-pb nodes fetched at once by block/get (64 GiB files under the profile)
 
 
@@ -35,7 +33,7 @@ async def fetch_view(
     progress: ByteProgress | None,
     *,
     root: bytes | None = None,
-    sink: Sink | None = None,
+    allocate: Allocate | None = None,
 ) -> memoryview:
     """Fetch the file bytes of ``cid``, every block verified, into one buffer.
 
@@ -45,27 +43,20 @@ async def fetch_view(
     is several times slower than ``cat``); otherwise from a CAR stream. ``root``: the
     root block's bytes when the caller fetched them already (a coordinator checks the
     size a root declares first): verified against ``cid`` and not fetched again.
-    ``sink``: also hands the verified bytes, in order, to it (a coordinator's spill file):
-    on Kubo while later leaves are still arriving, else once the file is complete.
+    ``allocate``: gives the buffer once the root declares its size (a coordinator's spill
+    file, mapped: the bytes land, and are hashed, in the file's pages).
     """
-    assembler = FileAssembler(CID.parse(cid), max_bytes)
+    assembler = FileAssembler(CID.parse(cid), max_bytes, allocate=allocate or anonymous_buffer)
     root_cid = assembler.root
     if root is not None:
         await asyncio.to_thread(assembler.add, Block(root_cid, root))
     if isinstance(node, SupportsCatInto) and node.bulk_reads:
         spans = await _fetch_inner_nodes(node, assembler)
         if assembler.done:
-            return await _sunk(assembler.view(), sink)
+            return assembler.view()
         if spans is not None:
-            return await _cat_leaves(node, assembler, spans, progress, sink)
-    return await _sunk(await _fetch_car(node, root_cid, assembler, progress), sink)
-
-
-async def _sunk(view: memoryview, sink: Sink | None) -> memoryview:
-    """``view`` (a whole verified file), after ``sink`` took it (in a thread)."""
-    if sink is not None:
-        await asyncio.to_thread(sink, view)
-    return view
+            return await _cat_leaves(node, assembler, spans, progress)
+    return await _fetch_car(node, root_cid, assembler, progress)
 
 
 async def _fetch_car(
@@ -167,10 +158,8 @@ async def _cat_leaves(
     assembler: FileAssembler,
     spans: list[LeafSpan],
     progress: ByteProgress | None,
-    sink: Sink | None = None,
 ) -> memoryview:
-    """Fill the leaves from ``cat`` into the assembler's buffer, hashing each span as it lands
-    (and handing the verified bytes to ``sink`` as they add up, from the hashing thread)."""
+    """Fill the leaves from ``cat`` into the assembler's buffer, hashing each span as it lands."""
     buf = assembler.buffer
     assert buf is not None
     size = len(buf)
@@ -178,15 +167,12 @@ async def _cat_leaves(
     filled = _Filled()
 
     def verify() -> None:
-        reported = sunk = 0
+        reported = 0
         for span in spans:
             if not filled.wait_for(span.offset + span.size):
                 return
             assembler.verify_in_place(span)
             done = span.offset + span.size
-            if sink is not None and (done - sunk >= _SINK_BYTES or done == size):
-                sink(buf[sunk:done])  # spans tile the file in order: all before is verified
-                sunk = done
             if progress is not None and done - reported >= PROGRESS_BYTES:
                 loop.call_soon_threadsafe(progress, done, size)
                 reported = done
