@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import mmap
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -37,6 +39,10 @@ from .subscription import KuboSubscription
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
+
+#: The largest block ``get_block`` takes from Kubo (gradstore's are at most 1 MiB; bitswap
+#: carries up to 2 MiB).
+MAX_BLOCK_BYTES = 4 << 20
 
 
 class KuboNode(AsyncClosing):
@@ -171,10 +177,35 @@ class KuboNode(AsyncClosing):
         return got
 
     async def get_block(self, cid: CID) -> bytes:
-        """``block/get`` (may fetch over bitswap); the bytes are verified against ``cid``."""
-        data = await self.client.call("block/get", [("arg", str(cid))], cid=cid)
+        """``block/get`` (may fetch over bitswap); the bytes are verified against ``cid``.
+
+        With a plain http API the answer is read on a socket of its own in a worker thread
+        (``bulk``), as ``cat_into``'s: a fifth of httpx's CPU for a small block (0.2 ms
+        against 1.1 ms a call, 16 at once: a coordinator reads every input's root so).
+        """
+        if self.bulk_reads:
+            data = await self.retry.call(
+                functools.partial(self._get_block_bulk, cid), retry_on=self.client.transient
+            )
+        else:
+            data = await self.client.call("block/get", [("arg", str(cid))], cid=cid)
         verify_block(cid, data)
         return data
+
+    async def _get_block_bulk(self, cid: CID) -> bytes:
+        """One ``block/get`` by ``BulkRead`` into a lazily mapped buffer (only the pages the
+        block fills are touched); a block over ``MAX_BLOCK_BYTES`` is refused."""
+        with mmap.mmap(-1, MAX_BLOCK_BYTES) as buf:
+            view = memoryview(buf)
+            try:
+
+                def overflow() -> Exception:
+                    return NodeError(f"kubo block/get {cid}: a block over {MAX_BLOCK_BYTES} bytes")
+
+                n = await self._bulk_into("block/get", [("arg", str(cid))], cid, view, overflow)
+                return bytes(view[:n])
+            finally:
+                view.release()
 
     async def block_stat(self, cid: CID, *, offline: bool = False) -> int:
         """``block/stat``: the block's size in bytes."""
@@ -351,13 +382,22 @@ class KuboNode(AsyncClosing):
                     progress(pos)
             return pos
 
-        read = _bulk.BulkRead(
-            self.api,
-            "cat",
-            rpc.cat_params(cid, offset, length),
-            auth=self.client.auth,
-            cid=cid,
+        return await self._bulk_into(
+            "cat", rpc.cat_params(cid, offset, length), cid, view, overflow, progress
         )
+
+    async def _bulk_into(
+        self,
+        command: str,
+        params: rpc.Params,
+        cid: CID,
+        view: memoryview,
+        overflow: Callable[[], Exception],
+        progress: Callable[[int], None] | None = None,
+    ) -> int:
+        """``command``'s answer body into ``view`` by a ``BulkRead`` in a worker thread; a
+        cancelled caller closes its socket, which ends the thread at once."""
+        read = _bulk.BulkRead(self.api, command, params, auth=self.client.auth, cid=cid)
         transfer = asyncio.ensure_future(
             asyncio.to_thread(read.into, view, self.timeouts, overflow=overflow, progress=progress)
         )
