@@ -7,8 +7,9 @@ Then the document is fetched within a memory budget (every block verified on the
 decoded with the job's limits, bound to its announcement by its meta (``binding``: the
 peer, round, job and sample count it names, when it names them), checked against the
 schema, for NaN/Inf and (compressed) for values that come back beyond their dtype, and
-pinned, so it stays on the coordinator's node until the round is aggregated. Decoding and checks run off the event
-loop, window by window, and the budget counts their scratch beside the document.
+pinned, so it stays on the coordinator's node until the round is aggregated. Decoding and
+checks run off the event loop, in one worker call, window by window, and the budget counts
+their scratch beside the document.
 
 ``verify_gradient`` takes an input that came as arrays instead (Flower's replies): the same
 binding and checks, then it is encoded, compared with the CID its peer signed, and stored.
@@ -196,30 +197,28 @@ async def verify_input(
         try:
             timeout = resolve_timeout_s + size / MIN_RATE_BYTES_S
             limits = store.limits
-            try:
-                if to_spill and spill is not None:  # fetched into the file itself: no copy
-                    mapped = SpillMap(spill.path)
-                if cid.codec == RAW:  # a one-block document: the root is all of it
-                    buf: Any = root
-                    if mapped is not None:
-                        mapped.allocate(len(root))[:] = root
-                else:
-                    allocate = None if mapped is None else mapped.allocate
-                    fetched = store.fetch_document(cid, root=root, allocate=allocate)
+            if to_spill and spill is not None:  # fetched into the file itself: no copy
+                mapped = SpillMap(spill.path)
+            if cid.codec == RAW:  # a one-block document: the root is all of it
+                buf: Any = root
+                if mapped is not None:
+                    mapped.allocate(len(root))[:] = root
+            else:
+                allocate = None if mapped is None else mapped.allocate
+                fetched = store.fetch_document(cid, root=root, allocate=allocate)
+                try:
                     buf = await asyncio.wait_for(fetched, timeout)
-                times.append(time.perf_counter())
-                # off the loop: a compressed payload's checks take time in proportion to it
-                gradient, header = await asyncio.to_thread(decode_with_header, buf, limits)
-            except LimitExceededError as exc:  # the rest: see _as_refusal
-                raise RefusedError(Reason.TOO_LARGE, str(exc)) from None
-            _check_claim(gradient, claim)
-            schema, problem, norm = await asyncio.to_thread(
-                check_gradient, gradient, expected, clip, step
-            )
-            if problem is not None:
-                raise RefusedError.parse(problem)
+                except LimitExceededError as exc:  # the rest: see _as_refusal
+                    raise RefusedError(Reason.TOO_LARGE, str(exc)) from None
+            times.append(time.perf_counter())
+            # one worker call, off the loop: a compressed payload's checks take time in
+            # proportion to it
+            handed: list[Any] = [buf]  # the worker swaps it for its result: see _checked
+            del buf
+            await asyncio.to_thread(_checked, handed, limits, claim, expected, clip, step)
+            gradient, header, schema, norm = handed.pop()
             if not kept:  # its memory goes back before the pin: the next fetch may start
-                del gradient, buf
+                del gradient
                 spilled = mapped is not None and _closed(mapped)
                 await budget.release(held)
                 held = 0
@@ -268,6 +267,32 @@ async def verify_input(
                     spill.spills.remove([spill.path])
             if held:
                 await budget.release(held)
+
+
+def _checked(
+    handed: list[Any],
+    limits: Limits,
+    claim: Claim | None,
+    expected: Schema | None,
+    clip: bool,
+    step: StepConfig | None,
+) -> None:
+    """In a worker: the fetched document (``handed``'s one item) decoded with ``limits``,
+    bound to ``claim`` and checked (``check_gradient``); ``RefusedError`` if it may not
+    enter the round. ``handed``'s item becomes ``(gradient, header, schema, norm)``: the
+    pool holds a call's arguments and result a moment after the caller wakes, and what
+    views a spill file's mapping must be gone as soon as the caller drops it (the file is
+    unmapped before the pin)."""
+    buf = handed.pop()
+    try:
+        gradient, header = decode_with_header(buf, limits)
+    except LimitExceededError as exc:  # the rest: see _as_refusal
+        raise RefusedError(Reason.TOO_LARGE, str(exc)) from None
+    _check_claim(gradient, claim)
+    schema, problem, norm = check_gradient(gradient, expected, clip, step)
+    if problem is not None:
+        raise RefusedError.parse(problem)
+    handed.append((gradient, header, schema, norm))
 
 
 def _closed(mapped: SpillMap) -> bool:

@@ -217,12 +217,16 @@ async def _own_thread(wait: Callable[[], None]) -> None:
         else:
             done.set_exception(error)
 
+    job = [wait]  # dropped before the awaiting task is woken: see run
+
     def run() -> None:
         error: BaseException | None = None
         try:
-            wait()
+            job.pop()()
         except BaseException as exc:  # handed to the awaiting task
             error = exc
+        # ``wait`` (and what it holds: the document's buffer, maybe a spill file's mapping
+        # its caller unmaps at once) is gone by now, not only when this thread ends
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody awaits it
             loop.call_soon_threadsafe(settle, error)
 
