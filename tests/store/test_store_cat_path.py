@@ -346,3 +346,37 @@ def test_block_get_reads_on_its_own_socket_and_a_flipped_byte_is_an_integrity_er
 async def _root(kubo: KuboDaemon, cid: CID) -> bytes:
     async with kubo.node() as node:
         return await node.get_block(cid)
+
+
+def test_a_small_document_is_hashed_by_its_reading_thread_and_a_large_one_beside_it(
+    kubo: KuboDaemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # starting a hashing thread, and waking it per leaf, cost a small document (a stepped
+    # round's 1 MiB inputs) more than the overlap saves: up to 4 MiB the thread that reads
+    # hashes each leaf as it is in; beyond, a thread of its own hashes beside the read
+    started: list[str] = []
+    start = threading.Thread.start
+
+    def watched(self: threading.Thread) -> None:
+        started.append(self.name)
+        start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", watched)
+    small, large = _gradient(), _large_gradient()  # 3.2 MB and 7.2 MB
+    small_cid, large_cid = _put(kubo, small), _put(kubo, large)
+
+    async def go() -> None:
+        async with kubo.node() as node:
+            started.clear()
+            assert await GradientStore(node).get(small_cid) == small
+            assert "gradstore-leaf-hasher" not in started
+            assert await GradientStore(node).get(large_cid) == large
+            assert "gradstore-leaf-hasher" in started
+        for flip_at, cid in ((MIB + 777, small_cid), (5 * MIB + 3, large_cid)):
+            with proxy(kubo, flip_at=flip_at) as p:
+                async with KuboNode(p.url) as node:
+                    with pytest.raises(IntegrityError) as info:
+                        await GradientStore(node).get(cid)
+                    assert CID.parse(info.value.cid).codec == 0x55 and p.cat_requests == 1
+
+    asyncio.run(go())
