@@ -11,7 +11,7 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -152,3 +152,11 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 def dump_json(data: dict[str, Any]) -> None:
     json.dump(data, sys.stdout, indent=2)
     sys.stdout.write("\n")
+
+
+def emit(data: dict[str, Any], as_json: bool, report: Callable[[dict[str, Any]], str]) -> None:
+    """A benchmark's result on stdout: its data as JSON (``--json``), else its report."""
+    if as_json:
+        dump_json(data)
+    else:
+        print(report(data))

@@ -52,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks._common import MiB, dump_json, kubo_binary, machine, start_daemons, table
+from benchmarks._common import MiB, emit, kubo_binary, machine, start_daemons, table
 from gradstore.format import Gradient, encode
 from gradstore.node import KuboDaemon
 
@@ -377,10 +377,7 @@ def main() -> None:
         daemon.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     data["load_after"] = [round(x, 2) for x in os.getloadavg()]
-    if args.json:
-        dump_json(data)
-    else:
-        print(report(data))
+    emit(data, args.json, report)
 
 
 if __name__ == "__main__":

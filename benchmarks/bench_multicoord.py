@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks._common import dump_json, kubo_binary, machine, start_daemons, table
+from benchmarks._common import emit, kubo_binary, machine, start_daemons, table
 from gradstore.cli._exit import INTERRUPTED
 from gradstore.coordinator import Journal
 from gradstore.format import Gradient
@@ -384,10 +384,7 @@ def main() -> None:
         "machine": machine(),
         **runs,
     }
-    if args.json:
-        dump_json(data)
-    else:
-        print(report(data))
+    emit(data, args.json, report)
 
 
 if __name__ == "__main__":

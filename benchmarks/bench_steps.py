@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks._common import MiB, dump_json, kubo_binary, machine, start_daemons, table
+from benchmarks._common import MiB, emit, kubo_binary, machine, start_daemons, table
 from gradstore.coordinator import Journal
 from gradstore.dag import CID
 from gradstore.format import Gradient
@@ -362,10 +362,7 @@ def main() -> None:
         "machine": machine(),
         "runs": runs,
     }
-    if args.json:
-        dump_json(data)
-    else:
-        print(report(data))
+    emit(data, args.json, report)
 
 
 if __name__ == "__main__":

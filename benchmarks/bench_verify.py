@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks._common import MiB, dump_json, kubo_binary, machine, start_daemons, table
+from benchmarks._common import MiB, emit, kubo_binary, machine, start_daemons, table
 from gradstore.dag import CID
 from gradstore.format import Gradient
 from gradstore.node import KuboNode, stop_all
@@ -175,7 +175,9 @@ def main() -> None:
     parser.add_argument("--mib", type=int, default=1, help="MiB of tensor bytes per document")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--workers", type=int, default=16)
-    parser.add_argument("--ways", default="before,input", help=f"of {','.join(WAYS)}")
+    parser.add_argument(
+        "--ways", default=None, help=f"of {','.join(WAYS)} (default before,input with --before)"
+    )
     parser.add_argument("--before", help="the src folder of a checkout to compare with")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--kubo", help="Kubo binary (default: $GRADSTORE_KUBO, PATH, cache)")
@@ -188,9 +190,14 @@ def main() -> None:
     if args.child:
         child(args)
         return
-    ways = [w for w in args.ways.split(",") if w]
+    default = "before,input" if args.before else "input"
+    ways = [w for w in (args.ways or default).split(",") if w]
     if unknown := set(ways) - set(WAYS):
         sys.exit(f"unknown ways {sorted(unknown)}: these are {', '.join(WAYS)}")
+    if "before" in ways and not args.before:
+        sys.exit(
+            "the way 'before' needs --before SRC, the src folder of a checkout to compare with"
+        )
     (daemon,) = start_daemons(kubo_binary(args.kubo), 1)
     runs = []
     try:
@@ -214,10 +221,7 @@ def main() -> None:
         "machine": machine(),
         "runs": runs,
     }
-    if args.json:
-        dump_json(data)
-    else:
-        print(report(data))
+    emit(data, args.json, report)
 
 
 if __name__ == "__main__":
