@@ -163,6 +163,11 @@ async def one_round(
                 stored.append(cids)
             put_s = time.perf_counter() - t
             kubo_cpu, peers_cpu = process_cpu_s(daemon), time.process_time()
+            pprof = (
+                asyncio.create_task(kubo_profile(daemon, args, f"kubo-{label}-{repeat}.pprof"))
+                if args.profile
+                else None
+            )
             start = time.perf_counter()
             await asyncio.gather(
                 *(
@@ -172,6 +177,8 @@ async def one_round(
                 )
             )
             verified_s = time.perf_counter() - start
+            if pprof is not None:
+                await pprof
             peers_cpu = time.process_time() - peers_cpu
             announcements = sum(peer.announcements_sent for peer in peers)
         code, cpu_s = await asyncio.to_thread(wait_cpu, process)
@@ -222,6 +229,16 @@ def process_cpu_s(daemon: KuboDaemon) -> float:
         return 0.0
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def kubo_profile(daemon: KuboDaemon, args: argparse.Namespace, name: str) -> None:
+    """Kubo's own CPU profile (Go's pprof, ``go tool pprof``) of the round's first seconds."""
+    import httpx
+
+    url = f"{daemon.api_url}/debug/pprof/profile"
+    async with httpx.AsyncClient(timeout=60) as client:
+        answer = await client.get(url, params={"seconds": str(args.profile_s)})
+    (Path(args.profile) / name).write_bytes(answer.content)
 
 
 def wait_cpu(process: subprocess.Popen[bytes]) -> tuple[int, float]:
@@ -334,8 +351,12 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="runs of each job (default 3)")
     parser.add_argument("--method", default="fedavg")
     parser.add_argument(
-        "--profile", metavar="DIR", help="run the coordinator under cProfile, its stats in DIR"
+        "--profile",
+        metavar="DIR",
+        help="run the coordinator under cProfile, its stats in DIR, and take Kubo's pprof "
+        "CPU profile of the round's first --profile-s seconds there too",
     )
+    parser.add_argument("--profile-s", type=int, default=3, help="seconds of Kubo's profile")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--kubo", help="Kubo binary (default: $GRADSTORE_KUBO, PATH, cache)")
     args = parser.parse_args()

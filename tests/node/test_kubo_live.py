@@ -16,6 +16,7 @@ from gradstore.errors import (
     LimitExceededError,
 )
 from gradstore.node import MAX_PUBSUB_DATA, KuboDaemon, KuboNode, LocalNode
+from gradstore.node.kubo import counts
 
 Factory = Callable[..., list[KuboDaemon]]
 SEED = 20240611
@@ -153,6 +154,31 @@ def test_pin_many_pins_every_cid_in_one_pin_add(kubo: KuboDaemon) -> None:
             assert not {*cids, root} & await node.pins()
             await node.pin_many([*cids, root])
             assert {*cids, root} <= await node.pins()
+
+    asyncio.run(main())
+
+
+def test_a_cid_already_pinned_recursively_is_not_pinned_again(kubo: KuboDaemon) -> None:
+    """Kubo re-walks a pinned DAG on every ``pin/add``: a CID it already pins recursively
+    costs one ``pin/ls``, never a ``pin/add``; one pinned directly, or not at all, still
+    ends pinned recursively, wherever it stands in a batch."""
+    dag = small_dag(seed=72)
+
+    async def main() -> None:
+        async with kubo.node() as node:
+            (root,) = await node.import_car(write_car([dag[-1].cid], dag), pin_roots=True)
+            direct = await node.put_block(random_bytes(64, seed=73), RAW)
+            await node.pin(direct, recursive=False)
+            loose = await node.put_block(random_bytes(64, seed=74), RAW)
+            assert await node.pinned_recursively([root, direct, loose]) == {root}
+
+            before = counts.REQUESTS["pin/add"]
+            await node.pin_many([root])
+            assert counts.REQUESTS["pin/add"] == before
+            await node.pin_many([root, direct, loose])  # the unpinned two, in one pin/add
+            assert counts.REQUESTS["pin/add"] == before + 1
+            assert await node.pinned_recursively([root, direct, loose]) == {root, direct, loose}
+            assert {root, direct, loose} <= await node.pins()
 
     asyncio.run(main())
 

@@ -6,6 +6,7 @@ item inside a 200 stream raises what ``error_map`` makes of it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -75,6 +76,23 @@ def parse_block_stat(obj: object) -> int:
 def parse_pin_ls(obj: object) -> set[CID]:
     keys = _field(obj, "Keys", "pin/ls") or {}
     return {parse_cid(k, "pin/ls") for k in keys}
+
+
+def parse_pinned_stream(body: bytes) -> set[CID]:
+    """The CIDs a ``pin/ls --type=recursive --stream`` answer lists as pinned recursively.
+
+    Kubo answers its arguments in order and stops at the first that is not pinned (the
+    error goes in a trailer, or a line of its own): what is listed is all this says."""
+    pinned: set[CID] = set()
+    for line in body.splitlines():
+        try:
+            item = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(item, dict) and item.get("Type") == "recursive":
+            with contextlib.suppress(Exception):
+                pinned.add(parse_cid(item.get("Cid"), "pin/ls"))
+    return pinned
 
 
 def parse_dag_import(items: Sequence[object]) -> list[CID]:
