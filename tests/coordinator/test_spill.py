@@ -20,10 +20,10 @@ from gradstore.compress import compress
 from gradstore.coordinator import ByteBudget, verify_input
 from gradstore.coordinator.closing import close_round
 from gradstore.coordinator.inputs import VerifiedInput
-from gradstore.coordinator.spill import SpillDir, SpillMap, SpillTarget, fits, spill_dir_for
+from gradstore.coordinator.spill import SpillDir, SpillTarget, SpillWriter, fits, spill_dir_for
 from gradstore.dag import CID
 from gradstore.format import CompressedGradient, Gradient
-from gradstore.node import KuboDaemon, KuboNode
+from gradstore.node import KuboDaemon
 from gradstore.store import GradientStore
 
 from .harness import make_job, publish_all, start_coordinator, wait_subscribed, world
@@ -196,50 +196,38 @@ async def _verified_one(
         return [got]
 
 
-def test_an_input_is_fetched_into_its_spill_file_and_one_that_cannot_be_made_is_read_back(
+def test_an_input_is_written_to_its_spill_file_and_one_that_cannot_be_is_read_back(
     kubo: KuboDaemon, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The fetch's buffer is the spill file itself (mapped: the bytes hashed are the file's,
-    no second copy); a file whose blocks cannot be reserved (a full disk, faked: one cannot
-    be filled here) leaves the input verified in memory and read back from the node."""
+    """The spill file holds exactly the bytes verified, written by ``SpillWriter`` from the
+    fetch's buffer; a file that cannot be written (a full disk, faked: one cannot be filled
+    here) leaves the input verified in memory and read back from the node, its file gone."""
     grad = _inputs(False)[0]
     spills = SpillDir(tmp_path / "spill")
-    mapped: list[int] = []
-    allocate = SpillMap.allocate
+    made: list[int] = []
+    allocate = SpillWriter.allocate
 
-    def watched(self: SpillMap, size: int) -> memoryview:
+    def watched(self: SpillWriter, size: int) -> memoryview:
         view = allocate(self, size)
-        mapped.append(size if self.mapped else -size)
+        made.append(size if self.error is None else -size)
         return view
 
-    monkeypatch.setattr(SpillMap, "allocate", watched)
-    smaps = Path("/proc/self/smaps")
-    held_at_pin: list[int] = []
-    pin = KuboNode.pin
-
-    async def pinning(self: KuboNode, cid: CID) -> None:
-        if smaps.exists():
-            held_at_pin.append(_resident_kib(smaps.read_text(), str(tmp_path / "spill")))
-        await pin(self, cid)
-
-    monkeypatch.setattr(KuboNode, "pin", pinning)
+    monkeypatch.setattr(SpillWriter, "allocate", watched)
 
     async def go() -> None:
         (fine,) = await _verified_one(kubo, spills, grad)
-        assert fine.spill is not None and mapped == [fine.nbytes]
+        assert fine.spill is not None and made == [fine.nbytes]
         async with kubo.node() as node:
             document = await GradientStore(node).fetch_document(fine.cid)
         assert fine.spill.read_bytes() == document.tobytes()
-        if smaps.exists():  # unmapped once checked: nothing of it held while it is pinned
-            assert held_at_pin == [0]
 
-        def full(fd: int, offset: int, length: int) -> None:
+        def full(fd: int, data: object, offset: int) -> int:
             raise OSError(errno.ENOSPC, "No space left on device")
 
-        monkeypatch.setattr(os, "posix_fallocate", full)
+        monkeypatch.setattr(os, "pwrite", full)
         full_disk = SpillDir(tmp_path / "full")
         (short,) = await _verified_one(kubo, full_disk, grad)
-        assert short.spill is None and mapped[1] == -short.nbytes
+        assert short.spill is None and made[1] == short.nbytes
         assert list(full_disk.folder(0).iterdir()) == []  # its file went
         assert spills.writing == 0 and full_disk.writing == 0
 
@@ -260,19 +248,3 @@ def test_a_coordinator_spills_to_its_state_unless_given_a_folder_or_told_not_to(
     told = SpillDir(tmp_path / "fast")
     assert spill_dir_for(told, tmp_path) is told
     assert spill_dir_for(False, tmp_path) is None
-
-
-def _resident_kib(smaps: str, folder: str) -> int:
-    """KiB of the process's memory that mappings of files in ``folder`` hold (``Rss``).
-
-    A mapping may outlive its close while a view of it is still referenced (a finished
-    task not yet collected, docs/design/spill.md), but its pages leave at once: the memory
-    is what counts, not whether the mapping is listed."""
-    held, inside = 0, False
-    for line in smaps.splitlines():
-        fields = line.split()
-        if fields and "-" in fields[0] and not fields[0].endswith(":"):
-            inside = any(field.startswith(folder) for field in fields[5:])
-        elif inside and fields[:1] == ["Rss:"]:
-            held += int(fields[1])
-    return held

@@ -10,6 +10,7 @@ aggregate with the meta the coordinator writes and compares its CID with ``outpu
 
 from __future__ import annotations
 
+import asyncio
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -43,7 +44,7 @@ from ..store import (
     ReadAhead,
     ReadAheadPool,
     SpilledDocument,
-    SpillMap,
+    SpillWriter,
     StoredCompressed,
     StoredDocument,
     StoredGradient,
@@ -276,15 +277,15 @@ async def _input(
     if given and it fits), checked against the record; its source, size and layout."""
     what = f"input of {inp.peer}"
     spill = path is not None and _room(path.parent, store.limits.max_bytes)
-    mapped = SpillMap(path) if spill and path is not None else None
-    try:  # the mapping goes whatever happens (and its pages' faulting-in thread with it)
+    writer = SpillWriter(path) if spill and path is not None else None
+    try:  # the file is closed whatever happens
         gradient, header = await fetch_with_header(
             store,
             inp.gradient,
             what,
             prefix="input-",
             progress=progress,
-            allocate=None if mapped is None else mapped.allocate,
+            sink=writer,
         )
         if inp.codec != header.codec:
             raise AuditError(
@@ -298,8 +299,10 @@ async def _input(
         size = gradient.nbytes
         layout = [(t.name, t.array_dtype, t.shape) for t in header.tensors]
         del gradient  # read back range by range: one input in memory at a time
+        spilled = writer is not None and await asyncio.to_thread(writer.finish)
     finally:
-        spilled = mapped is not None and mapped.close()
+        if writer is not None and not writer.kept:
+            writer.abandon()
     infos = {t.name: t for t in header.tensors}
     if spilled and path is not None:  # the bytes just verified, from the spill file
         return spilled_source(SpilledDocument(path, header.size), infos, header.codec), size, layout

@@ -26,7 +26,7 @@ from ..format import (
     decode_with_header,
     encode,
 )
-from ..store import Allocate, ByteProgress, GradientStore
+from ..store import ByteProgress, GradientStore, Sink
 
 
 @dataclass(frozen=True)
@@ -68,17 +68,18 @@ async def fetch_with_header(
     what: str,
     prefix: str = "",
     progress: ByteProgress | None = None,
-    allocate: Allocate | None = None,
+    sink: Sink | None = None,
 ) -> tuple[Gradient | CompressedGradient, DocumentHeader]:
-    """:func:`fetch_gradient`, and where each tensor lives in the document (``allocate``:
-    gives the buffer the document is fetched into, a spill file's mapping).
+    """:func:`fetch_gradient`, and where each tensor lives in the document (``sink``:
+    gives the buffer the document is fetched into and hears of each prefix hashed, a
+    spill file's writer).
 
     Checks: ``{prefix}fetch`` (the node cannot serve it), ``{prefix}blocks`` (a block does
     not hash to its CID or the DAG is malformed), ``{prefix}decode`` (not a valid gradstore/1
     or gradstore/2 document within the store's limits).
     """
     try:
-        buf = await store.fetch_document(cid, progress=progress, allocate=allocate)
+        buf = await store.fetch_document(cid, progress=progress, sink=sink)
     except IntegrityError as exc:
         raise AuditError(f"{prefix}blocks", f"{what} {cid}: {exc}") from exc
     except (DAGError, LimitExceededError) as exc:

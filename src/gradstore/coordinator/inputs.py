@@ -68,7 +68,7 @@ from ..store import GradientStore
 from .binding import Claim, check_binding
 from .pinner import BatchPinner
 from .rounds import Schema, schema_of, schema_text
-from .spill import SpillMap, SpillTarget
+from .spill import SpillTarget, SpillWriter
 
 log = logging.getLogger("gradstore.coordinator")
 
@@ -193,19 +193,18 @@ async def verify_input(
         kept = keep.try_take(size)
         # decided before a leaf is fetched: a spill that would not fit on its disk is not made
         to_spill = not kept and spill is not None and spill.claim(size)
-        mapped = None
+        writer = None
         try:
             timeout = resolve_timeout_s + size / MIN_RATE_BYTES_S
             limits = store.limits
-            if to_spill and spill is not None:  # fetched into the file itself: no copy
-                mapped = SpillMap(spill.path)
+            if to_spill and spill is not None:  # written as its leaves are verified
+                writer = SpillWriter(spill.path)
             if cid.codec == RAW:  # a one-block document: the root is all of it
                 buf: Any = root
-                if mapped is not None:
-                    mapped.allocate(len(root))[:] = root
+                if writer is not None:
+                    writer.allocate(len(root))[:] = root
             else:
-                allocate = None if mapped is None else mapped.allocate
-                fetched = store.fetch_document(cid, root=root, allocate=allocate)
+                fetched = store.fetch_document(cid, root=root, sink=writer)
                 try:
                     buf = await asyncio.wait_for(fetched, timeout)
                 except LimitExceededError as exc:  # the rest: see _as_refusal
@@ -219,7 +218,7 @@ async def verify_input(
             gradient, header, schema, norm = handed.pop()
             if not kept:  # its memory goes back before the pin: the next fetch may start
                 del gradient
-                spilled = mapped is not None and _closed(mapped)
+                spilled = writer is not None and await asyncio.to_thread(_finished, writer)
                 await budget.release(held)
                 held = 0
             else:
@@ -251,8 +250,8 @@ async def verify_input(
                 header.codec,
                 spill.path if spilled and spill is not None else None,
             )
-            if mapped is not None:
-                mapped = None  # the result holds its file now (or it is read from the node)
+            if writer is not None:
+                writer = None  # the result holds its file now (or it is read from the node)
                 if not spilled and spill is not None:
                     spill.spills.remove([spill.path])
             kept = False  # the result holds them now
@@ -262,8 +261,8 @@ async def verify_input(
                 keep.give_back(size)
             if to_spill and spill is not None:
                 spill.written(size)
-                if mapped is not None:  # refused, failed or cancelled: its file goes
-                    mapped.close()
+                if writer is not None:  # refused, failed or cancelled: its file goes
+                    writer.abandon()
                     spill.spills.remove([spill.path])
             if held:
                 await budget.release(held)
@@ -295,14 +294,14 @@ def _checked(
     handed.append((gradient, header, schema, norm))
 
 
-def _closed(mapped: SpillMap) -> bool:
-    """Whether the spill file holds the whole document (unmapping it); a disk without room
-    for it (full, read-only) only means the input is read back from the node, as without a
-    spill."""
-    if mapped.close():
+def _finished(writer: SpillWriter) -> bool:
+    """Whether the spill file holds the whole document (its last bytes written); a disk
+    without room for it (full, read-only) only means the input is read back from the node,
+    as without a spill."""
+    if writer.finish():
         return True
     log.warning(
-        "making spill file %s failed (%s): read back from the node", mapped.path, mapped.error
+        "writing spill file %s failed (%s): read back from the node", writer.path, writer.error
     )
     return False
 

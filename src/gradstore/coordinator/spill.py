@@ -27,13 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from ..store import SpillMap, fits, free_space
+from ..store import SpillWriter, fits, free_space
 
 __all__ = [
     "DEFAULT_RESERVE_BYTES",
     "SpillDir",
-    "SpillMap",
     "SpillTarget",
+    "SpillWriter",
     "clear_at_start",
     "fits",
     "free_space",

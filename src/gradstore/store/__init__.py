@@ -13,12 +13,12 @@ from .._lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from ._assemble import ModelDocument, StepOutput, model_cid, open_model, open_output, put_model
-    from ._fetch import Allocate
+    from ._fetch import Sink
     from ._put import ByteProgress, Progress
     from ._read_ahead import ReadAhead, ReadAheadPool, read_ahead
     from ._spilled import (
         SpilledDocument,
-        SpillMap,
+        SpillWriter,
         fits,
         free_space,
         spilled_source,
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from ._sync import SyncGradientStore
 
 _HOMES = {
-    "Allocate": "_fetch",
+    "Sink": "_fetch",
     "ByteProgress": "_put",
     "ModelDocument": "_assemble",
     "StepOutput": "_assemble",
@@ -44,7 +44,7 @@ _HOMES = {
     "read_ahead": "_read_ahead",
     "VerifyReport": "_store",
     "SpilledDocument": "_spilled",
-    "SpillMap": "_spilled",
+    "SpillWriter": "_spilled",
     "fits": "_spilled",
     "free_space": "_spilled",
     "spilled_source": "_spilled",
@@ -57,14 +57,14 @@ _HOMES = {
 __getattr__, __dir__ = lazy_exports(__name__, _HOMES)
 
 __all__ = [
-    "Allocate",
     "ByteProgress",
     "GradientStore",
     "ModelDocument",
     "Progress",
     "ReadAhead",
     "ReadAheadPool",
-    "SpillMap",
+    "Sink",
+    "SpillWriter",
     "SpilledDocument",
     "StepOutput",
     "StoredCompressed",

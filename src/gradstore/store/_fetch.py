@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Callable
+from typing import Protocol
 
 from ..dag import CID, Block, CarReader, FileAssembler
 from ..dag.assemble import LeafSpan, anonymous_buffer
@@ -21,8 +22,20 @@ from ..node import Node, SupportsCatInto
 from ._put import PROGRESS_BYTES, ByteProgress
 
 _CAR_BATCH_BYTES = 8 << 20  # blocks of a CAR export are verified in a thread this many at a time
-#: Gives the buffer of a document of the size its root declares (``FileAssembler``'s).
-Allocate = Callable[[int], memoryview]
+
+
+class Sink(Protocol):
+    """Where a fetch puts a document besides its buffer (a spill file: ``SpillWriter``)."""
+
+    def allocate(self, size: int) -> memoryview:
+        """The buffer of a document of the ``size`` its root declares."""
+        ...
+
+    def verified(self, prefix: int) -> None:
+        """The buffer's first ``prefix`` bytes are hashed (called in the hashing thread)."""
+        ...
+
+
 _MAX_NODE_FETCHES = 64  # dag-pb nodes fetched at once by block/get (64 GiB files under the profile)
 #: Documents up to this size are hashed by the thread that reads them, leaf by leaf as each
 #: is in, not beside it by a thread of their own (started, and woken per leaf, per document).
@@ -36,7 +49,7 @@ async def fetch_view(
     progress: ByteProgress | None,
     *,
     root: bytes | None = None,
-    allocate: Allocate | None = None,
+    sink: Sink | None = None,
 ) -> memoryview:
     """Fetch the file bytes of ``cid``, every block verified, into one buffer.
 
@@ -46,10 +59,11 @@ async def fetch_view(
     is several times slower than ``cat``); otherwise from a CAR stream. ``root``: the
     root block's bytes when the caller fetched them already (a coordinator checks the
     size a root declares first): verified against ``cid`` and not fetched again.
-    ``allocate``: gives the buffer once the root declares its size (a coordinator's spill
-    file, mapped: the bytes land, and are hashed, in the file's pages).
+    ``sink``: gives the buffer once the root declares its size, and hears of each prefix
+    hashed (a coordinator's spill file, written as the bytes are verified).
     """
-    assembler = FileAssembler(CID.parse(cid), max_bytes, allocate=allocate or anonymous_buffer)
+    allocate = anonymous_buffer if sink is None else sink.allocate
+    assembler = FileAssembler(CID.parse(cid), max_bytes, allocate=allocate)
     root_cid = assembler.root
     if root is not None:
         await asyncio.to_thread(assembler.add, Block(root_cid, root))
@@ -58,7 +72,7 @@ async def fetch_view(
         if assembler.done:
             return assembler.view()
         if spans is not None:
-            return await _cat_leaves(node, assembler, spans, progress)
+            return await _cat_leaves(node, assembler, spans, progress, sink)
     return await _fetch_car(node, root_cid, assembler, progress)
 
 
@@ -179,8 +193,11 @@ async def _cat_leaves(
     assembler: FileAssembler,
     spans: list[LeafSpan],
     progress: ByteProgress | None,
+    sink: Sink | None = None,
 ) -> memoryview:
-    """Fill the leaves from ``cat`` into the assembler's buffer, hashing each span as it lands."""
+    """Fill the leaves from ``cat`` into the assembler's buffer, hashing each span as it lands
+    (a ``sink`` hears of each span hashed, in the hashing thread; a small document's only at
+    its end, from its owner)."""
     buf = assembler.buffer
     assert buf is not None
     size = len(buf)
@@ -206,6 +223,8 @@ async def _cat_leaves(
                 return
             assembler.verify_in_place(span)
             done = span.offset + span.size
+            if sink is not None:
+                sink.verified(done)
             if progress is not None and done - reported >= PROGRESS_BYTES:
                 loop.call_soon_threadsafe(progress, done, size)
                 reported = done

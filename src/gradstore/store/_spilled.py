@@ -1,24 +1,25 @@
 """A verified document's bytes kept in a local file (a spill file), written and read by ranges.
 
-A coordinator (or an auditor) fetches a document it will spill straight into its spill
-file, mapped (``SpillMap``: the fetch's buffer is the file's pages, so the bytes hashed are
-the bytes kept, and no second copy is made), if it fits on the disk (``fits``); when
-the round is aggregated, ``SpilledDocument`` reads them back with ``preadv`` straight into
-the caller's array (off the event loop, no copy), instead of fetching and hashing every
-leaf from the node again. The file is trusted only by the process that wrote it: a
-restart deletes it and verifies the input again.
+A coordinator (or an auditor) fetches a document it will spill into ordinary memory, as
+``get`` does, and ``SpillWriter`` writes each prefix of it the fetch's hashing thread has
+verified to the spill file, with direct I/O, while the rest is still arriving (the bytes
+kept are the bytes hashed, written once they were); when the round is aggregated,
+``SpilledDocument`` reads them back with ``preadv`` straight into the caller's array (off
+the event loop, no copy), instead of fetching and hashing every leaf from the node again.
+The file is trusted only by the process that wrote it: a restart deletes it and verifies
+the input again.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import functools
+import contextlib
+import errno
 import mmap
 import os
 import shutil
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -30,11 +31,17 @@ from ..format import Codec, TensorInfo
 from ._stored import ByteRanges, StoredGradient
 from ._stored_compressed import StoredCompressed, StoredSparse
 
-#: ``madvise`` advice that faults a range's pages in, writable (Linux 5.14; older: EINVAL).
-MADV_POPULATE_WRITE: Final = 23
+#: Direct I/O's alignment of offsets, lengths and buffers (the largest logical block size).
+DIRECT_ALIGN: Final = 4096
 
-#: Bytes of a spill file's mapping faulted in per ``madvise`` call, ahead of the reader.
-PREFAULT_BYTES: Final = 32 << 20
+#: A read of a spill file asks the kernel for this many times its length after it: the
+#: files were written around the page cache, and the aggregation pass reads each in order,
+#: a window of every input at a time (2 MiB each at 16 inputs), which the disk serves best
+#: when the next windows are already on their way.
+READ_AHEAD: Final = 4
+
+#: The verified prefix is written once at least this many more bytes of it are in.
+WRITE_STEP: Final = 8 << 20
 
 
 def fits(size: int, free: int, writing: int, reserve: int) -> bool:
@@ -48,105 +55,127 @@ def free_space(path: Path) -> int:
     return shutil.disk_usage(path).free
 
 
-class SpillMap:
-    """A document's spill file as the fetch's buffer (``allocate``): created at its size,
-    its blocks reserved (``posix_fallocate``: writing the mapping can then never find the
-    disk full, which would kill the process with SIGBUS) and mapped shared, so the fetch's
-    reads land in the file's pages and its leaves are hashed there. A file that cannot be
-    made (a full disk, a file system without room) gives an anonymous buffer instead and
-    ``error``: the input is then read back from the node, it does not fail.
+class SpillWriter:
+    """A document's spill file, written from the fetch's buffer as its leaves are verified.
 
-    The file's new pages are faulted in by a thread of its own ahead of the fetch's reader
-    (``_Prefault``): a new page-cache page is what a spilled byte costs most on a machine
-    that backs its memory lazily (docs/design/spill.md, "Cost"), and the reader, which
-    would otherwise fault each one in the middle of its copy, is the fetch's slowest thread."""
+    ``allocate`` gives the fetch an anonymous buffer (``get``'s) and creates the file;
+    ``verified(n)``, called by the fetch's hashing thread, writes the first ``n`` bytes once
+    ``WRITE_STEP`` more of them are hashed; ``finish`` writes the rest and says whether the
+    file holds the document. Writes go around the page cache (``O_DIRECT``): on these
+    machines a new page-cache page is what a spilled byte cost most (2.6 s of CPU a GiB
+    through a shared mapping or ``write``, 0.05 s direct), and the spill is read once.
+    A file system without direct I/O gets plain writes. A file that cannot be made or
+    written (a full disk: an error, never a SIGBUS) leaves the input in memory, read back
+    from the node at the close: ``error`` says why."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.error: OSError | None = None
-        self._map: mmap.mmap | None = None
-        self._prefault: _Prefault | None = None
+        self.direct = False  # the file was opened with O_DIRECT
+        self._buf: memoryview | None = None
+        self._fd: int | None = None
+        self._written = 0
+        self._lock = threading.Lock()  # a write under way against ``abandon`` closing the file
 
     def allocate(self, size: int) -> memoryview:
-        """The buffer of a ``size``-byte document: the file's mapping (else anonymous memory)."""
-        if self._map is not None or size == 0:
-            self.error = self.error or OSError(f"spill file {self.path}: nothing to map")
-            return anonymous_buffer(size)
+        """The buffer of a ``size``-byte document (anonymous memory); creates the file."""
+        buf = anonymous_buffer(size)
+        if self._buf is not None:
+            self.error = self.error or OSError(f"spill file {self.path}: allocated twice")
+            return buf
+        self._buf = buf
+        aligned = _address(buf) % DIRECT_ALIGN == 0
+        base = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
+        direct = getattr(os, "O_DIRECT", 0) if aligned else 0
         try:
-            flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
-            fd = os.open(self.path, flags, 0o600)
             try:
-                os.posix_fallocate(fd, 0, size)
-                self._map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-            finally:
-                os.close(fd)
+                self._fd = os.open(self.path, base | direct, 0o600)
+                self.direct = bool(direct)
+            except OSError as exc:
+                if not direct or exc.errno != errno.EINVAL:
+                    raise
+                self._fd = os.open(self.path, base, 0o600)  # no direct I/O here
         except OSError as exc:
             self.error = exc
-            return anonymous_buffer(size)
-        self._prefault = _Prefault(self._map, size)
-        return memoryview(self._map)
+        return buf
+
+    def verified(self, prefix: int) -> None:
+        """The buffer's first ``prefix`` bytes are hashed: written if ``WRITE_STEP`` more are
+        (in the caller's thread, the fetch's hasher). A failure only ends the spill."""
+        end = prefix - prefix % DIRECT_ALIGN
+        if end - self._written >= WRITE_STEP:
+            with self._lock:
+                self._write(end)
+
+    def finish(self) -> bool:
+        """Write what is left and close the file: whether it holds the whole document."""
+        with self._lock:
+            buf = self._buf
+            if buf is not None and self._fd is not None and self.error is None:
+                size = len(buf)
+                body = size - size % DIRECT_ALIGN if self.direct else size
+                self._write(body)
+                if self.error is None and body < size:
+                    self._write_tail(buf[body:], body)
+            self._close()
+        return self.kept
+
+    def abandon(self) -> None:
+        """Close the file without writing more (a refused, failed or cancelled input)."""
+        with self._lock:
+            self.error = self.error or OSError(f"spill file {self.path}: abandoned")
+            self._close()
 
     @property
-    def mapped(self) -> bool:
-        """Whether the fetch's buffer is the file (else nothing was spilled)."""
-        return self._map is not None and self.error is None
+    def kept(self) -> bool:
+        """Whether the file was written whole (``finish`` returned True)."""
+        return self._fd is None and self._buf is None and self._written > 0 and not self.error
 
-    def close(self) -> bool:
-        """Unmap the file (its pages stay in the page cache, written back by the kernel, no
-        fsync: a crash's spill files are never read); whether it holds the document. A view
-        of the buffer still held somewhere (a finished task not yet collected, a failure's
-        traceback) keeps the mapping until it goes, but not its pages: they leave the
-        process's memory at once (``MADV_DONTNEED``: a shared file mapping's pages stay in
-        the page cache, dirty ones too, and a late read faults them back in), so the next
-        input's document is never held beside this one's."""
-        if self._prefault is not None:
-            self._prefault.stop()
-            self._prefault = None
-        if self._map is not None:
+    def _write(self, end: int) -> None:
+        """``buf[written:end]`` to the file (under the lock)."""
+        if self._fd is None or self._buf is None or self.error is not None:
+            return
+        view = self._buf
+        try:
+            while self._written < end:
+                step = min(end - self._written, 64 << 20)
+                done = os.pwrite(
+                    self._fd, view[self._written : self._written + step], self._written
+                )
+                if done <= 0:
+                    raise OSError(errno.EIO, f"spill file {self.path}: nothing written")
+                self._written += done
+        except OSError as exc:
+            self.error = exc
+
+    def _write_tail(self, tail: memoryview, at: int) -> None:
+        """The last bytes, under ``DIRECT_ALIGN``: from an aligned page of their own, then the
+        file cut to the document's size."""
+        assert self._fd is not None
+        page = mmap.mmap(-1, DIRECT_ALIGN)
+        try:
+            page[: len(tail)] = tail
+            os.pwrite(self._fd, memoryview(page), at)
+            os.ftruncate(self._fd, at + len(tail))
+            self._written = at + len(tail)
+        except OSError as exc:
+            self.error = exc
+        finally:
+            page.close()
+
+    def _close(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
             try:
-                self._map.close()
-            except BufferError:
-                self._map.madvise(mmap.MADV_DONTNEED)
-        return self.mapped
+                os.close(fd)
+            except OSError as exc:
+                self.error = self.error or exc
+        self._buf = None  # the fetch's buffer is the caller's from now on
 
 
-class _Prefault:
-    """Faults a mapping's pages in, from its start, ``PREFAULT_BYTES`` at a time, in a thread
-    of its own (``madvise`` through ctypes: the GIL is released while the kernel works); it
-    stops at ``stop``, at the end, or at the first refusal (a kernel without the advice)."""
-
-    def __init__(self, mapping: mmap.mmap, size: int) -> None:
-        held = ctypes.c_char.from_buffer(mapping)  # only to learn the address: let go at once
-        self._base = ctypes.addressof(held)
-        del held
-        self._size = size
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="gradstore-prefault", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        madvise = _madvise()
-        for offset in range(0, self._size, PREFAULT_BYTES):
-            if self._stop.is_set():
-                return
-            length = min(PREFAULT_BYTES, self._size - offset)
-            if madvise(self._base + offset, length, MADV_POPULATE_WRITE) != 0:
-                return  # the reader faults the rest in itself
-
-    def stop(self) -> None:
-        """Stop, and wait for the call under way (before the mapping goes)."""
-        self._stop.set()
-        self._thread.join()
-
-
-@functools.cache
-def _madvise() -> Callable[[int, int, int], int]:
-    """libc's ``madvise(addr, length, advice)``."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    call = libc.madvise
-    call.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    call.restype = ctypes.c_int
-    return call
+def _address(view: memoryview) -> int:
+    """Where ``view``'s bytes start in memory."""
+    return int(np.frombuffer(view, np.uint8).ctypes.data) if len(view) else 0
 
 
 class SpilledDocument:
@@ -160,6 +189,8 @@ class SpilledDocument:
         if held != size:
             self.close()
             raise DAGError(f"spill file {self.path} holds {held} bytes, the document {size}")
+        with contextlib.suppress(OSError, AttributeError):  # a hint: read once, in order
+            os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
 
     def close(self) -> None:
         """Close the file (reads after this fail)."""
@@ -185,6 +216,10 @@ class SpilledDocument:
             if got == 0:
                 raise DAGError(f"spill file {self.path} ended at {offset + done} of {self.size}")
             done += got
+        ahead = offset + done
+        if ahead < self.size:  # the next range, read by the kernel while this one is used
+            with contextlib.suppress(OSError, AttributeError):
+                os.posix_fadvise(self._fd, ahead, READ_AHEAD * done, os.POSIX_FADV_WILLNEED)
 
 
 def spilled_source(

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from ..format import CompressedGradient, Gradient
-    from ._fetch import Allocate
+    from ._fetch import Sink
 
 
 @dataclass(frozen=True)
@@ -90,16 +90,17 @@ class GradientStore:
         max_bytes: int | None = None,
         progress: ByteProgress | None = None,
         root: bytes | None = None,
-        allocate: Allocate | None = None,
+        sink: Sink | None = None,
     ) -> np.ndarray:
         """Fetch the file bytes of ``cid``, every block verified, into one buffer, as a
         NumPy array (uint8, 1-D, no copy); how, in ``_fetch.fetch_view``. ``root``: the
         root block's bytes, if the caller has them (verified again, not fetched again);
-        ``allocate``: gives the buffer (a spill file's mapping, ``SpillMap``)."""
+        ``sink``: gives the buffer and hears of each prefix hashed (a spill file's
+        ``SpillWriter``)."""
         import numpy as np
 
         view = await self.fetch_view(
-            cid, max_bytes=max_bytes, progress=progress, root=root, allocate=allocate
+            cid, max_bytes=max_bytes, progress=progress, root=root, sink=sink
         )
         return np.frombuffer(view, dtype=np.uint8)
 
@@ -110,14 +111,14 @@ class GradientStore:
         max_bytes: int | None = None,
         progress: ByteProgress | None = None,
         root: bytes | None = None,
-        allocate: Allocate | None = None,
+        sink: Sink | None = None,
     ) -> memoryview:
         """:meth:`fetch_document`'s bytes as a memoryview: what a caller that moves bytes
         (``gradstore get`` to an ``.npz``) takes without loading NumPy."""
         from ._fetch import fetch_view
 
         limit = self.limits.max_bytes if max_bytes is None else max_bytes
-        return await fetch_view(self.node, cid, limit, progress, root=root, allocate=allocate)
+        return await fetch_view(self.node, cid, limit, progress, root=root, sink=sink)
 
     async def get(
         self, cid: CID | str, *, limits: Limits | None = None, progress: ByteProgress | None = None
