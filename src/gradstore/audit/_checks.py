@@ -303,6 +303,8 @@ async def _input(
     finally:
         if writer is not None and not writer.kept:
             writer.abandon()
+        if writer is not None:
+            writer.detach()
     infos = {t.name: t for t in header.tensors}
     if spilled and path is not None:  # the bytes just verified, from the spill file
         return spilled_source(SpilledDocument(path, header.size), infos, header.codec), size, layout

@@ -61,7 +61,8 @@ class SpillWriter:
     ``allocate`` gives the fetch an anonymous buffer (``get``'s) and creates the file;
     ``verified(n)``, called by the fetch's hashing thread, writes the first ``n`` bytes once
     ``WRITE_STEP`` more of them are hashed; ``finish`` writes the rest and says whether the
-    file holds the document. Writes go around the page cache (``O_DIRECT``): on these
+    file holds the document, and ``detach`` hands the buffer back (the caller frees it
+    where it likes: unmapping 1 GiB takes 0.2 s). Writes go around the page cache (``O_DIRECT``): on these
     machines a new page-cache page is what a spilled byte cost most (2.6 s of CPU a GiB
     through a shared mapping or ``write``, 0.05 s direct), and the spill is read once.
     A file system without direct I/O gets plain writes. A file that cannot be made or
@@ -75,6 +76,7 @@ class SpillWriter:
         self._buf: memoryview | None = None
         self._fd: int | None = None
         self._written = 0
+        self._whole = False  # finish wrote it all
         self._lock = threading.Lock()  # a write under way against ``abandon`` closing the file
 
     def allocate(self, size: int) -> memoryview:
@@ -117,6 +119,7 @@ class SpillWriter:
                 self._write(body)
                 if self.error is None and body < size:
                     self._write_tail(buf[body:], body)
+                self._whole = self.error is None and self._written == size
             self._close()
         return self.kept
 
@@ -125,11 +128,18 @@ class SpillWriter:
         with self._lock:
             self.error = self.error or OSError(f"spill file {self.path}: abandoned")
             self._close()
+            self._buf = None
+
+    def detach(self) -> memoryview | None:
+        """The fetch's buffer, no longer this writer's (after ``finish``)."""
+        with self._lock:
+            buf, self._buf = self._buf, None
+        return buf
 
     @property
     def kept(self) -> bool:
         """Whether the file was written whole (``finish`` returned True)."""
-        return self._fd is None and self._buf is None and self._written > 0 and not self.error
+        return self._whole and self.error is None
 
     def _write(self, end: int) -> None:
         """``buf[written:end]`` to the file (under the lock)."""
@@ -170,7 +180,7 @@ class SpillWriter:
                 os.close(fd)
             except OSError as exc:
                 self.error = self.error or exc
-        self._buf = None  # the fetch's buffer is the caller's from now on
+                self._whole = False
 
 
 def _address(view: memoryview) -> int:
