@@ -273,8 +273,9 @@ async def _input(
     on_input: OnInput | None,
     progress: ByteProgress | None,
 ) -> tuple[StoredGradient | StoredCompressed, int, list[Any]]:
-    """One input fetched (every block verified; into its spill file at ``path``, mapped,
-    if given and it fits), checked against the record; its source, size and layout."""
+    """One input fetched (every block verified; written to its spill file at ``path`` as
+    it is verified, if given and it fits), checked against the record; its source, size
+    and layout."""
     what = f"input of {inp.peer}"
     spill = path is not None and _room(path.parent, store.limits.max_bytes)
     writer = SpillWriter(path) if spill and path is not None else None

@@ -286,8 +286,8 @@ def _checked(
     bound to ``claim`` and checked (``check_gradient``); ``RefusedError`` if it may not
     enter the round. ``handed``'s item becomes ``(gradient, header, schema, norm)``: the
     pool holds a call's arguments and result a moment after the caller wakes, and what
-    views a spill file's mapping must be gone as soon as the caller drops it (the file is
-    unmapped before the pin)."""
+    views the fetched buffer must be gone as soon as the caller drops it (its memory goes
+    back before the pin, and the next fetch may take it)."""
     buf = handed.pop()
     try:
         gradient, header = decode_with_header(buf, limits)

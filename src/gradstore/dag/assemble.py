@@ -14,7 +14,7 @@ only a root to learn a size); under 4 MiB it is a bytearray (``_MAPPED``: the he
 pages cost no faults), and no NumPy is needed (``view``; ``result`` gives the same
 bytes as a NumPy array). Not NumPy's allocator: it asks for huge pages, and where the
 kernel must compact memory to find them a fresh 256 MiB buffer took 0.5 s instead of 0.1.
-A caller may give the buffer instead (``allocate``: a coordinator's spill file, mapped).
+A caller may give the buffer instead (``allocate``: a coordinator's spill writer's).
 """
 
 from __future__ import annotations
