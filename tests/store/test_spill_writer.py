@@ -39,8 +39,22 @@ def _cached_bytes(path: Path) -> int:
     return sum(v & 1 for v in vec) * mmap.PAGESIZE
 
 
+def _file_system(path: Path) -> str:
+    """The type of the file system ``path`` is on (the longest mount point above it)."""
+    best, kind = "", ""
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        fields = line.split()
+        point = fields[1].replace("\\040", " ")
+        if str(path.resolve()).startswith(point.rstrip("/") + "/") and len(point) > len(best):
+            best, kind = point, fields[2]
+    return kind
+
+
 def _direct_io(folder: Path) -> bool:
-    """Whether ``folder``'s file system takes O_DIRECT (else the writer's plain writes)."""
+    """Whether ``folder``'s file system takes O_DIRECT (else the writer's plain writes), and
+    keeps its files on a disk (a tmpfs takes O_DIRECT since Linux 6.6, in memory all the same)."""
+    if _file_system(folder) in ("tmpfs", "ramfs", "devtmpfs"):
+        pytest.skip(f"{folder}: a file system in memory (its files are page-cache pages)")
     try:
         fd = os.open(folder / "probe", os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o600)
     except OSError as exc:
