@@ -302,9 +302,9 @@ async def _input(
         del gradient  # read back range by range: one input in memory at a time
         spilled = writer is not None and await asyncio.to_thread(writer.finish)
     finally:
-        if writer is not None and not writer.kept:
-            writer.abandon()
         if writer is not None:
+            if not writer.kept:
+                writer.abandon()  # refused, or the write failed: no file, no more writes
             writer.detach()
     infos = {t.name: t for t in header.tensors}
     if spilled and path is not None:  # the bytes just verified, from the spill file

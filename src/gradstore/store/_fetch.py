@@ -19,6 +19,7 @@ from ..dag.assemble import LeafSpan, anonymous_buffer
 from ..dag.cid import RAW
 from ..errors import DAGError, IntegrityError
 from ..node import Node, SupportsCatInto
+from ._leaf_check import LeafCheck
 from ._put import PROGRESS_BYTES, ByteProgress
 
 _CAR_BATCH_BYTES = 8 << 20  # blocks of a CAR export are verified in a thread this many at a time
@@ -170,24 +171,6 @@ class _Aborted(Exception):
     """Stops a ``cat`` whose bytes already failed verification."""
 
 
-class _InReader:
-    """``progress`` of a small document's ``cat``: hashes each leaf span in the reading thread
-    once its bytes are all in (``IntegrityError`` there ends the transfer)."""
-
-    def __init__(self, assembler: FileAssembler, spans: list[LeafSpan]) -> None:
-        self.assembler = assembler
-        self.spans = spans
-        self.verified = 0  # spans hashed so far, in order
-
-    def __call__(self, filled: int) -> None:
-        while self.verified < len(self.spans):
-            span = self.spans[self.verified]
-            if span.offset + span.size > filled:
-                return
-            self.assembler.verify_in_place(span)
-            self.verified += 1
-
-
 async def _cat_leaves(
     node: SupportsCatInto,
     assembler: FileAssembler,
@@ -202,7 +185,7 @@ async def _cat_leaves(
     assert buf is not None
     size = len(buf)
     if size <= HASH_IN_READER_BYTES:
-        check = _InReader(assembler, spans)
+        check = LeafCheck(spans, assembler.verify_in_place)
         got = await node.cat_into(assembler.root, buf, progress=check)
         if got != size:
             raise DAGError(

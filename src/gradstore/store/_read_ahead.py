@@ -29,6 +29,7 @@ from ..dag.assemble import LeafSpan
 from ..dag.cid import verify_block
 from ..errors import DAGError
 from ..node import SupportsCatInto
+from ._leaf_check import LeafCheck
 from ._stored import ByteRanges, StoredDocument
 
 #: Bytes of ranges held or in flight across the documents of one pool.
@@ -163,7 +164,12 @@ class ReadAhead:
         assert isinstance(node, SupportsCatInto)
         async with self.pool.transfers:
             buf = np.empty(spans[-1].offset + spans[-1].size - start, dtype=np.uint8)
-            check = _LeafCheck(buf, start, spans)
+
+            def hashed(span: LeafSpan) -> None:
+                lo = span.offset - start
+                verify_block(span.cid, buf[lo : lo + span.size].data)
+
+            check = LeafCheck(spans, hashed, start)
             got = await node.cat_into(self.document.root, buf.data, offset=start, progress=check)
         if got != buf.size:
             raise DAGError(f"file {self.document.root}: the node sent {got} of {buf.size} bytes")
@@ -172,26 +178,6 @@ class ReadAhead:
         if check.verified != len(spans):
             raise DAGError(f"file {self.document.root}: leaves left unverified")
         return buf
-
-
-class _LeafCheck:
-    """``progress`` of a ranged ``cat``: hashes each leaf once its bytes are all in ``buf``,
-    in the thread that reads (it raises ``IntegrityError``, which ends the transfer)."""
-
-    def __init__(self, buf: np.ndarray[Any, Any], start: int, spans: list[LeafSpan]) -> None:
-        self.buf = buf
-        self.start = start
-        self.spans = spans
-        self.verified = 0  # leaves hashed so far, in order
-
-    def __call__(self, filled: int) -> None:
-        while self.verified < len(self.spans):
-            span = self.spans[self.verified]
-            lo = span.offset - self.start
-            if lo + span.size > filled:
-                return
-            verify_block(span.cid, self.buf[lo : lo + span.size].data)
-            self.verified += 1
 
 
 def _drop(range_: _Range) -> None:

@@ -62,9 +62,10 @@ class SpillWriter:
     ``verified(n)``, called by the fetch's hashing thread, writes the first ``n`` bytes once
     ``WRITE_STEP`` more of them are hashed; ``finish`` writes the rest and says whether the
     file holds the document, and ``detach`` hands the buffer back (the caller frees it
-    where it likes: unmapping 1 GiB takes 0.2 s). Writes go around the page cache (``O_DIRECT``): on these
-    machines a new page-cache page is what a spilled byte cost most (2.6 s of CPU a GiB
-    through a shared mapping or ``write``, 0.05 s direct), and the spill is read once.
+    where it likes: unmapping 1 GiB takes 0.2 s). Writes go around the page cache
+    (``O_DIRECT``): on these machines a new page-cache page is what a spilled byte cost
+    most (2.6 s of CPU a GiB through a shared mapping or ``write``, 0.05 s direct), and the
+    spill is read once.
     A file system without direct I/O gets plain writes. A file that cannot be made or
     written (a full disk: an error, never a SIGBUS) leaves the input in memory, read back
     from the node at the close: ``error`` says why."""

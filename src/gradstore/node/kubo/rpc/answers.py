@@ -90,7 +90,7 @@ def parse_pinned_stream(body: bytes) -> set[CID]:
         except ValueError:
             continue
         if isinstance(item, dict) and item.get("Type") == "recursive":
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(NodeError):  # not a CID: not listed
                 pinned.add(parse_cid(item.get("Cid"), "pin/ls"))
     return pinned
 
