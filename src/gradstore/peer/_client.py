@@ -316,7 +316,7 @@ class Peer(ResultListener):
         def moved() -> bool:
             return self.run != run or standing()[0] is not Standing.UNKNOWN
 
-        if await self._until_heard(moved, delay, deadline) and self.run == run:
+        if await self._until_heard(moved, delay, deadline, step) and self.run == run:
             self._acked_at = now = time.monotonic()  # heard of: the coordinator is at work
             if first_sent is not None:
                 took = now - first_sent
@@ -352,13 +352,17 @@ class Peer(ResultListener):
                     or self._in_record(round_, since_ms, step)
                 )
 
-            await self._wait(changed, None, until)
+            await self._wait(changed, None, until, step)
             if deadline is not None and time.monotonic() >= deadline:
                 return False
         return False
 
     async def _until_heard(
-        self, moved: Callable[[], bool], delay: float, deadline: float | None
+        self,
+        moved: Callable[[], bool],
+        delay: float,
+        deadline: float | None,
+        step: str | None = None,
     ) -> bool:
         """After an announcement: wait until ``moved()`` (True), or until ``delay`` (at least
         twice the time our acknowledgements take, smoothed, up to ``max_backoff_s``) passed
@@ -377,7 +381,7 @@ class Peer(ResultListener):
             left = min(quiet, latest) - time.monotonic()
             if left <= 0:
                 return False
-            if await self._wait(moved, left, deadline):
+            if await self._wait(moved, left, deadline, step):
                 return True
             if deadline is not None and time.monotonic() >= deadline:
                 return False

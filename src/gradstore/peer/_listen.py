@@ -22,6 +22,7 @@ from ..job import JobConfig
 from ..messages import PeerLists, Result, Status, decode_lists, inline_lists, verify_message
 from ..messages.refusal_log import RefusalLog
 from ..node import Node, follow
+from ._news import EVERY, News
 from ._view import CoordinatorView
 from ._waiting import RoundWait, round_wait
 
@@ -70,7 +71,7 @@ class CoordinatorListener:
         # junk on the results topic: a line per reason, then sums
         self._ignored = RefusalLog(verb="ignored")
         self._lists: dict[str, PeerLists] = {}
-        self._news = asyncio.Condition()
+        self._news = News()
         self._sub: object = None
         self._reader: asyncio.Task[None] | None = None
         self._listener = listener
@@ -110,13 +111,12 @@ class CoordinatorListener:
     async def next_message(self, timeout: float) -> bool:
         """Wait at most ``timeout`` seconds for the coordinator's next verified, fresh status
         or result (now in ``view``); whether one came."""
-        async with self._news:
-            try:
-                async with asyncio.timeout(timeout):  # in this task: see ``_wait``
-                    await self._news.wait()
-            except TimeoutError:
-                return False
-            return True
+        try:
+            async with asyncio.timeout(timeout):  # in this task: see ``_wait``
+                await self._news.wait()
+        except TimeoutError:
+            return False
+        return True
 
     async def _read(self, sub: object) -> None:
         cfg = self.config
@@ -168,13 +168,16 @@ class CoordinatorListener:
             except (MessageError, NodeError, TimeoutError) as exc:
                 log.warning("ignored a %s whose lists cannot be read: %s", parsed.kind.value, exc)
                 continue
-            async with self._news:
-                if isinstance(parsed, Status):
-                    self.view.see_status(parsed, lists)
-                else:
-                    self.view.see_result(parsed, lists)
-                self._heard_at = time.monotonic()
-                self._news.notify_all()
+            before = self.view.current, self.view.open_round
+            if isinstance(parsed, Status):
+                self.view.see_status(parsed, lists)
+            else:
+                self.view.see_result(parsed, lists)
+            self._heard_at = time.monotonic()
+            # a step's message concerns that step's waiters; the round's own, a new run's
+            # or one that opens a round, every waiter
+            moved = (self.view.current, self.view.open_round) != before
+            self._news.about(parsed.step, everyone=parsed.step is None or moved)
 
     def _fresh(self, sent_at: int) -> bool:
         """Whether a message stamped ``sent_at`` (unix ms) is within the job's skew window."""
@@ -233,34 +236,38 @@ class CoordinatorListener:
         )
 
     async def _wait(
-        self, ready: Callable[[], bool], step: float | None, deadline: float | None
+        self,
+        ready: Callable[[], bool],
+        step: float | None,
+        deadline: float | None,
+        about: str | None = None,
     ) -> bool:
         """Wait until ``ready()``, ``step`` seconds from now, the deadline, or coordinator silence.
 
         True when ready; raises the "no coordinator" error once the coordinator has been
         silent for ``coordinator_timeout_s``. Messages that leave ``ready()`` false wake the
         wait but do not restart ``step``: the coordinator repeats itself every few seconds.
+        With ``about`` (a step's name, when ``ready()`` reads that step alone and the
+        round's own messages), other steps' messages do not wake it (``_news``).
         """
         until = deadline
         if step is not None:
             stop = time.monotonic() + step
             until = stop if deadline is None else min(deadline, stop)
-        async with self._news:
-            while True:
-                if ready():
-                    return True
-                silent_left = self.coordinator_timeout_s - self.silent_for()
-                if silent_left <= 0:
-                    raise self._no_coordinator()
-                limit = silent_left if until is None else min(silent_left, until - time.monotonic())
-                if limit <= 0:
-                    return False
-                # the wait runs in this task (not ``wait_for``'s task of its own, which on
-                # Python 3.11 could outlive a cancelled waiter and, cancelled at shutdown,
-                # wait for ever for the condition's lock: the steps benchmark hung there)
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(limit):
-                        await self._news.wait()
+        while True:
+            if ready():
+                return True
+            silent_left = self.coordinator_timeout_s - self.silent_for()
+            if silent_left <= 0:
+                raise self._no_coordinator()
+            limit = silent_left if until is None else min(silent_left, until - time.monotonic())
+            if limit <= 0:
+                return False
+            # the wait runs in this task (not ``wait_for``'s task of its own, which on
+            # Python 3.11 could outlive a cancelled waiter: the steps benchmark hung there)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(limit):
+                    await self._news.wait(EVERY if about is None else about)
 
 
 def _signed_by_root(data: bytes, cfg: JobConfig) -> bool:

@@ -100,6 +100,11 @@ class CoordinatorView:
         self.current: RunView | None = None
         self._heard = itertools.count()
 
+    @property
+    def open_round(self) -> int:
+        """The current run's open round, as far as heard (-1: no run heard yet)."""
+        return -1 if self.current is None else self.current.open_round
+
     def knows(self, step: str | None) -> bool:
         """Whether a message about ``step`` can be this job's: the round's own (None), or a
         step of a stepped job. Anything else is ignored, whoever signed it."""
