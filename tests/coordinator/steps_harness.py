@@ -126,8 +126,12 @@ class Heard:
         return None
 
     def received(self, round_: int, step: str | None, peer: str) -> bool:
+        """Whether a status said it received ``peer``'s input, or a result aggregated it (a
+        step that closes with every input it received says so in its result alone)."""
         roster = self.config.roster
-        return any(roster.has(s.received, peer) for s in self.statuses(round_, step))
+        return any(roster.has(s.received, peer) for s in self.statuses(round_, step)) or any(
+            roster.has(r.peers, peer) for r in self.results(round_, step)
+        )
 
 
 @contextlib.asynccontextmanager

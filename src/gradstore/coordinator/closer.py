@@ -59,7 +59,7 @@ from .partial import close_partial
 from .rounds import RoundBook
 from .spill import SpillDir
 from .state import CoordinatorState, StepDone
-from .statuses import Announced
+from .statuses import Announced, said_by
 from .steps import Key, key_step
 
 log = logging.getLogger("gradstore.coordinator")
@@ -136,17 +136,25 @@ class Closer:
         r, step = judged.round, judged.step
         self._apply(self.state.close_succeeded(r, closed, step))
         await asyncio.to_thread(self.journal.flush)  # durable before announcing
-        await self._publish(self.state.status(r, self._stamp(), step=step))  # its last word
+        status = self.state.status(r, self._stamp(), step=step)  # its last word
+        of_step = isinstance(closed.record, StepRecord) and step is not None
         if isinstance(closed.record, StepRecord) and step is not None:
             if closed.aggregate is not None and self.state.steps.root:
                 self._held.hold(r, closed.output, closed.aggregate)
             self.state.announce_step_result(closed.record, closed.record_cid)
-            await self._publish(self.state.step_result(step, self._stamp()))
-            self.journal.mark_step_published(r, step)
+            result = self.state.step_result(step, self._stamp())
         else:
             assert not isinstance(closed.record, StepRecord)
             self.state.announce_result(closed.record, closed.record_cid)
-            await self._publish(self.state.result(self._stamp()))
+            result = self.state.result(self._stamp())
+        # the last word goes unless the result says it all (64 messages of a 64-step round)
+        if status is not None and (result is None or not said_by(status, result)):
+            await self._publish(status)
+        await self._publish(result)
+        if of_step:
+            assert step is not None
+            self.journal.mark_step_published(r, step)
+        else:
             self.journal.mark_published(r)
         stats = judged.stats | closed.stats
         stats["publish_s"] = stats.pop("store_s", 0.0)

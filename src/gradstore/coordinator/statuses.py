@@ -115,3 +115,15 @@ def result_of(
         peers=roster.bitmap(done.peers),
         sent_at=sent_at,
     )
+
+
+def said_by(status: Status, result: Result) -> bool:
+    """Whether ``result`` says all that ``status``, its step's (round's) status at the close,
+    would: every peer received was verified and aggregated, none refused, nothing failed.
+    Such a status is not sent before its result (a peer reads "verified" off the result)."""
+    return (
+        status.failed is None
+        and (status.round, status.step) == (result.round, result.step)
+        and status.received == status.verified == result.peers
+        and not any(status.refused)
+    )
