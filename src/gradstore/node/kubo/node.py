@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import mmap
-import threading
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -35,6 +33,7 @@ from . import bulk as _bulk
 from . import rpc
 from .client import KuboClient
 from .guarded_import import CanaryGuardedImport
+from .kept import KeptCalls
 from .settings import DEFAULT_API, DEFAULT_TIMEOUTS, Timeouts
 from .subscription import KuboSubscription
 
@@ -43,7 +42,7 @@ if TYPE_CHECKING:
 
 #: The largest block ``get_block`` takes from Kubo (gradstore's are at most 1 MiB; bitswap
 #: carries up to 2 MiB).
-MAX_BLOCK_BYTES = 4 << 20
+MAX_BLOCK_BYTES = _bulk.MAX_BLOCK_BYTES
 
 T = TypeVar("T")
 
@@ -79,6 +78,8 @@ class KuboNode(AsyncClosing):
         self.timeouts = timeouts
         self.retry = self.client.retry
         self._publish_lock = asyncio.Lock()
+        # publishes go one at a time on a connection of their own (``kept``), not httpx
+        self._kept = KeptCalls(self.api, auth=self.client.auth, timeouts=timeouts)
         self._subscriptions: set[KuboSubscription] = set()
 
     def __repr__(self) -> str:
@@ -88,6 +89,7 @@ class KuboNode(AsyncClosing):
         """Close every open subscription and the HTTP client."""
         for sub in list(self._subscriptions):
             await sub.aclose()
+        self._kept.close()
         await self.client.aclose()
 
     # --- Node ------------------------------------------------------------------------------------
@@ -209,7 +211,7 @@ class KuboNode(AsyncClosing):
         )
 
         def get() -> bytes:
-            view = _block_buffer()
+            view = _bulk.thread_buffer()
             n = read.into(view, self.timeouts, overflow=overflow)
             return bytes(view[:n])
 
@@ -299,9 +301,23 @@ class KuboNode(AsyncClosing):
         """``pubsub/pub``; serialized per node and retried (concurrent publishes race in Kubo)."""
         check_pubsub_size(topic, data)
         async with self._publish_lock:
-            await self.client.upload(
-                "pubsub/pub", rpc.pubsub_pub_params(topic), (data,), retry=True
+            if not self.bulk_reads:
+                await self.client.upload(
+                    "pubsub/pub", rpc.pubsub_pub_params(topic), (data,), retry=True
+                )
+                return
+            boundary = rpc.new_boundary()
+            body = b"".join(
+                (rpc.multipart_head(boundary), as_bytes_view(data), rpc.multipart_tail(boundary))
             )
+            publish = functools.partial(
+                self._kept.call,
+                "pubsub/pub",
+                rpc.pubsub_pub_params(topic),
+                body,
+                content_type=rpc.multipart_content_type(boundary),
+            )
+            await self.retry.call(publish, retry_on=self.client.transient)
 
     def subscribe(self, topic: str) -> KuboSubscription:
         """A ``pubsub/sub`` stream; ``async with`` returns once Kubo is subscribed."""
@@ -493,17 +509,6 @@ class KuboNode(AsyncClosing):
                     f"subscribed to {topic!r}: {known}"
                 )
             await asyncio.sleep(interval)
-
-
-_threads = threading.local()
-
-
-def _block_buffer() -> memoryview:
-    """This thread's buffer for one block (``MAX_BLOCK_BYTES``, mapped once, lazily touched)."""
-    view: memoryview | None = getattr(_threads, "block", None)
-    if view is None:
-        view = _threads.block = memoryview(mmap.mmap(-1, MAX_BLOCK_BYTES))
-    return view
 
 
 async def _in_thread(read: _bulk.BulkRead, call: Callable[[], T]) -> T:

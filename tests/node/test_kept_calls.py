@@ -1,0 +1,153 @@
+"""Publishing on one kept-alive connection (``kubo.kept``), on a real Kubo: many calls on one
+connection, a connection the node closed while idle (a proxy in front of the daemon closes it
+after each answer: the call goes again on a new one, and is published once), an error answer
+(the connection is dropped, the next call opens another)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from gradstore.errors import KuboCommandError
+from gradstore.node import KuboDaemon, KuboNode
+from gradstore.node.kubo.kept import KeptCalls
+
+pytestmark = pytest.mark.kubo
+TOPIC = "gradstore/v1/kept/results"
+
+
+class _ClosingProxy:
+    """Forwards each request to the daemon on a connection of its own and sends the answer
+    back as if the connection stayed open, then closes it: a node that closes idle
+    connections. ``connections`` and ``requests`` count what it took in and passed on."""
+
+    def __init__(self, upstream: str) -> None:
+        host, port = upstream.removeprefix("http://").split(":")
+        self.upstream = (host, int(port))
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.server.settimeout(0.1)
+        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
+        self.connections = 0
+        self.requests = 0
+        self.stopped = threading.Event()
+
+    def serve(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                client, _ = self.server.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._one, args=(client,), daemon=True).start()
+
+    def _one(self, client: socket.socket) -> None:
+        with client:
+            data = bytearray()
+            while b"\r\n\r\n" not in data:
+                got = client.recv(65536)
+                if not got:
+                    return
+                data += got
+            head, _, body = bytes(data).partition(b"\r\n\r\n")
+            length = next(
+                int(line.split(b":", 1)[1])
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length:")
+            )
+            while len(body) < length:
+                body += client.recv(65536)
+            self.requests += 1
+            with socket.create_connection(self.upstream) as up:
+                up.sendall(head + b"\r\nConnection: close\r\n\r\n" + body)
+                answer = bytearray()
+                while got := up.recv(65536):
+                    answer += got
+            lines = bytes(answer).split(b"\r\n")
+            kept = b"\r\n".join(x for x in lines if not x.lower().startswith(b"connection:"))
+            client.sendall(kept)
+
+
+@contextlib.contextmanager
+def _proxy(daemon: KuboDaemon) -> Iterator[_ClosingProxy]:
+    p = _ClosingProxy(daemon.api_url)
+    server = threading.Thread(target=p.serve, daemon=True)
+    server.start()
+    try:
+        yield p
+    finally:
+        p.stopped.set()
+        server.join(5)
+        p.server.close()
+
+
+async def _heard(sub: object, n: int) -> list[bytes]:
+    got = []
+    for _ in range(n):
+        got.append((await sub.get(10)).data)  # type: ignore[attr-defined]
+    with contextlib.suppress(TimeoutError):
+        got.append((await sub.get(0.5)).data)  # type: ignore[attr-defined]
+    return got
+
+
+def test_many_publishes_share_one_connection(kubo: KuboDaemon) -> None:
+    async def main() -> None:
+        async with kubo.node() as node, kubo.node() as listener:
+            async with listener.subscribe(TOPIC) as sub:
+                messages = [f"status {i}".encode() for i in range(40)]
+                for m in messages:
+                    await node.publish(TOPIC, m)
+                assert sorted(await _heard(sub, len(messages))) == sorted(messages)
+            sock = node._kept._sock
+            assert sock is not None  # still open, for the next call
+            await node.publish(TOPIC, b"one more")
+            assert node._kept._sock is sock
+
+    asyncio.run(main())
+
+
+def test_a_connection_closed_while_idle_is_reopened_and_the_call_goes_once(
+    kubo: KuboDaemon,
+) -> None:
+    async def main() -> None:
+        with _proxy(kubo) as p:
+            async with (
+                KuboNode(p.url) as node,
+                kubo.node() as listener,
+                listener.subscribe(TOPIC) as sub,
+            ):
+                for m in (b"first", b"second", b"third"):
+                    await node.publish(TOPIC, m)
+                    await asyncio.sleep(0.1)  # idle: the proxy has closed it by now
+                assert sorted(await _heard(sub, 3)) == [b"first", b"second", b"third"]
+        assert p.requests == 3  # none sent twice
+        assert p.connections >= 3
+
+    asyncio.run(main())
+
+
+def test_an_error_answer_drops_the_connection_and_the_next_call_opens_another(
+    kubo: KuboDaemon,
+) -> None:
+    async def main() -> None:
+        node = KuboNode(kubo.api_url)
+        kept = KeptCalls(node.api, auth=None, timeouts=node.timeouts)
+        try:
+            await kept.call("pubsub/pub", [("arg", "u")], b"")  # no topic, no body: refused
+        except KuboCommandError as exc:
+            assert "argument" in str(exc).lower() or "topic" in str(exc).lower(), exc
+        else:
+            raise AssertionError("Kubo accepted a publish without a topic or data")
+        assert kept._sock is None
+        answer = await kept.call("version", [])
+        assert b"Version" in answer
+        kept.close()
+        await node.aclose()
+
+    asyncio.run(main())
