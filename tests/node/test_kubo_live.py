@@ -72,14 +72,30 @@ def test_put_get_has_block(kubo: KuboDaemon) -> None:
     asyncio.run(main())
 
 
-def test_import_car_then_export_car_round_trips_the_dag(kubo: KuboDaemon) -> None:
+def _car(roots: list[CID], blocks: list[Block], whole: bool) -> object:
+    """A CAR as ``import_car`` takes it: given whole (a list: Kubo's goes in one send from a
+    worker thread, never through httpx) or streamed."""
+    return list(write_car(roots, blocks)) if whole else write_car(roots, blocks)
+
+
+def _no_httpx_upload(node: KuboNode) -> None:
+    async def refuse(*args: object, **kwargs: object) -> bytes:
+        raise AssertionError("a CAR given whole went through httpx")
+
+    node.client.upload = refuse  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("whole", [True, False], ids=["whole", "streamed"])
+def test_import_car_then_export_car_round_trips_the_dag(kubo: KuboDaemon, whole: bool) -> None:
     blocks = small_dag(seed=3)
     root = blocks[-1].cid
     assert root.codec == DAG_PB and len(blocks) == 6
 
     async def main() -> None:
         async with kubo.node() as node:
-            roots = await node.import_car(write_car([root], blocks))
+            if whole:
+                _no_httpx_upload(node)
+            roots = await node.import_car(_car([root], blocks, whole))  # type: ignore[arg-type]
             assert roots == [root]
             assert root in await node.pins()
             got_roots, got = await read_car(node.export_car(root, offline=True))
@@ -93,16 +109,37 @@ def test_import_car_then_export_car_round_trips_the_dag(kubo: KuboDaemon) -> Non
     asyncio.run(main())
 
 
-def test_import_car_with_a_missing_block_cannot_pin_its_root(kubo: KuboDaemon) -> None:
+@pytest.mark.parametrize("whole", [True, False], ids=["whole", "streamed"])
+def test_import_car_with_a_missing_block_cannot_pin_its_root(kubo: KuboDaemon, whole: bool) -> None:
     blocks = small_dag(seed=4)
     root = blocks[-1].cid
 
     async def main() -> None:
         async with kubo.node() as node:
             with pytest.raises(BlockNotFoundError) as info:
-                await asyncio.wait_for(node.import_car(write_car([root], blocks[1:])), 20)
+                car = _car([root], blocks[1:], whole)
+                await asyncio.wait_for(node.import_car(car), 20)  # type: ignore[arg-type]
             assert info.value.cid == str(blocks[0].cid)
             assert root not in await node.pins()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("whole", [True, False], ids=["whole", "streamed"])
+def test_import_car_with_a_block_that_is_not_its_cid_is_refused(
+    kubo: KuboDaemon, whole: bool
+) -> None:
+    blocks = small_dag(seed=6)
+    root = blocks[-1].cid
+    forged = Block(blocks[0].cid, bytes(len(blocks[0].data)))  # zeros under the leaf's CID
+
+    async def main() -> None:
+        async with kubo.node() as node:
+            with pytest.raises(KuboCommandError):
+                car = _car([root], [forged, *blocks[1:]], whole)
+                await asyncio.wait_for(node.import_car(car, complete=True), 20)  # type: ignore[arg-type]
+            assert root not in await node.pins()
+            assert not await node.has_block(blocks[0].cid)
 
     asyncio.run(main())
 

@@ -175,7 +175,9 @@ async def put_small_with(
 
 async def _import_checked(node: Node, root: CID, blocks: Sequence[Block], pin: bool) -> None:
     """One CAR naming ``root``; the node pins it (its DAG is complete) and must report it."""
-    reported = await node.import_car(write_car([root], blocks), pin_roots=pin, complete=True)
+    # given whole (a list of views, no copy), a node may send it in one go (Kubo: a send)
+    car = list(write_car([root], blocks))
+    reported = await node.import_car(car, pin_roots=pin, complete=True)
     if reported != [root]:
         got = ", ".join(map(str, reported)) or "nothing"
         raise NodeError(f"node {node.name} imported {got}, expected root {root}")

@@ -235,6 +235,18 @@ class BulkRead:
         self._aborted = False
         self.reads = 0  # reads of a chunked body's stream (``_Staged``), for measuring
 
+    def send(
+        self,
+        body: list[memoryview],
+        out: memoryview,
+        timeouts: Timeouts,
+        *,
+        overflow: Callable[[], Exception],
+    ) -> int:
+        """Send the request with ``body`` (its length the head's), scattered from its pieces
+        (``sendmsg``: no copy of the whole), and read the answer's body into ``out``."""
+        return self.into(out, timeouts, overflow=overflow, body=body)
+
     def abort(self) -> None:
         """Stop a transfer from another thread: the blocked read returns at once and ``into`` raises."""
         self._aborted = True
@@ -250,8 +262,9 @@ class BulkRead:
         *,
         overflow: Callable[[], Exception],
         progress: Callable[[int], None] | None = None,
+        body: list[memoryview] | None = None,
     ) -> int:
-        """Fill ``out`` from the body; return the bytes read.
+        """Fill ``out`` from the body; return the bytes read (``body``: the request's).
 
         ``overflow()`` builds the exception for a body longer than ``out``.
         ``progress(n)`` is called (in this thread) as the filled prefix grows, once at
@@ -268,7 +281,7 @@ class BulkRead:
             raise NodeError(f"kubo {self.command}: transfer aborted")
         try:
             sock.settimeout(timeouts.read)
-            sock.sendall(self.request)
+            _send_all(sock, [memoryview(self.request), *(body or ())])
             with sock.makefile("rb", buffering=STREAM_BUFFER) as stream:
                 return self.read_answer(cast(BinaryIO, stream), out, overflow, progress)
         except OSError as exc:
@@ -407,3 +420,18 @@ class BulkRead:
                     raise NodeError(f"kubo {self.command}: malformed chunked body")
             if progress is not None:
                 progress(pos)
+
+
+def _send_all(sock: socket.socket, pieces: list[memoryview]) -> None:
+    """Send every piece, in order, a few system calls in all (``sendmsg`` takes up to 1024
+    buffers at a time and may send part of them: the rest goes again)."""
+    at = 0
+    while at < len(pieces):
+        batch = pieces[at : at + 1024]
+        sent = sock.sendmsg(batch)
+        for piece in batch:
+            if sent < len(piece):
+                pieces[at] = piece[sent:]
+                break
+            sent -= len(piece)
+            at += 1
