@@ -8,8 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-import threading
-from collections.abc import Iterator
 
 import pytest
 
@@ -17,37 +15,22 @@ from gradstore.errors import KuboCommandError
 from gradstore.node import KuboDaemon, KuboNode
 from gradstore.node.kubo.kept import KeptCalls
 
+from ..tcp_proxy import TcpProxy, serving
+
 pytestmark = pytest.mark.kubo
 TOPIC = "gradstore/v1/kept/results"
 
 
-class _ClosingProxy:
+class _ClosingProxy(TcpProxy):
     """Forwards each request to the daemon on a connection of its own and sends the answer
     back as if the connection stayed open, then closes it: a node that closes idle
     connections. ``connections`` and ``requests`` count what it took in and passed on."""
 
     def __init__(self, upstream: str) -> None:
-        host, port = upstream.removeprefix("http://").split(":")
-        self.upstream = (host, int(port))
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.server.settimeout(0.1)
-        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
-        self.connections = 0
+        super().__init__(upstream)
         self.requests = 0
-        self.stopped = threading.Event()
 
-    def serve(self) -> None:
-        while not self.stopped.is_set():
-            try:
-                client, _ = self.server.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            self.connections += 1
-            threading.Thread(target=self._one, args=(client,), daemon=True).start()
-
-    def _one(self, client: socket.socket) -> None:
+    def handle(self, client: socket.socket) -> None:
         with client:
             data = bytearray()
             while b"\r\n\r\n" not in data:
@@ -72,19 +55,6 @@ class _ClosingProxy:
             lines = bytes(answer).split(b"\r\n")
             kept = b"\r\n".join(x for x in lines if not x.lower().startswith(b"connection:"))
             client.sendall(kept)
-
-
-@contextlib.contextmanager
-def _proxy(daemon: KuboDaemon) -> Iterator[_ClosingProxy]:
-    p = _ClosingProxy(daemon.api_url)
-    server = threading.Thread(target=p.serve, daemon=True)
-    server.start()
-    try:
-        yield p
-    finally:
-        p.stopped.set()
-        server.join(5)
-        p.server.close()
 
 
 async def _heard(sub: object, n: int) -> list[bytes]:
@@ -116,7 +86,7 @@ def test_a_connection_closed_while_idle_is_reopened_and_the_call_goes_once(
     kubo: KuboDaemon,
 ) -> None:
     async def main() -> None:
-        with _proxy(kubo) as p:
+        with serving(_ClosingProxy(kubo.api_url)) as p:
             async with (
                 KuboNode(p.url) as node,
                 kubo.node() as listener,

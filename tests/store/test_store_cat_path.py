@@ -22,6 +22,8 @@ from gradstore.format import Gradient, encode
 from gradstore.node import KuboDaemon, KuboNode
 from gradstore.store import GradientStore, ReadAhead, ReadAheadPool, StoredDocument, read_ahead
 
+from ..tcp_proxy import TcpProxy, serving
+
 pytestmark = pytest.mark.kubo
 MIB = 1 << 20
 
@@ -51,7 +53,7 @@ def _dechunk(body: bytes) -> tuple[bytes, bytes]:
         pos += size + 2
 
 
-class CatProxy:
+class CatProxy(TcpProxy):
     """Forwards everything to a real Kubo; answers to ``command`` (``cat`` unless told) get one
     byte flipped or are cut short; ``requests`` counts the requests by command."""
 
@@ -63,31 +65,12 @@ class CatProxy:
         cut_at: int | None = None,
         command: str = "cat",
     ) -> None:
-        host, port = upstream.removeprefix("http://").split(":")
-        self.upstream = (host, int(port))
+        super().__init__(upstream)
         self.flip_at, self.cut_at = flip_at, cut_at
         self.command = command
         self.requests: Counter[str] = Counter()
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.server.settimeout(0.1)
-        self.stopped = threading.Event()
-        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
-        self._threads: list[threading.Thread] = []
 
-    def serve(self) -> None:
-        while not self.stopped.is_set():
-            try:
-                client, _ = self.server.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            client.settimeout(None)
-            t = threading.Thread(target=self._handle, args=(client,), daemon=True)
-            t.start()
-            self._threads.append(t)
-
-    def _handle(self, client: socket.socket) -> None:
+    def handle(self, client: socket.socket) -> None:
         with client, socket.create_connection(self.upstream) as up:
             pending = bytearray()
             head = _read_until(client, b"\r\n\r\n", pending)
@@ -140,15 +123,8 @@ class CatProxy:
 
 @contextmanager
 def proxy(daemon: KuboDaemon, **kwargs: Any) -> Iterator[CatProxy]:
-    p = CatProxy(daemon.api_url, **kwargs)
-    server = threading.Thread(target=p.serve, daemon=True)
-    server.start()
-    try:
+    with serving(CatProxy(daemon.api_url, **kwargs)) as p:
         yield p
-    finally:
-        p.stopped.set()
-        server.join(5)
-        p.server.close()
 
 
 def _gradient() -> Gradient:
