@@ -57,7 +57,12 @@ class ClusterClient:
         recursive: bool = True,
     ) -> None:
         """``POST /pins/{cid}``: allocate ``cid`` to between min and max peers (their Kubos
-        fetch it); ``ReplicationError`` when the cluster has too few peers for the minimum."""
+        fetch it); ``ReplicationError`` when the cluster has too few peers for the minimum.
+
+        A direct pin goes to ``/pins/ipfs/{cid}``: IPFS Cluster (v1.1.6) pins whatever
+        ``/pins/{cid}`` is asked recursively, ``mode=direct`` or not, so a record pinned
+        there had every cluster peer fetch and keep the whole round it links (its inputs
+        too), and a later direct pin of it was refused as already recursive."""
         params: dict[str, Any] = {
             "replication-min": replication_min,
             "replication-max": replication_max,
@@ -65,7 +70,7 @@ class ClusterClient:
         }
         if name:
             params["name"] = name
-        await self._call("POST", f"/pins/{cid}", params)
+        await self._call("POST", f"/pins/{cid}" if recursive else f"/pins/ipfs/{cid}", params)
 
     async def status(self, cid: CID) -> PinStatus:
         """``GET /pins/{cid}``: its status on every peer."""
