@@ -59,7 +59,7 @@ from .partial import close_partial
 from .rounds import RoundBook
 from .spill import SpillDir
 from .state import CoordinatorState, StepDone
-from .statuses import Announced, said_by
+from .statuses import Announced, result_of, said_by
 from .steps import Key, key_step
 
 log = logging.getLogger("gradstore.coordinator")
@@ -136,25 +136,24 @@ class Closer:
         r, step = judged.round, judged.step
         self._apply(self.state.close_succeeded(r, closed, step))
         await asyncio.to_thread(self.journal.flush)  # durable before announcing
-        status = self.state.status(r, self._stamp(), step=step)  # its last word
-        of_step = isinstance(closed.record, StepRecord) and step is not None
+        # its last word, before the result is announced (the beacon repeats an announced
+        # result: it must not overtake the status), unless the result says it all (64
+        # messages fewer in a clean 64-step round)
+        status = self.state.status(r, self._stamp(), step=step)
+        said = Announced.of(closed.record, str(closed.record_cid))
+        result = result_of(said, said.record, self.config.roster, sent_at=self._stamp())
+        if status is not None and not said_by(status, result):
+            await self._publish(status)
         if isinstance(closed.record, StepRecord) and step is not None:
             if closed.aggregate is not None and self.state.steps.root:
                 self._held.hold(r, closed.output, closed.aggregate)
             self.state.announce_step_result(closed.record, closed.record_cid)
-            result = self.state.step_result(step, self._stamp())
+            await self._publish(self.state.step_result(step, self._stamp()))
+            self.journal.mark_step_published(r, step)
         else:
             assert not isinstance(closed.record, StepRecord)
             self.state.announce_result(closed.record, closed.record_cid)
-            result = self.state.result(self._stamp())
-        # the last word goes unless the result says it all (64 messages of a 64-step round)
-        if status is not None and (result is None or not said_by(status, result)):
-            await self._publish(status)
-        await self._publish(result)
-        if of_step:
-            assert step is not None
-            self.journal.mark_step_published(r, step)
-        else:
+            await self._publish(self.state.result(self._stamp()))
             self.journal.mark_published(r)
         stats = judged.stats | closed.stats
         stats["publish_s"] = stats.pop("store_s", 0.0)
