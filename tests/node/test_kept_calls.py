@@ -109,7 +109,7 @@ def test_an_error_answer_drops_the_connection_and_the_next_call_opens_another(
         node = KuboNode(kubo.api_url)
         kept = KeptCalls(node.api, auth=None, timeouts=node.timeouts)
         try:
-            await kept.call("pubsub/pub", [("arg", "u")], b"")  # no topic, no body: refused
+            await kept.call("pubsub/pub", [("arg", "u")])  # no topic, no body: refused
         except KuboCommandError as exc:
             assert "argument" in str(exc).lower() or "topic" in str(exc).lower(), exc
         else:

@@ -235,18 +235,6 @@ class BulkRead:
         self._aborted = False
         self.reads = 0  # reads of a chunked body's stream (``_Staged``), for measuring
 
-    def send(
-        self,
-        body: list[memoryview],
-        out: memoryview,
-        timeouts: Timeouts,
-        *,
-        overflow: Callable[[], Exception],
-    ) -> int:
-        """Send the request with ``body`` (its length the head's), scattered from its pieces
-        (``sendmsg``: no copy of the whole), and read the answer's body into ``out``."""
-        return self.into(out, timeouts, overflow=overflow, body=body)
-
     def abort(self) -> None:
         """Stop a transfer from another thread: the blocked read returns at once and ``into`` raises."""
         self._aborted = True
@@ -264,7 +252,8 @@ class BulkRead:
         progress: Callable[[int], None] | None = None,
         body: list[memoryview] | None = None,
     ) -> int:
-        """Fill ``out`` from the body; return the bytes read (``body``: the request's).
+        """Fill ``out`` from the body; return the bytes read (``body``: the request's, as
+        pieces sent scattered by ``send_all``, its length the head's).
 
         ``overflow()`` builds the exception for a body longer than ``out``.
         ``progress(n)`` is called (in this thread) as the filled prefix grows, once at
@@ -281,7 +270,7 @@ class BulkRead:
             raise NodeError(f"kubo {self.command}: transfer aborted")
         try:
             sock.settimeout(timeouts.read)
-            _send_all(sock, [memoryview(self.request), *(body or ())])
+            send_all(sock, [memoryview(self.request), *(body or ())])
             with sock.makefile("rb", buffering=STREAM_BUFFER) as stream:
                 return self.read_answer(cast(BinaryIO, stream), out, overflow, progress)
         except OSError as exc:
@@ -304,9 +293,9 @@ class BulkRead:
             raise NodeError(f"kubo {self.command}: not an HTTP answer: {status_line!r}")
         status = int(status_line[1])
         headers = _headers(lambda what: _line(stream, what), "header")
-        framed = "content-length" in headers or "chunked" in headers.get("transfer-encoding", "")
-        self.reusable = framed and headers.get("connection", "").lower() != "close"
         chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+        framed = chunked or "content-length" in headers
+        self.reusable = framed and headers.get("connection", "").lower() != "close"
         staged = _Staged(stream) if chunked else None
         length = headers.get("content-length")
         if status != 200:
@@ -422,7 +411,7 @@ class BulkRead:
                 progress(pos)
 
 
-def _send_all(sock: socket.socket, pieces: list[memoryview]) -> None:
+def send_all(sock: socket.socket, pieces: list[memoryview]) -> None:
     """Send every piece, in order, a few system calls in all (``sendmsg`` takes up to 1024
     buffers at a time and may send part of them: the rest goes again)."""
     at = 0

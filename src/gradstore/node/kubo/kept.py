@@ -17,12 +17,11 @@ import functools
 import socket
 from concurrent.futures import ThreadPoolExecutor
 from typing import BinaryIO, cast
-from urllib.parse import urlsplit
 
 from ...dag.cid import CID
 from ...errors import NodeError
 from . import rpc
-from .bulk import STREAM_BUFFER, BulkRead, thread_buffer
+from .bulk import STREAM_BUFFER, BulkRead, send_all, thread_buffer
 from .counts import count
 from .settings import Timeouts
 
@@ -42,16 +41,16 @@ class KeptCalls:
         self,
         command: str,
         params: rpc.Params,
-        body: bytes = b"",
+        body: list[memoryview] | None = None,
         *,
         content_type: str | None = None,
         cid: CID | None = None,
     ) -> bytes:
-        """``command`` with ``body``; its answer's body. Calls queue for the one thread: a
+        """``command`` with ``body`` (pieces, sent scattered); its answer's body. Calls queue for the one thread: a
         cancelled caller's call still runs to its end, so the connection stays in step."""
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="gradstore-kubo-kept")
-        call = functools.partial(self._call, command, params, body, content_type, cid)
+        call = functools.partial(self._call, command, params, body or [], content_type, cid)
         return await asyncio.get_running_loop().run_in_executor(self._executor, call)
 
     def close(self) -> None:
@@ -65,7 +64,7 @@ class KeptCalls:
         self,
         command: str,
         params: rpc.Params,
-        body: bytes,
+        body: list[memoryview],
         content_type: str | None,
         cid: CID | None,
     ) -> bytes:
@@ -76,7 +75,7 @@ class KeptCalls:
             params,
             auth=self.auth,
             cid=cid,
-            length=len(body),
+            length=sum(piece.nbytes for piece in body),
             content_type=content_type,
             keep_alive=True,
         )
@@ -87,10 +86,10 @@ class KeptCalls:
         out = thread_buffer()
         for _ in range(2):
             kept = self._sock is not None  # reused: the node may have closed it while idle
-            stream = self._connect(command)
+            stream = self._connect(read)
             began = False  # an answer began: whatever happens now, the call is not sent again
             try:
-                self._sock.sendall(read.request + body)  # type: ignore[union-attr]
+                send_all(self._sock, [memoryview(read.request), *body])  # type: ignore[arg-type]
                 began = bool(stream.peek(1))  # type: ignore[attr-defined]
                 if not began:
                     raise ConnectionResetError("the node closed the connection")
@@ -108,15 +107,13 @@ class KeptCalls:
             return bytes(out[:n])
         raise NodeError(f"kubo {command}: the node closed the connection twice before answering")
 
-    def _connect(self, command: str) -> BinaryIO:
+    def _connect(self, read: BulkRead) -> BinaryIO:
         if self._stream is not None:
             return self._stream
-        parts = urlsplit(self.api)
-        host, port = parts.hostname or "127.0.0.1", parts.port or 80
         try:
-            sock = socket.create_connection((host, port), timeout=self.timeouts.connect)
+            sock = socket.create_connection((read.host, read.port), timeout=self.timeouts.connect)
         except OSError as exc:
-            raise rpc.error_from_socket(exc, command, self.api, connecting=True) from exc
+            raise rpc.error_from_socket(exc, read.command, self.api, connecting=True) from exc
         sock.settimeout(self.timeouts.read)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock = sock

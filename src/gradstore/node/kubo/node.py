@@ -158,9 +158,7 @@ class KuboNode(AsyncClosing):
         worker thread, in one scattered send: httpx wrote it a piece at a time from the
         event loop, 2-3 ms of its CPU for a step's 1 MiB aggregate (docs/design/storage.md)."""
         boundary = rpc.new_boundary()
-        head = rpc.multipart_head(boundary, filename="import.car")
-        tail = rpc.multipart_tail(boundary)
-        body = [memoryview(head), *pieces, memoryview(tail)]
+        body = rpc.multipart_parts(pieces, boundary, filename="import.car")
         read = _bulk.BulkRead(
             self.api,
             "dag/import",
@@ -175,7 +173,7 @@ class KuboNode(AsyncClosing):
 
         def send() -> bytes:
             out = _bulk.thread_buffer()
-            return bytes(out[: read.send(body, out, self.timeouts, overflow=overflow)])
+            return bytes(out[: read.into(out, self.timeouts, overflow=overflow, body=body)])
 
         return await _in_thread(read, send)
 
@@ -320,8 +318,9 @@ class KuboNode(AsyncClosing):
         ``pin_many`` (the coordinator's pins of its inputs) skips those: Kubo keeps one
         recursive pin per CID, so a second ``pin/add`` changes nothing but re-walks the
         whole DAG (0.34 s of Kubo's CPU per GiB, 2 ms for a 1 MiB document alone), as when a
-        peer stored its input on the coordinator's node. Kubo lists the CIDs in order up to the first that is not pinned; after that,
-        or on any error, a CID counts as not pinned (and is pinned as before)."""
+        peer stored its input on the coordinator's node. Kubo lists the CIDs in order up to
+        the first that is not pinned; after that, or on any error, a CID counts as not
+        pinned (and is pinned as before)."""
         params: rpc.Params = [("arg", str(cid)) for cid in cids]
         params += [("type", "recursive"), ("stream", "true"), ("offline", "true")]
         try:
@@ -352,14 +351,11 @@ class KuboNode(AsyncClosing):
                 )
                 return
             boundary = rpc.new_boundary()
-            body = b"".join(
-                (rpc.multipart_head(boundary), as_bytes_view(data), rpc.multipart_tail(boundary))
-            )
             publish = functools.partial(
                 self._kept.call,
                 "pubsub/pub",
                 rpc.pubsub_pub_params(topic),
-                body,
+                rpc.multipart_parts([data], boundary),
                 content_type=rpc.multipart_content_type(boundary),
             )
             await self.retry.call(publish, retry_on=self.client.transient)

@@ -41,6 +41,14 @@ def multipart_length(pieces: Iterable[Buffer], boundary: str, *, filename: str =
     return len(head) + content + len(multipart_tail(boundary))
 
 
+def multipart_parts(
+    pieces: Iterable[Buffer], boundary: str, *, filename: str = "file"
+) -> list[memoryview]:
+    """A body given whole: head, the pieces (views, not copies), tail, for a scattered send."""
+    head, tail = multipart_head(boundary, filename=filename), multipart_tail(boundary)
+    return [memoryview(head), *(as_bytes_view(p) for p in pieces), memoryview(tail)]
+
+
 def slices(piece: Buffer, size: int = UPLOAD_CHUNK) -> Iterable[memoryview]:
     """Zero-copy slices of at most ``size`` bytes (keeps every copy in the HTTP stack small)."""
     view = as_bytes_view(piece)
