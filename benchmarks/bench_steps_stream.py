@@ -30,7 +30,14 @@ fetching and applying), the coordinators' process and the Kubo daemon, over the 
 window (from the start of backward to the applied aggregate, as the first peer sees it)
 and over the whole round (until the round's own result, its model-level output included).
 
+With --link-mbit N, the peers are on machines of their own as far as the network goes: each
+peer has its own Kubo daemon on its own loopback address, swarm-connected to the
+coordinators' daemon, and every byte between them (the coordinator fetching a peer's
+step, a peer fetching an aggregate, the messages) crosses a link of N Mbit/s each way per
+peer (`tc` on loopback, root needed). The CPU is still this machine's two cores.
+
     .venv/bin/python -m benchmarks steps_stream
+    .venv/bin/python -m benchmarks steps_stream --link-mbit 1000
     options: --peers 2 --layers 8 --width 1792 --batch 2048 --rounds 5 --warmup 1 --json
 """
 
@@ -54,6 +61,7 @@ import torch
 from torch import nn
 
 from benchmarks._common import dump_json, kubo_binary, machine, start_daemons, table
+from benchmarks._link import shaped_link
 from gradstore.coordinator import Coordinator
 from gradstore.job import JobConfig, parse_job
 from gradstore.messages import SigningKey
@@ -106,9 +114,9 @@ def peer_main(
     barrier: Any, results: Any,
 ) -> None:  # fmt: skip
     """Play every round of every side; put (side, round, peer, backward s, first step
-    applied s, total s, then CPU seconds: this peer's, Kubo's and the coordinators' process's
-    over the timed window and over the whole round; the first peer only measures the last
-    two, the others give None) on ``results``."""
+    applied s, total s, then CPU seconds: this peer's, the Kubo daemons' and the
+    coordinators' process's over the timed window and over the whole round; the first peer
+    only measures the last two, the others give None) on ``results``."""
     torch.set_num_threads(args["threads"])
     key = SigningKey.from_seed(seed)
     model = mlp(args["layers"], args["width"])
@@ -145,13 +153,13 @@ def peer_main(
             peer.close()
 
 
-def cpu_now(index: int, pids: tuple[int, int]) -> tuple[float, float | None, float | None]:
+def cpu_now(index: int, pids: tuple[list[int], int]) -> tuple[float, float | None, float | None]:
     """CPU seconds so far: this process's (every thread), and for the first peer also the
-    Kubo daemon's and the coordinators' process's (``pids``)."""
+    Kubo daemons' (summed) and the coordinators' process's (``pids``)."""
     own = time.process_time()
     if index != 0:
         return own, None, None
-    return own, process_cpu_s(pids[0]), process_cpu_s(pids[1])
+    return own, sum(process_cpu_s(pid) for pid in pids[0]), process_cpu_s(pids[1])
 
 
 def process_cpu_s(pid: int) -> float:
@@ -244,16 +252,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     barrier = ctx.Barrier(args.peers)
     results = ctx.Queue()
     peer_args: dict[str, Any] = {k: getattr(args, k) for k in ("layers", "width", "batch", "rounds", "warmup", "threads")}  # fmt: skip
-    [daemon] = start_daemons(kubo_binary(args.kubo), 1)
-    peer_args["pids"] = (daemon.pid, os.getpid())
+    daemons = start_nodes(args)
+    daemon = daemons[0]
+    apis = [d.api_url for d in daemons[1:]] or [daemon.api_url] * args.peers
+    peer_args["pids"] = ([d.pid for d in daemons], os.getpid())
     rows: list[tuple[Any, ...]] = []
     try:
         with (
             tempfile.TemporaryDirectory(prefix="bench-steps-stream-") as tmp,
+            link(args),
             coordinators(daemon, configs, coord, Path(tmp), budget),
         ):
             procs = [
-                ctx.Process(target=peer_main, args=(i, seeds[i], raws, daemon.api_url,
+                ctx.Process(target=peer_main, args=(i, seeds[i], raws, apis[i],
                                                     peer_args, barrier, results))
                 for i in range(args.peers)
             ]  # fmt: skip
@@ -268,8 +279,45 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for p in procs:
                 p.join(120)
     finally:
-        stop_all([daemon])
+        stop_all(daemons)
     return summarize(args, rows, nbytes)
+
+
+def peer_address(i: int) -> str:
+    """Peer ``i``'s own loopback address when the link is shaped."""
+    return f"127.0.0.{11 + i}"
+
+
+def start_nodes(args: argparse.Namespace) -> list[KuboDaemon]:
+    """One Kubo daemon for all, or (--link-mbit) the coordinators' and one per peer, each
+    peer's on its own loopback address, dialled by the coordinators' daemon."""
+    binary = kubo_binary(args.kubo)
+    if not args.link_mbit:
+        return start_daemons(binary, 1)
+    daemons = start_daemons(binary, 1)
+    try:
+        for i in range(args.peers):
+            swarm = [f"/ip4/{peer_address(i)}/tcp/0"]
+            daemons.append(KuboDaemon(binary, config={"Addresses.Swarm": swarm}).start())
+            addr = next(
+                a for a in daemons[-1].swarm_addrs if a.startswith(f"/ip4/{peer_address(i)}/tcp/")
+            )
+            daemons[0].run("swarm", "connect", f"{addr}/p2p/{daemons[-1].peer_id}")
+    except BaseException:
+        stop_all(daemons)
+        raise
+    return daemons
+
+
+@contextmanager
+def link(args: argparse.Namespace) -> Iterator[None]:
+    """The peers' links shaped to --link-mbit (nothing without it)."""
+    if not args.link_mbit:
+        yield
+        return
+    addresses = [peer_address(i) for i in range(args.peers)]
+    with shaped_link(addresses, args.link_mbit):
+        yield
 
 
 def summarize(args: argparse.Namespace, rows: list[tuple[Any, ...]], nbytes: int) -> dict[str, Any]:
@@ -310,7 +358,7 @@ def report(data: dict[str, Any], args: argparse.Namespace) -> str:
         f"{args.peers} peers x MLP {args.layers} x Linear({args.width}, {args.width}) = "
         f"{data['bytes'] / 1e6:.1f} MB float32 ({args.layers} steps), batch {args.batch}, "
         f"{args.threads} torch thread(s) per peer, {args.rounds} rounds (+{args.warmup} warm-up), "
-        f"one Kubo daemon, load {data['machine']['loadavg']}"
+        f"{nodes(args)}, load {data['machine']['loadavg']}"
     )
     headers = ["side", "backward s", "1st applied s", "all applied s", "best s", "MB/s"]
     cpu_rows = []
@@ -328,6 +376,12 @@ def report(data: dict[str, Any], args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
+def nodes(args: argparse.Namespace) -> str:
+    if not args.link_mbit:
+        return "one Kubo daemon"
+    return f"a Kubo daemon per peer on a {args.link_mbit} Mbit/s link + the coordinators'"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--peers", type=int, default=2, help="2-4 (default 2)")
@@ -339,6 +393,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads per peer (default: cores / peers, at least 1)")  # fmt: skip
     parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
+    parser.add_argument("--link-mbit", type=int, default=0,
+                        help="a Kubo daemon per peer on a link of this rate (Mbit/s each way, "
+                             "tc, root); default: one daemon for all, loopback")  # fmt: skip
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--kubo", default=None)
     args = parser.parse_args(argv)

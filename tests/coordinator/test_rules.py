@@ -264,3 +264,60 @@ def test_progress_lines_say_what_the_round_waits_for() -> None:
         "round 1: waiting for peers (1/3 verified, 2 received, 1 refused, quorum 2, "
         "deadline in 41 s)"
     )
+
+
+def test_a_peers_big_inputs_are_fetched_in_turn_in_backward_order() -> None:
+    """A peer's inputs come over its one uplink: fetched all at once they share it and
+    its first step arrives no sooner than its last. Its first attempts wait while its
+    inputs in flight hold ``per_peer_bytes`` (one always may run), the first steps first;
+    the others' inputs are not held back, nor retries."""
+    mib = 1 << 20
+    plan = FetchPlan(workers=8, per_peer_bytes=8 * mib)
+    for step in reversed(range(5)):  # announced in any order
+        plan.add((0, "slow", f"s{step}"), rank=step, size=5 * mib)
+    plan.add((0, "other", "s4"), rank=4, size=5 * mib)
+    started = [plan.next(0.0)[0] for _ in range(2)]
+    assert started == [(0, "slow", "s0"), (0, "other", "s4")]
+    assert plan.next(0.0) == (None, None)  # workers are free, but "slow"'s link is full
+    plan.finished((0, "slow", "s0"))
+    assert plan.next(0.0)[0] == (0, "slow", "s1") and plan.next(0.0) == (None, None)
+    plan.pinning((0, "slow", "s1"))  # only waits for its pin: its uplink is free again
+    assert plan.next(0.0)[0] == (0, "slow", "s2")
+    assert plan.retry((0, "slow", "s2"), now=0.0) == 0.5  # s2 leaves, s3 goes
+    assert plan.next(0.0)[0] == (0, "slow", "s3")
+    assert plan.next(0.0) == (None, 0.5)
+    # s2's retry is not held (retries run on at most half of the workers) but counts
+    assert plan.next(0.5)[0] == (0, "slow", "s2")
+    plan.finished((0, "slow", "s3"))
+    assert plan.next(0.5) == (None, None)  # s2's retry holds its link: s4 waits
+    plan.finished((0, "slow", "s2"))
+    assert plan.next(0.5)[0] == (0, "slow", "s4")
+
+
+def test_small_inputs_and_inputs_of_unknown_size_run_side_by_side() -> None:
+    """Where steps are small (loopback's fetches are short of CPU, not of bandwidth) or
+    their size is not known yet, a peer's inputs run side by side as before."""
+    plan = FetchPlan(workers=16, per_peer_bytes=8 << 20)
+    for step in range(8):
+        plan.add((0, "p", f"small{step}"), rank=step, size=1 << 20)
+    for step in range(4):
+        plan.add((0, "p", f"unknown{step}"), rank=8 + step)
+    assert [plan.next(0.0)[0] for _ in range(12)] == [
+        *[(0, "p", f"small{step}") for step in range(8)],
+        *[(0, "p", f"unknown{step}") for step in range(4)],
+    ]
+    plan.add((0, "p", "big"), rank=20, size=1 << 20)
+    assert plan.next(0.0) == (None, None)  # 8 MiB in flight: the ninth MiB waits
+    plan.finished((0, "p", "small0"))
+    assert plan.next(0.0)[0] == (0, "p", "big")
+
+
+def test_a_held_input_of_a_dropped_step_is_forgotten() -> None:
+    plan = FetchPlan(workers=4, per_peer_bytes=1)
+    for step in range(3):
+        plan.add((0, "p", f"s{step}"), rank=step, size=1)
+    assert plan.next(0.0)[0] == (0, "p", "s0")
+    assert plan.next(0.0) == (None, None)
+    plan.drop_where(lambda k: k[2] == "s1")  # s1 closed without it
+    plan.finished((0, "p", "s0"))
+    assert plan.next(0.0)[0] == (0, "p", "s2") and plan.next(0.0) == (None, None)

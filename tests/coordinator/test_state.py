@@ -980,3 +980,20 @@ def test_spill_files_go_with_their_step_their_round_or_an_input_that_came_too_la
     assert job.state.forget(0, keep_pins=True).unspill == [Path("/spill/body-0")]
     late = spilled(1, "body", body)  # its round is over: its file goes at once
     assert late.unspill == [Path("/spill/body-1")]
+
+
+def test_a_peers_inputs_go_in_turn_by_the_sizes_their_steps_schemas_give() -> None:
+    """The fetch plan learns each input's size from its step's schema (here the job's
+    ``[[schema]]``: head 8 bytes, body 12), so a peer whose inputs would overfill its link
+    has them fetched in turn, the first step in backward order first."""
+    job = StepJob(schema=True)
+    job.state.plan.per_peer_bytes = 12
+    job.open(0)
+    job.announce(0, step="body", cid=1)
+    job.announce(0, step="head")
+    job.announce(1, step="head")
+    first = [job.state.plan.next(job.now)[0] for _ in range(2)]
+    assert first == [(0, job.peers[0], "head"), (0, job.peers[1], "head")]
+    assert job.state.plan.next(job.now) == (None, None)  # 8 + 12 bytes would overfill it
+    job.verified(0, step="head")
+    assert job.state.plan.next(job.now)[0] == (0, job.peers[0], "body")

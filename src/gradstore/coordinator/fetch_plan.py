@@ -16,13 +16,23 @@ inputs pinning together are pinned in one call (``pinner``).
 
 In a stepped job each input has its step's rank (its index in the job's backward order):
 first attempts go to the step that comes first, so the output layer's step, which a
-backward pass finishes first, closes first.
+backward pass finishes first, closes first. A peer's inputs come over one uplink (its
+node's): fetched all at once they share it, so its first step arrived no sooner than its
+last and no aggregate went back until the end (2 peers on 100 Mbit/s links, 8 steps of
+12.8 MB: every step closed after the last had come in). So a first attempt waits while
+its peer's attempts in flight already hold ``per_peer_bytes`` (by the sizes the steps'
+schemas give; one attempt always may run): held back, a peer's inputs keep their order and
+go as its running ones end. Small inputs are not held (64 steps of 1 MiB still run side
+by side, where loopback's fetches are short of CPU, not of bandwidth), nor inputs of a
+size not known yet (no ``[[schema]]``, a step's first round), nor retries (they run on at
+most half of the workers), which count all the same.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
@@ -31,6 +41,9 @@ from ..node import Retry
 
 #: Attempts per input before it fails as unavailable.
 DEFAULT_ATTEMPTS: Final = 4
+
+#: Bytes of one peer's inputs in flight before its next first attempt waits.
+PER_PEER_BYTES: Final = 8 << 20
 
 #: The waits before an input's second, third, ... attempt: 0.5 s, doubling, at most 5 s.
 FETCH_RETRY: Final = Retry(retries=DEFAULT_ATTEMPTS - 1, backoff=0.5, max_backoff=5.0)
@@ -60,8 +73,10 @@ class FetchPlan:
         attempts: int = DEFAULT_ATTEMPTS,
         first_delay_s: float = FETCH_RETRY.backoff,
         max_delay_s: float = FETCH_RETRY.max_backoff,
+        per_peer_bytes: int = PER_PEER_BYTES,
     ) -> None:
         self.workers = workers
+        self.per_peer_bytes = per_peer_bytes
         self.attempts = attempts
         self.backoff = Retry(
             retries=max(0, attempts - 1), backoff=first_delay_s, max_backoff=max_delay_s
@@ -74,15 +89,21 @@ class FetchPlan:
         self._running: dict[Key, int] = {}  # key -> its attempt number
         self._pinning: dict[Key, int] = {}  # attempts that only wait for their pin
         self._rank: dict[Key, int] = {}
+        self._size: dict[Key, int] = {}  # an input's expected bytes (0: not known)
+        self._busy: Counter[str] = Counter()  # peer -> its attempts holding a worker
+        self._flight: Counter[str] = Counter()  # peer -> their expected bytes
+        self._held: dict[str, list[_Entry]] = {}  # peer -> first attempts over its cap
         self._seq = itertools.count()
 
-    def add(self, key: Key, rank: int = 0) -> None:
+    def add(self, key: Key, rank: int = 0, size: int = 0) -> None:
         """Queue a first attempt (no-op if the input is queued or being fetched); a lower
-        ``rank`` (its step's index in backward order) goes first."""
+        ``rank`` (its step's index in backward order) goes first; ``size``: its expected
+        bytes (0: not known)."""
         if key in self._queued or key in self._running or key in self._pinning:
             return
         self._queued.add(key)
         self._rank[key] = rank
+        self._size[key] = size
         heapq.heappush(self._fresh, _Entry(0.0, 0, rank, next(self._seq), key))
 
     def drop(self, key: Key) -> None:
@@ -91,6 +112,7 @@ class FetchPlan:
         self._tried.pop(key, None)
         if key not in self._running and key not in self._pinning:
             self._rank.pop(key, None)
+            self._size.pop(key, None)
 
     def drop_round(self, round_: int) -> None:
         self.drop_where(lambda k: k[0] == round_)
@@ -99,6 +121,13 @@ class FetchPlan:
         """Forget every queued or tried input whose key ``which`` takes (a closed step's)."""
         for key in [k for k in (*self._queued, *self._tried) if which(k)]:
             self.drop(key)
+        for peer, held in list(self._held.items()):
+            kept = [e for e in held if e.key in self._queued]
+            if kept:
+                heapq.heapify(kept)
+                self._held[peer] = kept
+            else:
+                del self._held[peer]
 
     @property
     def running(self) -> int:
@@ -110,14 +139,20 @@ class FetchPlan:
         free for another fetch (it still ends with ``finished`` or ``retry``)."""
         if key in self._running:
             self._pinning[key] = self._running.pop(key)
+            self._release(key)
 
     def next(self, now: float) -> tuple[Key | None, float | None]:
         """The input to fetch now, if any; else when to look again (None: on news only)."""
         if len(self._running) < self.workers:
             while self._fresh:
                 entry = heapq.heappop(self._fresh)
-                if entry.key in self._queued:
-                    return self._start(entry), None
+                if entry.key not in self._queued:
+                    continue
+                peer = entry.key[1]
+                if not self._fits(peer, self._size.get(entry.key, 0)):  # in its turn
+                    heapq.heappush(self._held.setdefault(peer, []), entry)
+                    continue
+                return self._start(entry), None
         retries = sum(1 for attempt in self._running.values() if attempt > 0)
         while self._later and self._later[0].key not in self._queued:
             heapq.heappop(self._later)
@@ -131,21 +166,55 @@ class FetchPlan:
         heapq.heappop(self._later)
         return self._start(head), None
 
+    def _fits(self, peer: str, size: int) -> bool:
+        """May one more of ``peer``'s inputs (``size`` bytes) start beside its others?"""
+        return not self._busy[peer] or self._flight[peer] + size <= self.per_peer_bytes
+
     def _start(self, entry: _Entry) -> Key:
-        self._queued.discard(entry.key)
-        self._running[entry.key] = entry.attempt
-        return entry.key
+        key, peer = entry.key, entry.key[1]
+        self._queued.discard(key)
+        self._running[key] = entry.attempt
+        self._busy[peer] += 1
+        self._flight[peer] += self._size.get(key, 0)
+        return key
+
+    def _release(self, key: Key) -> None:
+        """``key``'s attempt no longer holds a worker: its peer's next held inputs, as
+        many as now fit, go back in the queue."""
+        peer = key[1]
+        self._busy[peer] -= 1
+        self._flight[peer] -= self._size.get(key, 0)
+        if self._busy[peer] <= 0:
+            del self._busy[peer], self._flight[peer]
+        held = self._held.get(peer, [])
+        flight, busy = self._flight[peer], self._busy[peer]
+        while held:
+            entry = held[0]
+            size = self._size.get(entry.key, 0)
+            if entry.key in self._queued:
+                if busy and flight + size > self.per_peer_bytes:
+                    break
+                flight, busy = flight + size, busy + 1
+                heapq.heappush(self._fresh, entry)
+            heapq.heappop(held)
+        if not held:
+            self._held.pop(peer, None)
 
     def finished(self, key: Key) -> None:
         """The attempt succeeded or failed for good: the input leaves the plan."""
-        self._running.pop(key, None)
+        if self._running.pop(key, None) is not None:
+            self._release(key)
         self._pinning.pop(key, None)
         self.drop(key)
 
     def retry(self, key: Key, now: float) -> float | None:
         """The attempt failed for a passing reason: when it will be tried again, or None
         when its budget is spent (the input then fails as unavailable)."""
-        attempt = self._running.pop(key, self._pinning.pop(key, 0)) + 1
+        if key in self._running:
+            attempt = self._running.pop(key) + 1
+            self._release(key)
+        else:
+            attempt = self._pinning.pop(key, 0) + 1
         self._tried[key] = attempt
         if attempt >= self.attempts:
             self.drop(key)

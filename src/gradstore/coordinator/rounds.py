@@ -20,10 +20,21 @@ from enum import StrEnum
 from typing import Any
 
 from ..errors import Reason, reason_text
-from ..format import CompressedGradient, CompressedTensor, Gradient, dtype_code
+from ..format import ITEMSIZE, CompressedGradient, CompressedTensor, Gradient, dtype_code
 from .binding import duplicates
 
 Schema = tuple[tuple[str, str, tuple[int, ...]], ...]
+
+
+def schema_bytes(schema: Schema | None) -> int:
+    """The dense bytes of a document of ``schema`` (0: no schema known yet)."""
+    total = 0
+    for _, dtype, shape in schema or ():
+        count = 1
+        for n in shape:
+            count *= n
+        total += count * ITEMSIZE.get(dtype, 0)
+    return total
 
 
 class PeerState(StrEnum):

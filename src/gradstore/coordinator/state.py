@@ -77,6 +77,7 @@ from .rounds import (
     drop_duplicate_cids,
     judge,
     keep_majority_schema,
+    schema_bytes,
     schema_from_json,
     share_clock,
     should_close,
@@ -175,6 +176,7 @@ class CoordinatorState:
         self.verified: dict[Key, VerifiedInput] = {}
         self.plan = FetchPlan(fetch_workers, attempts=fetch_attempts)
         self.learned_steps: dict[StepName, Schema] = {}  # learned at each first aggregation
+        self._sizes: dict[StepName, tuple[Schema | None, int]] = {}  # schema_bytes, by step
         self.done: dict[tuple[int, StepName], StepDone] = {}  # the open round's steps over
         self.last_result: Announced | None = None  # the beacon repeats it
         self.last_failure: tuple[int, str] | None = None  # and this, (round, reason)
@@ -214,6 +216,15 @@ class CoordinatorState:
         if configured is not None:
             return configured.get(step)
         return self.learned_steps.get(step)
+
+    def _expected_bytes(self, step: StepName) -> int:
+        """An input's dense size by ``step``'s schema (0: not known yet), for the fetch
+        plan's per-peer bytes in flight (a compressed input counts as dense)."""
+        schema = self.schema_for(step)
+        cached = self._sizes.get(step)
+        if cached is None or cached[0] is not schema:
+            cached = self._sizes[step] = (schema, schema_bytes(schema))
+        return cached[1]
 
     def book(self, round_: int, step: StepName = None) -> RoundBook | None:
         """The book of ``step`` of ``round_``: open or buffered, else one of the past ones kept."""
@@ -443,7 +454,7 @@ class CoordinatorState:
             )
             if ann.round == self.round:
                 key = input_key(ann.round, ann.peer, ann.step)
-                self.plan.add(key, self.steps.rank[ann.step])
+                self.plan.add(key, self.steps.rank[ann.step], self._expected_bytes(ann.step))
             effects.statuses = self._mark(ann.round, ann.step)
         return effects
 
@@ -478,7 +489,8 @@ class CoordinatorState:
                 continue  # closed or failed before a restart
             received = book.in_state(PeerState.RECEIVED)
             for peer in received:
-                self.plan.add(input_key(r, peer, step), self.steps.rank[step])
+                key = input_key(r, peer, step)
+                self.plan.add(key, self.steps.rank[step], self._expected_bytes(step))
             deadline = book.deadline(self.steps[step].deadline_s)
             if received and deadline is not None and deadline <= now:
                 # restarted after the deadline: the journaled inputs get a grace period to
