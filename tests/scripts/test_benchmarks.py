@@ -4,7 +4,9 @@ importing the shared helpers as a package with no ``sys.path`` edits (issue 26).
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -94,3 +96,24 @@ def test_steps_stream_runs_at_its_smallest_size(kubo_binary):
     data = json.loads(done.stdout)
     assert sorted(data["sides"]) == ["stepped", "streamed", "whole"]
     assert data["ratio"] > 0 and data["bytes"] == 8 * (64 * 64 + 64) * 4
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("tc") is None, reason="shaping loopback needs root and tc"
+)
+def test_steps_stream_runs_with_a_daemon_per_peer_on_a_shaped_link(kubo_binary):
+    """--link-mbit: each peer on its own daemon, the coordinators fetching over bitswap."""
+    done = _runner(
+        "steps_stream", "--width", "64", "--batch", "32", "--rounds", "1", "--warmup", "0",
+        "--link-mbit", "100", "--kubo", str(kubo_binary), "--json", timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert sorted(data["sides"]) == ["stepped", "streamed", "whole"] and data["ratio"] > 0
+    assert (
+        "htb"
+        not in subprocess.run(
+            ["tc", "qdisc", "show", "dev", "lo"], capture_output=True, text=True
+        ).stdout
+    )
