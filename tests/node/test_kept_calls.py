@@ -121,3 +121,38 @@ def test_an_error_answer_drops_the_connection_and_the_next_call_opens_another(
         await node.aclose()
 
     asyncio.run(main())
+
+
+def test_quick_pin_calls_share_a_kept_connection_of_their_own(kubo: KuboDaemon) -> None:
+    """An offline ``pin/ls`` and a direct pin go on their own kept connection (not httpx,
+    not the publishes' one, where a pin's disk sync would hold messages back), with the
+    same answers; a recursive pin, which may wait on the network, stays on httpx."""
+    from gradstore.dag.cid import DAG_CBOR, RAW
+
+    async def main() -> None:
+        async with kubo.node() as node:
+            through_httpx: list[str] = []
+            call = node.client.call
+
+            async def counted(command: str, *args: object, **kwargs: object) -> bytes:
+                through_httpx.append(command)
+                return await call(command, *args, **kwargs)  # type: ignore[arg-type]
+
+            node.client.call = counted  # type: ignore[method-assign]
+            record = await node.put_block(b"\xa1\x61r\x65ecord", DAG_CBOR)  # {"r": "ecord"}
+            leaf = await node.put_block(b"a leaf", RAW)
+            await node.pin(record, recursive=False)
+            await node.publish(TOPIC, b"a message between")
+            sock = node._pin_calls._sock
+            assert sock is not None and sock is not node._kept._sock
+            await node.pin_many([leaf])  # its pin/ls: not pinned yet, an error answer
+            assert await node.pinned_recursively([leaf]) == {leaf}
+            sock = node._pin_calls._sock
+            assert sock is not None
+            assert await node.pinned_recursively([leaf, record]) == {leaf}
+            assert through_httpx.count("pin/add") == 1  # the recursive pin only
+            assert "pin/ls" not in through_httpx
+        direct = kubo.run("pin", "ls", "--type=direct", "--quiet").stdout.decode().split()
+        assert str(record) in direct
+
+    asyncio.run(main())

@@ -285,9 +285,13 @@ class BulkRead:
         out: memoryview,
         overflow: Callable[[], Exception],
         progress: Callable[[int], None] | None = None,
+        *,
+        partial: bool = False,
     ) -> int:
         """The answer on ``stream``: its body into ``out`` (the bytes read), or the node
-        layer's error for an error answer."""
+        layer's error for an error answer; with ``partial``, a stream that failed after its
+        status (Kubo's ``X-Stream-Error`` trailer) gives what it sent before, as httpx's
+        answer does (``pin/ls`` lists the CIDs pinned up to the first that is not)."""
         status_line = _line(stream, "status").decode("latin-1").split(" ", 2)
         if len(status_line) < 2 or not status_line[1].isdigit():
             raise NodeError(f"kubo {self.command}: not an HTTP answer: {status_line!r}")
@@ -312,7 +316,7 @@ class BulkRead:
             trailers = _headers(staged.line, "trailer")
             self.reads = staged.reads
             failure = trailers.get("x-stream-error")
-            if failure:
+            if failure and not partial:
                 raise rpc.error_from_response(
                     self.command, 500, failure.encode("utf-8", "replace"), cid=self.cid
                 )

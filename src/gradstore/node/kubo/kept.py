@@ -45,12 +45,17 @@ class KeptCalls:
         *,
         content_type: str | None = None,
         cid: CID | None = None,
+        partial: bool = False,
     ) -> bytes:
-        """``command`` with ``body`` (pieces, sent scattered); its answer's body. Calls queue for the one thread: a
-        cancelled caller's call still runs to its end, so the connection stays in step."""
+        """``command`` with ``body`` (pieces, sent scattered); its answer's body (with
+        ``partial``: what a stream sent before it failed, ``BulkRead.read_answer``). Calls
+        queue for the one thread: a cancelled caller's call still runs to its end, so the
+        connection stays in step."""
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="gradstore-kubo-kept")
-        call = functools.partial(self._call, command, params, body or [], content_type, cid)
+        call = functools.partial(
+            self._call, command, params, body or [], content_type, cid, partial
+        )
         return await asyncio.get_running_loop().run_in_executor(self._executor, call)
 
     def close(self) -> None:
@@ -67,6 +72,7 @@ class KeptCalls:
         body: list[memoryview],
         content_type: str | None,
         cid: CID | None,
+        partial: bool,
     ) -> bytes:
         count(command)
         read = BulkRead(
@@ -93,7 +99,7 @@ class KeptCalls:
                 began = bool(stream.peek(1))  # type: ignore[attr-defined]
                 if not began:
                     raise ConnectionResetError("the node closed the connection")
-                n = read.read_answer(stream, out, overflow)
+                n = read.read_answer(stream, out, overflow, partial=partial)
             except OSError as exc:
                 self._drop()
                 if kept and not began and not isinstance(exc, TimeoutError):

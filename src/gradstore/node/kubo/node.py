@@ -83,6 +83,8 @@ class KuboNode(AsyncClosing):
         self._publish_lock = asyncio.Lock()
         # publishes go one at a time on a connection of their own (``kept``), not httpx
         self._kept = KeptCalls(self.api, auth=self.client.auth, timeouts=timeouts)
+        # and quick pin calls on another (``_pin_call``): a pin waits on the node's disk
+        self._pin_calls = KeptCalls(self.api, auth=self.client.auth, timeouts=timeouts)
         self._subscriptions: set[KuboSubscription] = set()
 
     def __repr__(self) -> str:
@@ -93,6 +95,7 @@ class KuboNode(AsyncClosing):
         for sub in list(self._subscriptions):
             await sub.aclose()
         self._kept.close()
+        self._pin_calls.close()
         await self.client.aclose()
 
     # --- Node ------------------------------------------------------------------------------------
@@ -298,7 +301,10 @@ class KuboNode(AsyncClosing):
             else:
                 await self.block_stat(cid, offline=True)
             params.append(("offline", "true"))
-        await self.client.call("pin/add", params, cid=cid)
+        if recursive:
+            await self.client.call("pin/add", params, cid=cid)
+        else:  # one block, no walk: a record just stored, 64 a round of 64 steps
+            await self._pin_call("pin/add", params, cid=cid)
 
     async def pin_many(self, cids: Sequence[CID]) -> None:
         """One recursive ``pin/add`` of every CID (an ``arg`` each) not already pinned so;
@@ -324,10 +330,21 @@ class KuboNode(AsyncClosing):
         params: rpc.Params = [("arg", str(cid)) for cid in cids]
         params += [("type", "recursive"), ("stream", "true"), ("offline", "true")]
         try:
-            body = await self.client.call("pin/ls", params, retry=False)
+            body = await self._pin_call("pin/ls", params, partial=True)
         except NodeError:
             return set()
         return rpc.parse_pinned_stream(body) & set(cids)
+
+    async def _pin_call(
+        self, command: str, params: rpc.Params, *, cid: CID | None = None, partial: bool = False
+    ) -> bytes:
+        """A quick pin call (an offline ``pin/ls``, a direct pin) on a kept connection of
+        its own, one at a time: 145 of them in a round of 64 steps cost 0.8 ms of the
+        event loop each through httpx (``kept``). Through httpx when bulk reads are off
+        (whose answers are always ``partial``)."""
+        if not self.bulk_reads:
+            return await self.client.call(command, params, cid=cid, retry=False)
+        return await self._pin_calls.call(command, params, cid=cid, partial=partial)
 
     async def unpin(self, cid: CID) -> None:
         """``pin/rm`` of a recursive pin; a CID that is not pinned is left as is."""
