@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks._link import can_shape
+
 ROOT = Path(__file__).resolve().parents[2]
 BENCHMARKS = sorted(p.stem.removeprefix("bench_") for p in (ROOT / "benchmarks").glob("bench_*.py"))
 
@@ -100,7 +102,8 @@ def test_steps_stream_runs_at_its_smallest_size(kubo_binary):
 
 @pytest.mark.slow
 @pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("tc") is None, reason="shaping loopback needs root and tc"
+    os.geteuid() != 0 or shutil.which("tc") is None or not can_shape(),
+    reason="shaping loopback needs root, tc, and HTB and bfifo in the kernel",
 )
 def test_steps_stream_runs_with_a_daemon_per_peer_on_a_shaped_link(kubo_binary):
     """--link-mbit: each peer on its own daemon, the coordinators fetching over bitswap."""
