@@ -53,7 +53,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -260,7 +260,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         with (
             tempfile.TemporaryDirectory(prefix="bench-steps-stream-") as tmp,
-            link(args),
+            shaped_link([peer_address(i) for i in range(args.peers)], args.link_mbit)
+            if args.link_mbit
+            else nullcontext(),
             coordinators(daemon, configs, coord, Path(tmp), budget),
         ):
             procs = [
@@ -292,9 +294,9 @@ def start_nodes(args: argparse.Namespace) -> list[KuboDaemon]:
     """One Kubo daemon for all, or (--link-mbit) the coordinators' and one per peer, each
     peer's on its own loopback address, dialled by the coordinators' daemon."""
     binary = kubo_binary(args.kubo)
-    if not args.link_mbit:
-        return start_daemons(binary, 1)
     daemons = start_daemons(binary, 1)
+    if not args.link_mbit:
+        return daemons
     try:
         for i in range(args.peers):
             swarm = [f"/ip4/{peer_address(i)}/tcp/0"]
@@ -307,17 +309,6 @@ def start_nodes(args: argparse.Namespace) -> list[KuboDaemon]:
         stop_all(daemons)
         raise
     return daemons
-
-
-@contextmanager
-def link(args: argparse.Namespace) -> Iterator[None]:
-    """The peers' links shaped to --link-mbit (nothing without it)."""
-    if not args.link_mbit:
-        yield
-        return
-    addresses = [peer_address(i) for i in range(args.peers)]
-    with shaped_link(addresses, args.link_mbit):
-        yield
 
 
 def summarize(args: argparse.Namespace, rows: list[tuple[Any, ...]], nbytes: int) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -140,20 +141,20 @@ class Closer:
         # result: it must not overtake the status), unless the result says it all (64
         # messages fewer in a clean 64-step round)
         status = self.state.status(r, self._stamp(), step=step)
-        said = Announced.of(closed.record, str(closed.record_cid))
-        result = result_of(said, said.record, self.config.roster, sent_at=self._stamp())
+        announced = Announced.of(closed.record, str(closed.record_cid))
+        result = result_of(announced, announced.record, self.config.roster, sent_at=self._stamp())
         if status is not None and not said_by(status, result):
             await self._publish(status)
+        # the result the state repeats from now on, stamped as it goes
         if isinstance(closed.record, StepRecord) and step is not None:
             if closed.aggregate is not None and self.state.steps.root:
                 self._held.hold(r, closed.output, closed.aggregate)
             self.state.announce_step_result(closed.record, closed.record_cid)
-            await self._publish(self.state.step_result(step, self._stamp()))
+            await self._publish(dataclasses.replace(result, sent_at=self._stamp()))
             self.journal.mark_step_published(r, step)
         else:
-            assert not isinstance(closed.record, StepRecord)
-            self.state.announce_result(closed.record, closed.record_cid)
-            await self._publish(self.state.result(self._stamp()))
+            self.state.announce_result(announced, closed.record_cid)
+            await self._publish(dataclasses.replace(result, sent_at=self._stamp()))
             self.journal.mark_published(r)
         stats = judged.stats | closed.stats
         stats["publish_s"] = stats.pop("store_s", 0.0)
